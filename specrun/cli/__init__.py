@@ -1,0 +1,14 @@
+"""Command-line interface: thin commands over the specrun library."""
+
+from __future__ import annotations
+
+import sys
+
+from specrun.cli.app import app, run_app
+
+# Each module registers its commands on `app` when imported.
+from specrun.cli import doctor, generate  # noqa: E402,F401
+
+
+def main() -> None:
+    sys.exit(run_app())
