@@ -333,3 +333,23 @@ def compiled_devices() -> tuple[list[str], list[dict[str, object]]]:
             }
         )
     return backends, devices
+
+
+def apply_chat_template(template: str, messages: Sequence[tuple[str, str]]) -> str | None:
+    """Render (role, content) pairs with llama.cpp's built-in template matcher, ending on the
+    assistant's turn; None when llama.cpp does not recognise the template."""
+    chat = (L.llama_chat_message * len(messages))()
+    keep = []  # the bytes must outlive the call
+    for slot, (role, content) in zip(chat, messages):
+        keep += [role.encode(), content.encode()]
+        slot.role, slot.content = keep[-2], keep[-1]
+    size = 4 * sum(len(b) for b in keep) + 256
+    for _ in range(2):  # a second try with the size llama.cpp says it needs
+        buf = ctypes.create_string_buffer(size)
+        n = L.llama_chat_apply_template(template.encode(), chat, len(messages), True, buf, size)
+        if n < 0:
+            return None
+        if n <= size:
+            return buf.raw[:n].decode("utf-8", "replace")
+        size = n
+    return None

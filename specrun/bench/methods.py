@@ -1,0 +1,84 @@
+"""What a benchmark compares: plain decoding and speculative methods at several k."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from specrun.drafters import DraftModel, DraftSource, PromptLookup
+from specrun.errors import SpecrunError
+from specrun.session import Session
+
+PLAIN = "plain"
+
+
+def _lookup(session: Session) -> DraftSource:
+    return PromptLookup(*session.config.lookup_ngram)  # fresh per run: its index is the run's history
+
+
+def _draft_model(session: Session) -> DraftSource:
+    if not isinstance(session.drafter, DraftModel):
+        raise SpecrunError("the draft method needs a draft model: pass --draft PATH")
+    return session.drafter
+
+
+# Method name -> drafter for one run. Plain decoding is the baseline, always measured.
+METHODS: dict[str, Callable[[Session], DraftSource | None]] = {
+    PLAIN: lambda session: None,
+    "lookup": _lookup,
+    "draft": _draft_model,
+}
+NEEDS_DRAFT_MODEL = {"draft"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One thing measured on every prompt: a method at one k (k = 0 for plain)."""
+
+    method: str
+    k: int = 0
+
+    @property
+    def key(self) -> str:
+        return PLAIN if self.method == PLAIN else f"{self.method}_k{self.k}"
+
+    @property
+    def label(self) -> str:
+        return PLAIN if self.method == PLAIN else f"{self.method} k{self.k}"
+
+
+def parse_k_value(text: str) -> int:
+    """One --k item; kept separate so non-numeric values (issue 7's `auto`) slot in here."""
+    try:
+        k = int(text)
+    except ValueError:
+        raise SpecrunError(f"--k: {text.strip()!r} is not a whole number (give a comma list like 2,4,8)") from None
+    if k < 1:
+        raise SpecrunError(f"--k values have to be >= 1, but one is {k}")
+    return k
+
+
+def parse_k_values(text: str) -> list[int]:
+    items = [item for item in text.split(",") if item.strip()]
+    if not items:
+        raise SpecrunError("--k is empty: give a comma list like 2,4,8")
+    return list(dict.fromkeys(parse_k_value(item.strip()) for item in items))
+
+
+def parse_methods(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise SpecrunError(f"--methods is empty: give a comma list of {', '.join(METHODS)}")
+    for name in names:
+        if name not in METHODS:
+            raise SpecrunError(f"--methods: unknown method {name!r} (known: {', '.join(METHODS)})")
+    return list(dict.fromkeys(names))
+
+
+def plan_variants(methods: list[str], ks: list[int]) -> list[Variant]:
+    """Plain first, then every speculative method at every k, in the order given."""
+    variants = [Variant(PLAIN)]
+    for method in methods:
+        if method != PLAIN:
+            variants += [Variant(method, k) for k in ks]
+    return variants

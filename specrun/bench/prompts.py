@@ -1,0 +1,144 @@
+"""Benchmark prompts: .txt / .jsonl files and the built-in sets shipped in specrun/prompts/.
+
+.txt: one prompt per line; when some line is exactly `---`, prompts are instead the
+blocks between such lines (multi-line prompts). .jsonl: one object per line with
+`prompt` (text to continue) or `messages` (a chat, rendered with the target's template).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+from specrun.errors import SpecrunError
+
+SEPARATOR = "---"
+BUILTIN_SETS = ("code", "extraction", "chat", "writing")  # files specrun/prompts/NAME.txt
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str | None  # raw text to continue, or None for a chat
+    messages: tuple[tuple[str, str], ...] = ()  # (role, content) pairs when text is None
+    source: str = ""  # "file:line", for error messages and reports
+    group: str = ""  # built-in set name, or the file name
+
+
+def load_prompt_file(path: Path) -> list[Prompt]:
+    if not path.exists():
+        raise SpecrunError(f"prompts file not found: {path}")
+    if path.suffix not in (".txt", ".jsonl"):
+        raise SpecrunError(f"prompts file {path} has to end in .txt (one prompt per line) or .jsonl")
+    text = _read_text(path)
+    prompts = _parse_jsonl(text, path.name) if path.suffix == ".jsonl" else parse_txt(text, path.name)
+    if not prompts:
+        raise SpecrunError(f"prompts file {path} holds no prompts")
+    return prompts
+
+
+def load_builtin(names: Sequence[str] = BUILTIN_SETS) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    for name in names:
+        if name not in BUILTIN_SETS:
+            raise SpecrunError(f"--set: unknown prompt set {name!r} (built-in: {', '.join(BUILTIN_SETS)})")
+        text = resources.files("specrun").joinpath("prompts", f"{name}.txt").read_text(encoding="utf-8")
+        prompts += parse_txt(text, f"{name}.txt", group=name)
+    return prompts
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SpecrunError(f"cannot read prompts file {path}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8").replace("\r\n", "\n")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise SpecrunError(f"{path.name} line {line}: not UTF-8 text") from None
+
+
+def parse_txt(text: str, name: str, group: str | None = None) -> list[Prompt]:
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()  # the final newline ends the last line; it does not start a new one
+    group = group or name
+    if SEPARATOR in (line.rstrip() for line in lines):
+        return _parse_blocks(lines, name, group)
+    return [Prompt(line, source=f"{name}:{i}", group=group) for i, line in enumerate(lines, 1) if line.strip()]
+
+
+def _parse_blocks(lines: list[str], name: str, group: str) -> list[Prompt]:
+    """Prompts are the text between `---` lines; the newline before a separator belongs to it."""
+    prompts: list[Prompt] = []
+    start = 1  # line number where the current block begins
+    block: list[str] = []
+    for number, line in enumerate(lines + [SEPARATOR], 1):
+        if line.rstrip() != SEPARATOR:
+            block.append(line)
+            continue
+        text = "\n".join(block)
+        if text.strip():
+            prompts.append(Prompt(text, source=f"{name}:{start}", group=group))
+        elif start != 1 and number != len(lines) + 1:  # a leading or trailing `---` is fine
+            raise SpecrunError(f"{name} line {number}: no prompt between this `---` and the one at line {start - 1}")
+        start, block = number + 1, []
+    return prompts
+
+
+def _parse_jsonl(text: str, name: str) -> list[Prompt]:
+    prompts = []
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            prompts.append(_parse_json_line(line, f"{name} line {number}", Prompt(None, source=f"{name}:{number}", group=name)))
+    return prompts
+
+
+def _parse_json_line(line: str, where: str, blank: Prompt) -> Prompt:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SpecrunError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(record, dict) or ("prompt" in record) == ("messages" in record):
+        raise SpecrunError(f'{where}: expected an object with either "prompt" or "messages"')
+    if "prompt" in record:
+        prompt = record["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise SpecrunError(f'{where}: "prompt" has to be a non-empty string')
+        return Prompt(prompt, source=blank.source, group=blank.group)
+    return Prompt(None, _parse_messages(record["messages"], where), blank.source, blank.group)
+
+
+def _parse_messages(messages: object, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(messages, list) or not messages:
+        raise SpecrunError(f'{where}: "messages" has to be a non-empty list of {{"role", "content"}} objects')
+    pairs = []
+    for i, message in enumerate(messages):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
+            raise SpecrunError(f'{where}: message {i + 1} needs string "role" and "content"')
+        pairs.append((message["role"], message["content"]))
+    return tuple(pairs)
+
+
+def render(prompt: Prompt, chat_template: str | None) -> str:
+    """The text the target continues; chats use the model's template, else a plain transcript."""
+    if prompt.text is not None:
+        return prompt.text
+    if template_works(chat_template):
+        from specrun.backend import apply_chat_template
+
+        return apply_chat_template(chat_template, prompt.messages)
+    transcript = "".join(f"{role.capitalize()}: {content}\n" for role, content in prompt.messages)
+    return transcript + "Assistant:"
+
+
+def template_works(chat_template: str | None) -> bool:
+    """Whether llama.cpp recognises the template (it matches known formats, it runs no Jinja)."""
+    if not chat_template:
+        return False
+    from specrun.backend import apply_chat_template
+
+    return apply_chat_template(chat_template, [("user", "hi")]) is not None
