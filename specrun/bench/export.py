@@ -1,0 +1,88 @@
+"""The --json document, the --csv rows, and writing files whole or not at all."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from specrun.bench.methods import PLAIN
+from specrun.bench.results import Results, recommend
+from specrun.errors import SpecrunError
+
+CSV_COLUMNS = [
+    "prompt", "source", "group", "prompt_tokens", "method", "k", "runs", "tokens", "tokens_per_s", "speedup",
+    "acceptance_rate", "mean_accepted_length", "drafted", "accepted", "acceptance_by_position",
+    "prefill_tokens_per_s", "draft_share", "verify_share", "matches_plain", "stop_reasons",
+]
+
+
+def build_document(results: Results, config: dict, prompts: list[dict]) -> dict:
+    """config: the run's settings; prompts: per prompt {"source", "group", "prompt_tokens"}."""
+    summary = results.summary()
+    per_prompt = []
+    for index, meta in enumerate(prompts):
+        rows = {v.key: {"method": v.method, "k": v.k, **results.prompt_row(index, v.key)} for v in results.speculative}
+        per_prompt.append({"index": index, **meta, "plain": results.prompt_row(index, PLAIN), "results": rows})
+    return {
+        "config": config,
+        "summary": summary,
+        "plain": results.summary_row(PLAIN),
+        "prompts": per_prompt,
+        "recommendation": recommend(summary),
+        "peak_rss_mb": results.peak_rss_mb,
+    }
+
+
+def csv_rows(document: dict) -> list[dict]:
+    """One row per prompt x method x k (plain included, with k = 0)."""
+    rows = []
+    for prompt in document["prompts"]:
+        head = {"prompt": prompt["index"], "source": prompt["source"], "group": prompt["group"], "prompt_tokens": prompt["prompt_tokens"]}
+        plain = {"method": PLAIN, "k": 0, **prompt["plain"]}
+        for row in [plain, *prompt["results"].values()]:
+            flat = {**head, **row}
+            flat["acceptance_by_position"] = ";".join(f"{x:.4f}" for x in row["acceptance_by_position"])
+            flat["stop_reasons"] = ";".join(row["stop_reasons"])
+            rows.append({column: flat.get(column) for column in CSV_COLUMNS})
+    return rows
+
+
+def json_text(document: dict) -> str:
+    return json.dumps(document, indent=2) + "\n"
+
+
+def csv_text(document: dict) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(csv_rows(document))
+    return out.getvalue()
+
+
+def check_output(path: Path, option: str) -> None:
+    """Fail before minutes of measuring, not after, when an output cannot be written."""
+    folder = path.parent
+    if path.is_dir():
+        raise SpecrunError(f"{option} {path} is a directory: give a file name")
+    if not folder.is_dir():
+        raise SpecrunError(f"{option} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise SpecrunError(f"{option} {path}: folder {folder} is not writable")
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """write(temp) in the same folder, then rename: readers never see half a file."""
+    temp = path.with_name(f".{path.stem}.{os.getpid()}.partial{path.suffix}")
+    try:
+        write(temp)
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda temp: temp.write_text(text, encoding="utf-8"))

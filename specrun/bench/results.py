@@ -1,0 +1,165 @@
+"""From timed runs to numbers: per-prompt medians, summary throughput, a recommendation.
+
+Per prompt, a variant's tokens/s is the median over repeats and its speed-up is that
+divided by plain's. The summary divides total tokens by total time over all prompts,
+each prompt timed at its median speed, and its speed-up is method / plain of those.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from specrun.bench.methods import PLAIN, Variant
+from specrun.bench.runner import Run
+from specrun.engine import Stats
+
+SPEEDUP_DEFINITION = (
+    "per prompt: median tokens/s over repeats of the method / the same for plain; summary: total tokens / "
+    "total time over all prompts (each prompt at its median speed), method / plain"
+)
+TOKENS_PER_S_DEFINITION = "generated tokens / wall time after the prompt was processed (prompt processing reported apart)"
+NOISE = 0.05  # speed-up margins below this are within run-to-run noise on a shared machine
+
+
+@dataclass
+class Totals:
+    """Raw counters summed over runs; every rate is derived from these."""
+
+    runs: int = 0
+    tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    prefilled_tokens: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    generate_s: float = 0.0
+    matches: list[bool] = field(default_factory=list)
+
+    def add(self, stats: Stats, match: bool | None) -> None:
+        self.runs += 1
+        for name in ("tokens", "steps", "drafted", "accepted", "prefilled_tokens", "prefill_s", "draft_s", "verify_s", "generate_s"):
+            setattr(self, name, getattr(self, name) + getattr(stats, name))
+        self.drafted_by_position = _add_lists(self.drafted_by_position, stats.drafted_by_position)
+        self.accepted_by_position = _add_lists(self.accepted_by_position, stats.accepted_by_position)
+        if match is not None:
+            self.matches.append(match)
+
+    def merge(self, other: "Totals") -> None:
+        for name in ("runs", "tokens", "steps", "drafted", "accepted", "prefilled_tokens", "prefill_s", "draft_s", "verify_s", "generate_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.drafted_by_position = _add_lists(self.drafted_by_position, other.drafted_by_position)
+        self.accepted_by_position = _add_lists(self.accepted_by_position, other.accepted_by_position)
+        self.matches += other.matches
+
+    def rates(self) -> dict:
+        return {
+            "acceptance_rate": _ratio(self.accepted, self.drafted),
+            "mean_accepted_length": _ratio(self.tokens, self.steps),
+            "acceptance_by_position": [_ratio(a, d) for a, d in zip(self.accepted_by_position, self.drafted_by_position)],
+            "prefill_tokens_per_s": _ratio(self.prefilled_tokens, self.prefill_s),
+            "draft_share": _ratio(self.draft_s, self.generate_s),
+            "verify_share": _ratio(self.verify_s, self.generate_s),
+            "matches_plain": _ratio(sum(self.matches), len(self.matches)) if self.matches else None,
+            "runs": self.runs,  # the counters below are totals over these runs
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+        }
+
+
+@dataclass
+class Cell:
+    """One prompt x one variant, over its repeats."""
+
+    speeds: list[float] = field(default_factory=list)
+    totals: Totals = field(default_factory=Totals)
+    stop_reasons: list[str] = field(default_factory=list)
+
+    def add(self, run: Run) -> None:
+        self.speeds.append(run.stats.tokens_per_s)
+        self.totals.add(run.stats, run.matches_plain)
+        self.stop_reasons.append(run.stats.stop_reason)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return statistics.median(self.speeds) if self.speeds else 0.0
+
+    @property
+    def mean_tokens(self) -> float:
+        return self.totals.tokens / self.totals.runs if self.totals.runs else 0.0
+
+
+class Results:
+    """Accumulates runs; cells[prompt][variant key]."""
+
+    def __init__(self, variants: list[Variant], n_prompts: int):
+        self.variants = variants
+        self.cells = [{v.key: Cell() for v in variants} for _ in range(n_prompts)]
+        self.peak_rss_mb = 0.0
+
+    def add(self, run: Run) -> None:
+        self.cells[run.prompt_index][run.variant.key].add(run)
+        self.peak_rss_mb = max(self.peak_rss_mb, run.peak_rss_mb)
+
+    @property
+    def speculative(self) -> list[Variant]:
+        return [v for v in self.variants if v.method != PLAIN]
+
+    def prompt_row(self, index: int, key: str) -> dict:
+        cell, plain = self.cells[index][key], self.cells[index][PLAIN]
+        row = {"tokens_per_s": cell.tokens_per_s, "speedup": _ratio(cell.tokens_per_s, plain.tokens_per_s)}
+        return {**row, **cell.totals.rates(), "stop_reasons": sorted(set(cell.stop_reasons))}
+
+    def summary_row(self, key: str) -> dict:
+        totals = Totals()
+        for cells in self.cells:
+            totals.merge(cells[key].totals)
+        speed, plain_speed = self._throughput(key), self._throughput(PLAIN)
+        return {"tokens_per_s": speed, "speedup": _ratio(speed, plain_speed), **totals.rates()}
+
+    def _throughput(self, key: str) -> float:
+        """Total tokens / total time, each prompt timed as mean tokens at its median speed."""
+        tokens = sum(cells[key].mean_tokens for cells in self.cells)
+        seconds = sum(_ratio(cells[key].mean_tokens, cells[key].tokens_per_s) for cells in self.cells)
+        return _ratio(tokens, seconds)
+
+    def summary(self) -> dict[str, dict]:
+        return {v.key: {"method": v.method, "k": v.k, **self.summary_row(v.key)} for v in self.speculative}
+
+
+def recommend(summary: dict[str, dict]) -> str:
+    """One line: the best method and k for this workload, and why."""
+    if not summary:
+        return "only plain decoding was measured: add --methods lookup (or --draft PATH) to compare"
+    ranked = sorted(summary.values(), key=lambda row: row["speedup"], reverse=True)
+    best = ranked[0]
+    name = f"{best['method']} k={best['k']}"
+    why = (
+        f"{100 * best['acceptance_rate']:.0f}% of drafted tokens accepted, "
+        f"{best['mean_accepted_length']:.2f} tokens per target decode, drafting {100 * best['draft_share']:.0f}% of the time"
+    )
+    if best["speedup"] < 1:
+        verdict = f"plain decoding: no method beat it on these prompts (best was {name} at {best['speedup']:.2f}x: {why})"
+    else:
+        verdict = f"{name}: {best['speedup']:.2f}x plain on these prompts ({why})"
+    runner_up = ranked[1]["speedup"] if len(ranked) > 1 else None
+    close_to_plain = abs(best["speedup"] - 1) < NOISE
+    close_to_next = runner_up is not None and best["speedup"] - runner_up < NOISE
+    if close_to_plain or close_to_next:
+        verdict += f"; margins under {100 * NOISE:.0f}% are within noise: confirm with --repeat 3"
+    return verdict
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def _add_lists(a: list[int], b: list[int]) -> list[int]:
+    longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+    return [x + (shorter[i] if i < len(shorter) else 0) for i, x in enumerate(longer)]

@@ -1,0 +1,102 @@
+"""Timed runs: every prompt, plain then each method x k, repeated, interleaved.
+
+`measure` yields one `Run` per timed generation so the caller can show progress; it
+knows nothing about terminals or files. Caches are reset (not recreated) before each
+run so every run pays the same prompt processing and no run reloads a model.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from specrun.bench.methods import METHODS, PLAIN, Variant
+from specrun.drafters import DraftModel, DraftSource
+from specrun.engine import Done, Generator, Stats, TokenEvent
+from specrun.errors import SpecrunError
+from specrun.sampling import SamplerSettings
+from specrun.session import Session
+
+
+@dataclass(frozen=True)
+class Run:
+    prompt_index: int
+    repeat: int
+    variant: Variant
+    stats: Stats
+    matches_plain: bool | None  # greedy only: same tokens as this repeat's plain run
+    peak_rss_mb: float  # the process's peak resident memory so far
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def tokenize_all(session: Session, texts: Sequence[str], sources: Sequence[str], max_tokens: int) -> list[list[int]]:
+    """Tokenize every prompt up front, so a prompt that cannot fit fails before any timing."""
+    limit = session.target.n_ctx - 1
+    token_lists = []
+    for text, source in zip(texts, sources):
+        tokens = session.tokenize(text)
+        if len(tokens) > limit:
+            raise SpecrunError(
+                f"{source}: the prompt has {len(tokens)} tokens but the context holds {session.target.n_ctx}: "
+                "shorten it or raise --ctx-size"
+            )
+        token_lists.append(tokens)
+    return token_lists
+
+
+def measure(
+    session: Session,
+    prompts: Sequence[list[int]],
+    variants: Sequence[Variant],
+    settings: SamplerSettings,
+    max_tokens: int,
+    repeat: int = 1,
+    warmup: int = 0,
+) -> Iterator[Run]:
+    """Warm up on the first prompt (untimed), then for each prompt and repeat run every
+    variant in order (A B C A B C ...) so slow drift hits all of them alike."""
+    seed = settings.seed if settings.seed is not None else 0
+    for _ in range(warmup):
+        for variant in variants:
+            _generate(session, variant, prompts[0], settings, seed, max_tokens)
+    for index, prompt in enumerate(prompts):
+        for rep in range(repeat):
+            plain_tokens: list[int] | None = None
+            for variant in variants:
+                tokens, stats = _generate(session, variant, prompt, settings, seed, max_tokens)
+                if variant.method == PLAIN:
+                    plain_tokens = tokens
+                match = tokens == plain_tokens if settings.greedy and variant.method != PLAIN else None
+                yield Run(index, rep, variant, stats, match, peak_rss_mb())
+
+
+def _generate(
+    session: Session, variant: Variant, prompt: list[int], settings: SamplerSettings, seed: int, max_tokens: int
+) -> tuple[list[int], Stats]:
+    drafter = METHODS[variant.method](session)
+    _reset_caches(session, drafter)
+    # Same seed for every method, so at temperature > 0 all start from the same stream.
+    generator = Generator(session.target, drafter, settings, k=max(variant.k, 1), rng=np.random.default_rng(seed))
+    tokens: list[int] = []
+    for event in generator.generate(prompt, max_tokens):
+        if isinstance(event, TokenEvent):
+            tokens.append(event.token)
+        elif isinstance(event, Done):
+            return tokens, event.stats
+    raise AssertionError("the event stream ended without Done")
+
+
+def _reset_caches(session: Session, drafter: DraftSource | None) -> None:
+    """Empty the KV caches so no run reuses the previous run's prompt."""
+    session.target.truncate(0)
+    if isinstance(drafter, DraftModel):
+        drafter.context.truncate(0)

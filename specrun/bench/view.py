@@ -1,0 +1,97 @@
+"""Rich tables and bar charts of a bench document (the same dict --json writes)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from specrun.bench.results import SPEEDUP_DEFINITION
+
+BAR_WIDTH = 40
+MAX_PROMPT_ROWS = 40  # beyond this the per-prompt table is only in --json / --csv
+
+
+def summary_table(document: dict) -> Table:
+    plain = document["plain"]
+    table = Table(
+        title="Summary",
+        caption=f"speed-up: {SPEEDUP_DEFINITION}. Peak memory (process peak RSS): {document['peak_rss_mb']:.0f} MiB",
+        caption_justify="left",
+    )
+    for column in ("method", "k", "tok/s", "speed-up", "accepted", "tokens/step", "draft / verify time", "greedy = plain"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    table.add_row("plain", "", f"{plain['tokens_per_s']:.1f}", "1.00x", "", "1.00", "", "")
+    for row in document["summary"].values():
+        table.add_row(
+            row["method"],
+            str(row["k"]),
+            f"{row['tokens_per_s']:.1f}",
+            _speedup(row["speedup"]),
+            f"{100 * row['acceptance_rate']:.0f}%",
+            f"{row['mean_accepted_length']:.2f}",
+            f"{100 * row['draft_share']:.0f}% / {100 * row['verify_share']:.0f}%",
+            _match(row["matches_plain"]),
+        )
+    return table
+
+
+def prompt_table(document: dict) -> Table | Text:
+    prompts = document["prompts"]
+    if len(prompts) > MAX_PROMPT_ROWS:
+        return Text(f"({len(prompts)} prompts: per-prompt results are in --json / --csv)", style="dim")
+    keys = list(document["summary"])
+    table = Table(title="Per prompt: plain tok/s, then speed-up (acceptance)")
+    table.add_column("prompt")
+    table.add_column("prompt tokens", justify="right")
+    table.add_column("plain tok/s", justify="right")
+    for key in keys:
+        table.add_column(key.replace("_k", " k"), justify="right")
+    for prompt in prompts:
+        cells = [
+            f"{_speedup(r['speedup'])} ({100 * r['acceptance_rate']:.0f}%)"
+            for r in (prompt["results"][key] for key in keys)
+        ]
+        plain = prompt["plain"]
+        table.add_row(prompt["source"], str(prompt["prompt_tokens"]), f"{plain['tokens_per_s']:.1f}", *cells)
+    return table
+
+
+def acceptance_chart(document: dict) -> Group:
+    """Per method at its largest k (which covers every position): accepted fraction by position."""
+    lines = [Text("Acceptance by draft position (each method at its largest k)", style="bold")]
+    largest: dict[str, dict] = {}
+    for row in document["summary"].values():
+        if row["k"] >= largest.get(row["method"], {"k": 0})["k"]:
+            largest[row["method"]] = row
+    for method, row in largest.items():
+        lines.append(Text(f"{method} k{row['k']}"))
+        for position, rate in enumerate(row["acceptance_by_position"], 1):
+            lines.append(_bar(f"  pos {position:>2}", rate, 1.0, f"{100 * rate:.0f}%", "cyan"))
+    return Group(*lines)
+
+
+def speedup_chart(document: dict) -> Group:
+    lines = [Text("Speed-up vs k (1.00x = plain)", style="bold")]
+    rows = list(document["summary"].values())
+    scale = max([1.0, *(row["speedup"] for row in rows)])
+    for row in rows:
+        style = "green" if row["speedup"] >= 1 else "red"
+        lines.append(_bar(f"{row['method']:>8} k{row['k']:<3}", row["speedup"], scale, f"{row['speedup']:.2f}x", style))
+    return Group(*lines)
+
+
+def _bar(label: str, value: float, scale: float, shown: str, style: str) -> Text:
+    width = round(BAR_WIDTH * max(value, 0.0) / scale) if scale else 0
+    text = Text(f"{label} ")
+    text.append("█" * width, style=style)
+    text.append(f" {shown}")
+    return text
+
+
+def _speedup(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def _match(fraction: float | None) -> str:
+    return "" if fraction is None else f"{100 * fraction:.0f}%"

@@ -1,0 +1,200 @@
+"""`specrun bench`: plain decoding against speculative methods on a set of prompts."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specrun.bench import export, prompts as prompt_files
+from specrun.bench.methods import NEEDS_DRAFT_MODEL, PLAIN, parse_k_values, parse_methods, plan_variants
+from specrun.bench.results import SPEEDUP_DEFINITION, TOKENS_PER_S_DEFINITION, Results
+from specrun.bench.runner import measure, tokenize_all
+from specrun.cli import options as o
+from specrun.cli.app import app, err_console
+from specrun.errors import SpecrunError
+from specrun.session import Session
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What an option left out means: the built-in sets must finish in a few minutes on 2 cores."""
+
+    k: str
+    max_tokens: int
+    repeat: int
+
+
+BUILTIN_DEFAULTS = Defaults(k="4,8", max_tokens=96, repeat=1)
+FILE_DEFAULTS = Defaults(k="2,4,8,16", max_tokens=128, repeat=1)
+DEFAULT_METHODS = "plain,lookup,draft"
+
+KList = Annotated[Optional[str], typer.Option("--k", help="Comma list of draft lengths [default: 4,8 built-in, 2,4,8,16 file].")]
+
+
+@app.command()
+def bench(
+    prompts: Annotated[Optional[Path], typer.Argument(help="Prompts: .txt (one per line, or blocks split by ---) or .jsonl.")] = None,
+    prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)}.")] = None,
+    target: o.Target = None,
+    draft: o.Draft = None,
+    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list: plain, lookup, draft (draft needs --draft).")] = None,
+    k: KList = None,
+    temp: o.Temp = 0.0,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    seed: o.Seed = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens per run [default: 96 built-in, 128 file].")] = None,
+    repeat: Annotated[Optional[int], typer.Option("--repeat", help="Timed runs per prompt and method; tok/s is their median [default: 1].")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds of every method on the first prompt.")] = 1,
+    ctx_size: o.CtxSize = 4096,
+    threads: o.Threads = 0,
+    n_gpu_layers: o.GpuLayers = -1,
+    draft_n_gpu_layers: o.DraftGpuLayers = -1,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE.")] = None,
+    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE.")] = None,
+    plot_out: Annotated[Optional[Path], typer.Option("--plot", help="Save acceptance and speed-up charts to FILE (.png, .svg, ...).")] = None,
+) -> None:
+    """Measure speculative decoding against plain decoding on your prompts (or built-in sets)."""
+    defaults = FILE_DEFAULTS if prompts else BUILTIN_DEFAULTS
+    max_tokens = defaults.max_tokens if max_tokens is None else max_tokens
+    repeat = defaults.repeat if repeat is None else repeat
+    _check_counts(max_tokens, repeat, warmup)
+    ks = parse_k_values(k or defaults.k)
+    method_names = _methods(methods, draft)
+    loaded, source_name = _load_prompts(prompts, prompt_set)
+    _check_outputs(json_out, csv_out, plot_out)
+    if temp > 0 and seed is None:
+        seed = secrets.randbelow(2**31)  # one seed, shared by every method and recorded
+    config = o.session_config(
+        target, draft if "draft" in method_names else None, False, max(ks), temp, top_k, top_p, min_p, seed,
+        ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
+    )
+    variants = plan_variants(method_names, ks)
+    err_console.print(
+        f"[dim]bench: {len(loaded)} prompts ({source_name}) x {', '.join(v.label for v in variants)}; "
+        f"max {max_tokens} tokens, repeat {repeat}, warmup {warmup}, "
+        f"{'greedy' if temp == 0 else f'temperature {temp}, seed {seed}'}[/]"
+    )
+    with Session(config) as session:
+        texts = _render_all(loaded, session)
+        token_lists = tokenize_all(session, texts, [p.source for p in loaded], max_tokens)
+        results = Results(variants, len(loaded))
+        runs = measure(session, token_lists, variants, config.sampler, max_tokens, repeat, warmup)
+        _run_with_progress(runs, results, len(loaded) * repeat * len(variants), loaded, warmup)
+    meta = [{"source": p.source, "group": p.group, "prompt_tokens": len(t)} for p, t in zip(loaded, token_lists)]
+    settings = _config_record(config, method_names, ks, max_tokens, repeat, warmup, source_name, len(loaded))
+    document = export.build_document(results, settings, meta)
+    _show(document)
+    _write_outputs(document, json_out, csv_out, plot_out)
+
+
+def _check_counts(max_tokens: int, repeat: int, warmup: int) -> None:
+    if max_tokens < 1:
+        raise SpecrunError(f"--max-tokens has to be >= 1, but is {max_tokens}")
+    if repeat < 1:
+        raise SpecrunError(f"--repeat has to be >= 1, but is {repeat}")
+    if warmup < 0:
+        raise SpecrunError(f"--warmup has to be >= 0, but is {warmup}")
+
+
+def _methods(text: str | None, draft: str | None) -> list[str]:
+    """Parsed --methods; `draft` without --draft is an error if asked for, skipped if defaulted."""
+    names = parse_methods(text or DEFAULT_METHODS)
+    if draft is None and NEEDS_DRAFT_MODEL & set(names):
+        if text is not None:
+            raise SpecrunError("--methods includes draft but no --draft PATH was given: pass a draft GGUF or drop draft")
+        err_console.print("[dim]no --draft: skipping the draft method[/]")
+        names = [name for name in names if name not in NEEDS_DRAFT_MODEL]
+    return names
+
+
+def _load_prompts(path: Path | None, prompt_set: str | None) -> tuple[list[prompt_files.Prompt], str]:
+    if path is not None and prompt_set is not None:
+        raise SpecrunError("give either PROMPTS or --set NAME, not both")
+    if path is not None:
+        return prompt_files.load_prompt_file(path), str(path)
+    names = [n.strip() for n in (prompt_set or ",".join(prompt_files.BUILTIN_SETS)).split(",") if n.strip()]
+    return prompt_files.load_builtin(names), "built-in sets: " + ", ".join(names)
+
+
+def _check_outputs(json_out: Path | None, csv_out: Path | None, plot_out: Path | None) -> None:
+    for path, option in ((json_out, "--json"), (csv_out, "--csv"), (plot_out, "--plot")):
+        if path is not None:
+            export.check_output(path, option)
+    if plot_out is not None:
+        from specrun.bench.plot import check_plot_path
+
+        check_plot_path(plot_out)
+
+
+def _render_all(loaded: list[prompt_files.Prompt], session: Session) -> list[str]:
+    template = session.target_model.chat_template
+    if any(p.text is None for p in loaded) and not prompt_files.template_works(template):
+        err_console.print("[dim]chat prompts rendered as a plain User:/Assistant: transcript (no chat template llama.cpp knows)[/]")
+    return [prompt_files.render(p, template) for p in loaded]
+
+
+def _run_with_progress(runs, results: Results, total: int, loaded: list, warmup: int) -> None:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err_console) as progress:
+        task = progress.add_task("warming up" if warmup else "measuring", total=total)
+        for run in runs:
+            results.add(run)
+            progress.update(task, advance=1, description=f"{loaded[run.prompt_index].source} {run.variant.label}")
+
+
+def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name, n_prompts) -> dict:
+    from specrun import __version__
+    from specrun.backend import system_info
+
+    s = config.sampler
+    return {
+        "target": str(config.target),
+        "draft": str(config.draft) if config.draft else None,
+        "methods": [PLAIN, *[m for m in methods if m != PLAIN]],
+        "k": ks,
+        "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "seed": s.seed,
+        "max_tokens": max_tokens, "repeat": repeat, "warmup": warmup,
+        "n_ctx": config.n_ctx, "threads": config.threads,
+        "prompts": source_name, "n_prompts": n_prompts,
+        "order": "for each prompt and repeat: plain, then every method x k in turn (interleaved)",
+        "speedup": SPEEDUP_DEFINITION,
+        "tokens_per_s": TOKENS_PER_S_DEFINITION,
+        "caches": "target and draft KV caches emptied before every run; the draft model's prompt processing counts as draft time",
+        "peak_memory": "peak_rss_mb is the whole process's peak resident memory (ru_maxrss), models included",
+        "specrun": __version__,
+        "llama_cpp_python": system_info()["llama_cpp_python"],
+    }
+
+
+def _show(document: dict) -> None:
+    from specrun.bench import view
+
+    out = Console()
+    out.print(view.prompt_table(document))
+    out.print(view.summary_table(document))
+    if document["summary"]:
+        out.print(view.acceptance_chart(document))
+        out.print(view.speedup_chart(document))
+    out.print(f"recommendation: {document['recommendation']}")
+
+
+def _write_outputs(document: dict, json_out: Path | None, csv_out: Path | None, plot_out: Path | None) -> None:
+    if json_out is not None:
+        export.write_text_atomic(json_out, export.json_text(document))
+    if csv_out is not None:
+        export.write_text_atomic(csv_out, export.csv_text(document))
+    if plot_out is not None:
+        from specrun.bench.plot import save_plot
+
+        save_plot(document, plot_out)
+    for path in (json_out, csv_out, plot_out):
+        if path is not None:
+            err_console.print(f"[dim]wrote {path}[/]")
