@@ -25,7 +25,8 @@ err_console = Console(stderr=True)
 def run_app(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors become one line on stderr and a non-zero exit."""
     try:
-        app(args=argv, standalone_mode=False)
+        # Typer turns Ctrl-C into a returned 130 (not an exception) outside standalone mode.
+        code = app(args=argv, standalone_mode=False)
     except SpecrunError as exc:
         if os.environ.get("SPECRUN_DEBUG"):
             raise
@@ -46,4 +47,6 @@ def run_app(argv: list[str] | None = None) -> int:
             exc.show()
             return exc.exit_code
         raise
-    return 0
+    if code == 130:
+        print("interrupted", file=sys.stderr)
+    return code if isinstance(code, int) else 0
