@@ -33,9 +33,13 @@ def save_plot(document: dict, path: Path) -> None:
         rows = sorted((r for r in summary if r["method"] == method), key=lambda r: r["k"])
         by_k.plot([r["k"] for r in rows], [r["speedup"] for r in rows], marker="o", label=method)
     by_k.axhline(1.0, color="grey", linestyle="--", label="plain")
+    speedups = [row["speedup"] for row in summary]
+    if speedups:  # keep plain's 1.0 line in view, with room around the points
+        by_k.set_ylim(min(0.9, min(speedups) - 0.05), max(1.1, max(speedups) + 0.05))
+        by_k.set_xticks(sorted({row["k"] for row in summary}))
     by_k.set(title="Speed-up vs k (summary throughput / plain)", xlabel="k (tokens drafted per step)", ylabel="speed-up")
     for axes in (by_position, by_k):
         if axes.lines:
             axes.legend(fontsize="small")
-    figure.suptitle(f"specrun bench: {document['config']['target']}, {len(document['prompts'])} prompts")
+    figure.suptitle(f"specrun bench: {Path(document['config']['target']).name}, {len(document['prompts'])} prompts")
     write_atomic(path, lambda temp: figure.savefig(temp, format=path.suffix.lstrip(".").lower()))

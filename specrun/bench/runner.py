@@ -38,7 +38,7 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
-def tokenize_all(session: Session, texts: Sequence[str], sources: Sequence[str], max_tokens: int) -> list[list[int]]:
+def tokenize_all(session: Session, texts: Sequence[str], sources: Sequence[str]) -> list[list[int]]:
     """Tokenize every prompt up front, so a prompt that cannot fit fails before any timing."""
     limit = session.target.n_ctx - 1
     token_lists = []
@@ -64,7 +64,7 @@ def measure(
 ) -> Iterator[Run]:
     """Warm up on the first prompt (untimed), then for each prompt and repeat run every
     variant in order (A B C A B C ...) so slow drift hits all of them alike."""
-    seed = settings.seed if settings.seed is not None else 0
+    seed = settings.seed if settings.seed is not None else 0  # the CLI always sets one at temperature > 0
     for _ in range(warmup):
         for variant in variants:
             _generate(session, variant, prompts[0], settings, seed, max_tokens)

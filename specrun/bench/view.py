@@ -16,11 +16,16 @@ def summary_table(document: dict) -> Table:
     plain = document["plain"]
     table = Table(
         title="Summary",
-        caption=f"speed-up: {SPEEDUP_DEFINITION}. Peak memory (process peak RSS): {document['peak_rss_mb']:.0f} MiB",
+        caption=(
+            f"tok/s counts generated tokens after the prompt is processed; prompt processing (plain, caches "
+            f"emptied before each run): {plain['prefill_tokens_per_s']:.0f} tok/s. Speed-up: {SPEEDUP_DEFINITION}. "
+            f"Peak memory (whole process, peak RSS): {document['peak_rss_mb']:.0f} MiB."
+        ),
         caption_justify="left",
     )
-    for column in ("method", "k", "tok/s", "speed-up", "accepted", "tokens/step", "draft / verify time", "greedy = plain"):
-        table.add_column(column, justify="left" if column == "method" else "right")
+    # Short headers: the table has to fit 80 columns without truncating them.
+    for column in ("method", "k", "tok/s", "speed-up", "accepted", "tok/step", "draft/verify", "same as plain"):
+        table.add_column(column, justify="left" if column == "method" else "right", no_wrap=column != "same as plain")
     table.add_row("plain", "", f"{plain['tokens_per_s']:.1f}", "1.00x", "", "1.00", "", "")
     for row in document["summary"].values():
         table.add_row(
@@ -42,7 +47,7 @@ def prompt_table(document: dict) -> Table | Text:
         return Text(f"({len(prompts)} prompts: per-prompt results are in --json / --csv)", style="dim")
     keys = list(document["summary"])
     table = Table(title="Per prompt: plain tok/s, then speed-up (acceptance)")
-    table.add_column("prompt")
+    table.add_column("prompt", no_wrap=True)
     table.add_column("prompt tokens", justify="right")
     table.add_column("plain tok/s", justify="right")
     for key in keys:

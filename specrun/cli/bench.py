@@ -34,7 +34,7 @@ BUILTIN_DEFAULTS = Defaults(k="4,8", max_tokens=96, repeat=1)
 FILE_DEFAULTS = Defaults(k="2,4,8,16", max_tokens=128, repeat=1)
 DEFAULT_METHODS = "plain,lookup,draft"
 
-KList = Annotated[Optional[str], typer.Option("--k", help="Comma list of draft lengths [default: 4,8 built-in, 2,4,8,16 file].")]
+KList = Annotated[Optional[str], typer.Option("--k", help="Comma list of draft lengths (default 4,8 on built-in sets, 2,4,8,16 on a file).")]
 
 
 @app.command()
@@ -43,15 +43,15 @@ def bench(
     prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)}.")] = None,
     target: o.Target = None,
     draft: o.Draft = None,
-    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list: plain, lookup, draft (draft needs --draft).")] = None,
+    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of plain, lookup, draft (default all; draft needs --draft).")] = None,
     k: KList = None,
     temp: o.Temp = 0.0,
     top_k: o.TopK = 40,
     top_p: o.TopP = 0.95,
     min_p: o.MinP = 0.05,
     seed: o.Seed = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens per run [default: 96 built-in, 128 file].")] = None,
-    repeat: Annotated[Optional[int], typer.Option("--repeat", help="Timed runs per prompt and method; tok/s is their median [default: 1].")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens per run (default 96 on built-in sets, 128 on a file).")] = None,
+    repeat: Annotated[Optional[int], typer.Option("--repeat", help="Timed runs per prompt and method; tok/s is their median (default 1).")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds of every method on the first prompt.")] = 1,
     ctx_size: o.CtxSize = 4096,
     threads: o.Threads = 0,
@@ -84,7 +84,7 @@ def bench(
     )
     with Session(config) as session:
         texts = _render_all(loaded, session)
-        token_lists = tokenize_all(session, texts, [p.source for p in loaded], max_tokens)
+        token_lists = tokenize_all(session, texts, [p.source for p in loaded])
         results = Results(variants, len(loaded))
         runs = measure(session, token_lists, variants, config.sampler, max_tokens, repeat, warmup)
         _run_with_progress(runs, results, len(loaded) * repeat * len(variants), loaded, warmup)
