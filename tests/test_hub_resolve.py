@@ -250,3 +250,13 @@ def test_sha256_of_served_files_matches_listing(fake_hub):
     repo = fake_hub.add_repo(LLAMA_1B, llama_1b_files())
     model = resolve_model("llama-1b:Q8_0", show_progress=False)
     assert hashlib.sha256(model.path.read_bytes()).hexdigest() == repo.sha256(model.path.name)
+
+
+def test_progress_bars_go_to_stderr_and_reach_the_total(fake_hub, capsys, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich draws bars only on a terminal
+    monkeypatch.setenv("COLUMNS", "120")
+    fake_hub.add_repo(LLAMA_1B, llama_1b_files())
+    resolve_model("llama-1b:Q4_K_M")
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "Llama-3.2-1B-Instruct-Q4_K_M.gguf" in err and "4.0/4.0 kB" in err and "sha256" in err

@@ -28,6 +28,8 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import get_token
 
+from rich.progress import Progress
+
 from specrun.errors import SpecrunError
 from specrun.hub.memory import format_bytes
 from specrun.hub.progress import download_progress
@@ -106,8 +108,8 @@ def download(listing: RepoListing, parts: tuple[RepoFile, ...], show_progress: b
         check_can_download(listing, missing)
     with download_progress(enabled=show_progress) as progress:
         for part in missing:
-            local = fetch_file(listing, part, progress.tqdm_class)
-            verify_sha256(Path(local), part, listing.repo)
+            local = fetch_file(listing, part, progress.tqdm_class(part.path.rsplit("/", 1)[-1]))
+            verify_sha256(Path(local), part, listing.repo, progress.progress)
     paths = [cached_path(listing.repo, listing.commit, p.path) for p in parts]
     return [p for p in paths if p is not None]
 
@@ -149,14 +151,17 @@ def check_can_download(listing: RepoListing, missing: list[RepoFile]) -> None:
         )
 
 
-def verify_sha256(local: Path, part: RepoFile, repo: str) -> None:
+def verify_sha256(local: Path, part: RepoFile, repo: str, progress: Progress | None = None) -> None:
     """A downloaded blob must hash to the sha256 the hub lists, else it leaves the cache."""
     if part.sha256 is None:  # small non-LFS files carry only a git hash
         return
+    task = progress.add_task(f"sha256 {local.name}", total=part.size) if progress else None
     digest = hashlib.sha256()
     with open(local, "rb") as blob:
         while chunk := blob.read(HASH_CHUNK):
             digest.update(chunk)
+            if progress is not None and task is not None:
+                progress.advance(task, len(chunk))
     if digest.hexdigest() != part.sha256.lower():
         blob_path = local.resolve()
         local.unlink(missing_ok=True)
@@ -197,7 +202,9 @@ def hub_errors(repo: str) -> Iterator[None]:
     except (LocalEntryNotFoundError, *NETWORK_ERRORS) as exc:
         raise NetworkUnavailable(str(exc)) from exc
     except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else "?"
+        status = exc.response.status_code if exc.response is not None else 0
+        if status >= 500:  # the hub is down: as good as offline, the cache may do
+            raise NetworkUnavailable(f"HTTP {status}") from exc
         raise SpecrunError(f"the hub answered HTTP {status} for {repo}: try again later") from None
     except httpx2.HTTPError as exc:
         raise SpecrunError(f"download from {hub_endpoint()} failed for {repo}: {exc}") from None

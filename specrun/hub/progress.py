@@ -24,14 +24,18 @@ from rich.progress import (
 
 @dataclass
 class DownloadProgress:
-    tqdm_class: type | None  # None lets huggingface_hub decide (bars disabled)
+    progress: Progress | None  # None when bars are off
+
+    def tqdm_class(self, label: str) -> type:
+        """A bar class for one file; huggingface_hub would label it with a truncated URL."""
+        return _rich_bar(self.progress, label) if self.progress is not None else _silent_bar()
 
 
 @contextmanager
 def download_progress(enabled: bool = True, console: Console | None = None) -> Iterator[DownloadProgress]:
     """Bars on stderr unless disabled here or by HF_HUB_DISABLE_PROGRESS_BARS."""
     if not enabled or constants.HF_HUB_DISABLE_PROGRESS_BARS:
-        yield DownloadProgress(tqdm_class=_silent_bar())
+        yield DownloadProgress(None)
         return
     progress = Progress(
         TextColumn("[bold]{task.description}"),
@@ -43,14 +47,13 @@ def download_progress(enabled: bool = True, console: Console | None = None) -> I
         transient=False,
     )
     with progress:
-        yield DownloadProgress(tqdm_class=_rich_bar(progress))
+        yield DownloadProgress(progress)
 
 
-def _rich_bar(progress: Progress) -> type:
+def _rich_bar(progress: Progress, label: str) -> type:
     class RichBar:
-        def __init__(self, *_: Any, desc: str | None = None, total: float | None = None,
-                     initial: float = 0, **__: Any) -> None:
-            self._task = progress.add_task(desc or "download", total=total, completed=initial)
+        def __init__(self, *_: Any, total: float | None = None, initial: float = 0, **__: Any) -> None:
+            self._task = progress.add_task(label, total=total, completed=initial)
 
         def update(self, n: float = 1) -> None:
             progress.advance(self._task, n)
