@@ -260,3 +260,22 @@ def test_progress_bars_go_to_stderr_and_reach_the_total(fake_hub, capsys, monkey
     out, err = capsys.readouterr()
     assert out == ""
     assert "Llama-3.2-1B-Instruct-Q4_K_M.gguf" in err and "4.0/4.0 kB" in err and "sha256" in err
+
+
+def test_pair_resolves_the_draft_first_and_fits_the_target_in_what_is_left(fake_hub, monkeypatch):
+    from specrun.hub import resolve as resolve_module
+    from specrun.hub.memory import MemoryBudget
+
+    fake_hub.add_repo(LLAMA_1B, {**llama_1b_files(), "Llama-3.2-1B-Instruct-f16.gguf": gguf_bytes("f16", 12000)})
+    fake_hub.add_repo("bartowski/Meta-Llama-3.1-8B-Instruct-GGUF", {
+        "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf": gguf_bytes("8q4", 40000),
+        "Meta-Llama-3.1-8B-Instruct-Q8_0.gguf": gguf_bytes("8q8", 80000),
+    })
+    # Q8_0 of the target fits alone, but not next to the draft's Q8_0 (never its f16).
+    budget = run_bytes(80000) + run_bytes(8000) - 1
+    monkeypatch.setattr(resolve_module, "memory_budget", lambda: MemoryBudget(budget, "RAM"))
+    lines: list[str] = []
+    target, draft = resolve_module.resolve_pair("llama-8b", "llama-1b", report=lines.append)
+    assert draft is not None and draft.quant == "Q8_0"
+    assert target.quant == "Q4_K_M" and "kept for the draft" in target.reason
+    assert lines == [draft.reason, target.reason]

@@ -19,6 +19,8 @@ SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 # Never chosen automatically: twice the memory of F16/BF16 for no quality gain in practice.
 NEVER_AUTO = frozenset({"F32"})
+# A draft must be fast more than exact: 16-bit weights double its cost for little acceptance gain.
+NEVER_AUTO_FOR_DRAFT = NEVER_AUTO | {"F16", "BF16"}
 
 
 @dataclass(frozen=True)

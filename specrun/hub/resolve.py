@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from specrun.default_model import DEFAULT_ALIAS
 from specrun.errors import SpecrunError
 from specrun.hub.memory import MemoryBudget, format_bytes, memory_budget, run_bytes
 from specrun.hub.profiles import ModelProfile, load_profiles
-from specrun.hub.quants import NEVER_AUTO, QuantChoice, group_quants, missing_parts, quant_of, quant_sets
+from specrun.hub.quants import NEVER_AUTO, NEVER_AUTO_FOR_DRAFT, QuantChoice, group_quants, missing_parts, quant_of, quant_sets
 from specrun.hub.spec import ModelSpec, checked_quant, local_model_path, parse_spec
 
 if TYPE_CHECKING:
@@ -42,11 +42,13 @@ def resolve_model(
     memory_budget_bytes: int | None = None,
     reserve_bytes: int = 0,
     show_progress: bool = True,
+    for_draft: bool = False,
 ) -> ResolvedModel:
     """Resolve alias[:QUANT] | owner/repo[:QUANT] | owner/repo/file.gguf | local path.
 
     Without a quant, the largest that fits the memory it will run in after
     reserve_bytes (the draft, another model) is chosen; `quant` overrides the spec's.
+    for_draft leaves 16-bit quants out of that choice.
     """
     wanted = checked_quant(quant, "--quant") if quant else None
     local = local_model_path(spec)
@@ -64,7 +66,8 @@ def resolve_model(
     assert repo is not None
     expected = parsed.filename or (profile.file_pattern.replace("{quant}", wanted) if profile and wanted else None)
     listing = repo_listing(repo, offline or _hub().offline_mode(), spec, expected)
-    choice = choose_file(listing, parsed, profile, wanted, memory_budget_bytes, reserve_bytes)
+    excluded = NEVER_AUTO_FOR_DRAFT if for_draft else NEVER_AUTO
+    choice = choose_file(listing, parsed, profile, wanted, memory_budget_bytes, reserve_bytes, excluded)
     paths = local_parts(listing, choice.quant_choice, parsed, show_progress)
     return ResolvedModel(
         path=paths[0],
@@ -134,6 +137,7 @@ def choose_file(
     wanted: str | None,
     budget_bytes: int | None,
     reserve_bytes: int,
+    excluded: frozenset[str] = NEVER_AUTO,
 ) -> _Choice:
     name = parsed.alias or listing.repo
     if parsed.filename is not None:
@@ -151,21 +155,20 @@ def choose_file(
             )
         chosen = choices[wanted]
         return _Choice(chosen, f"{name}: {wanted} ({format_bytes(chosen.size)}) as asked")
-    budget = (
-        hub_budget(budget_bytes) if budget_bytes is not None else memory_budget()
-    )
-    return fit_quant(name, choices, budget, reserve_bytes, where)
-
-
-def hub_budget(budget_bytes: int) -> MemoryBudget:
-    return MemoryBudget(budget_bytes, "the given memory budget")
+    given = MemoryBudget(budget_bytes, "the given budget") if budget_bytes is not None else None
+    return fit_quant(name, choices, given or memory_budget(), reserve_bytes, where, excluded)
 
 
 def fit_quant(
-    name: str, choices: dict[str, QuantChoice], budget: MemoryBudget | None, reserve_bytes: int, where: str = ""
+    name: str,
+    choices: dict[str, QuantChoice],
+    budget: MemoryBudget | None,
+    reserve_bytes: int,
+    where: str = "",
+    excluded: frozenset[str] = NEVER_AUTO,
 ) -> _Choice:
     """The largest quant whose run size fits the budget after the reserve."""
-    candidates = sorted((c for q, c in choices.items() if q not in NEVER_AUTO), key=lambda c: c.size)
+    candidates = sorted((c for q, c in choices.items() if q not in excluded), key=lambda c: c.size)
     if not candidates:
         candidates = sorted(choices.values(), key=lambda c: c.size)
     if budget is None:
@@ -229,3 +232,27 @@ def no_gguf_message(listing: RepoListing, pattern: str | None) -> str:
             f"hub is not reachable: connect and run `specrun pull {listing.repo}`"
         )
     return f"{listing.repo} has no GGUF file {what}: pick a GGUF repository or name the file"
+
+
+def resolve_pair(
+    target: str | None,
+    draft: str | None,
+    *,
+    quant: str | None = None,
+    draft_quant: str | None = None,
+    offline: bool = False,
+    report: Callable[[str], None] = lambda line: None,
+) -> tuple[ResolvedModel, ResolvedModel | None]:
+    """Target and draft for one run: the draft first, then the target in the memory left.
+
+    No target means the embedded default; `report` receives each model's reason line.
+    """
+    draft_model = None
+    reserve = 0
+    if draft is not None:
+        draft_model = resolve_model(draft, quant=draft_quant, offline=offline, for_draft=True)
+        report(draft_model.reason)
+        reserve = run_bytes(draft_model.size_bytes)
+    target_model = resolve_model(target or DEFAULT_ALIAS, quant=quant, offline=offline, reserve_bytes=reserve)
+    report(target_model.reason)
+    return target_model, draft_model
