@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hub_fixtures import fake_hub, gguf_bytes, isolated  # noqa: F401  (fixtures)
 from specrun.cli.app import run_app
 
@@ -61,3 +63,22 @@ def test_models_aliases(isolated, capsys):
     assert run_app(["models", "--aliases", "--json"]) == 0
     rows = {r["alias"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["llama-70b"]["drafts"] == ["llama-1b", "llama-3b", "llama-8b"]
+
+
+def test_generate_downloads_a_hub_target_and_runs_it(fake_hub, tmp_path, capsys):
+    pytest.importorskip("llama_cpp")
+    from tinymodels import write_tiny_llama
+
+    weights = write_tiny_llama(tmp_path / "tiny.gguf").read_bytes()
+    fake_hub.add_repo("someone/Tiny-GGUF", {"tiny-F32.gguf": weights})
+    code = run_app(["generate", "the", "--target", "someone/Tiny-GGUF:F32", "-n", "4", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert len(json.loads(out)["tokens"]) == 4
+    assert "someone/Tiny-GGUF: F32" in err and len(fake_hub.downloads()) == 1
+
+
+def test_generate_reports_a_missing_cached_model_in_one_line(isolated, capsys):
+    assert run_app(["generate", "the", "--target", "llama-1b:Q4_K_M", "--offline"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: llama-1b:Q4_K_M: ") and "specrun pull llama-1b:Q4_K_M" in err

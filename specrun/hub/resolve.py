@@ -115,10 +115,10 @@ def repo_listing(repo: str, offline: bool, spec: str, expected: str | None) -> R
             pass  # fall back to what the cache holds, as offline
     cached = hub.cached_listing(repo)
     if cached is None:
-        what = f"{repo}/{expected}" if expected else f"no file of {repo}"
+        what = f"{repo}/{expected} is not" if expected else f"no file of {repo} is"
         state = "offline mode is on" if offline else "the hub is unreachable"
         raise SpecrunError(
-            f"{spec}: {what} is not in the Hugging Face cache ({hub.hub_cache_dir()}) and {state}: "
+            f"{spec}: {what} in the Hugging Face cache ({hub.hub_cache_dir()}) and {state}: "
             f"connect and run `specrun pull {spec}`"
         )
     return cached
