@@ -53,7 +53,7 @@ def test_prompt_from_stdin_streams_text(tiny):
 
 
 def test_missing_model_file(tmp_path):
-    assert_one_line_error(specrun("generate", "x", "--target", tmp_path / "nope.gguf", "--lookup"), 2, "not found", "nope.gguf")
+    assert_one_line_error(specrun("generate", "x", "--target", tmp_path / "nope.gguf", "--lookup"), 2, "no such model file", "nope.gguf")
 
 
 def test_file_that_is_not_gguf(tmp_path):

@@ -245,14 +245,17 @@ def resolve_pair(
 ) -> tuple[ResolvedModel, ResolvedModel | None]:
     """Target and draft for one run: the draft first, then the target in the memory left.
 
-    No target means the embedded default; `report` receives each model's reason line.
+    No target means the embedded default; `report` receives the reason line of each model
+    that was chosen (a local path given as is needs no explaining).
     """
     draft_model = None
     reserve = 0
     if draft is not None:
         draft_model = resolve_model(draft, quant=draft_quant, offline=offline, for_draft=True)
-        report(draft_model.reason)
+        if draft_model.repo:
+            report(draft_model.reason)
         reserve = run_bytes(draft_model.size_bytes)
     target_model = resolve_model(target or DEFAULT_ALIAS, quant=quant, offline=offline, reserve_bytes=reserve)
-    report(target_model.reason)
+    if target_model.repo:
+        report(target_model.reason)
     return target_model, draft_model

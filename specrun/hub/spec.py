@@ -41,7 +41,7 @@ def local_model_path(text: str) -> Path | None:
         or (text.lower().endswith(".gguf") and text.count("/") < 2)
     )
     if looks_like_path:
-        raise SpecrunError(f"no such model file: {text}")
+        raise SpecrunError(f"no such model file: {text} (check the path, or give an alias or owner/repo)")
     return None
 
 
