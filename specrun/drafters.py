@@ -94,7 +94,9 @@ class DraftModel:
         self.context = context
         self.settings = settings
         self.sample = sample and not settings.greedy
-        self._softmax = np.empty(context.model.n_vocab, dtype=np.float32)  # reused every token
+        # Reused every token: no vocab-sized allocation per draft.
+        self._softmax = np.empty(context.model.n_vocab, dtype=np.float32)
+        self._scratch = np.empty(context.model.n_vocab, dtype=bool)
 
     def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
         k = policy.cap(self.name, min(limit, self.context.free_slots - 1))
@@ -111,7 +113,7 @@ class DraftModel:
         confidences: list[float] = []
         for i in range(k):
             if self.sample:
-                q = filtered(logits[-1], self.settings)
+                q = filtered(logits[-1], self.settings, self._scratch)
                 token = q.sample(rng)
                 confidence = q.prob(token)
             else:

@@ -138,6 +138,7 @@ class Generator:
         self.settings = settings
         self.rng = rng if rng is not None else np.random.default_rng(settings.seed)
         self.eog = target.model.eog_ids
+        self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
     def generate(self, prompt: Sequence[int], max_tokens: int) -> Iterator[Event]:
         """Stream the continuation of `prompt`; the target cache ends holding all but the last token."""
@@ -200,7 +201,7 @@ class Generator:
         verified_at = time.perf_counter()
 
         def target_dist(i: int) -> Distribution:
-            return filtered(logits[i], self.settings)
+            return filtered(logits[i], self.settings, self._scratch)
 
         accepted, next_token = verify(tokens, dists, target_dist, self.rng)
         stats.count_step(len(tokens), accepted)
