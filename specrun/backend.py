@@ -291,8 +291,12 @@ class Context:
 def system_info() -> dict[str, object]:
     """Versions, compiled backends and CPU features, for `specrun doctor`."""
     info = L.llama_print_system_info().decode("utf-8", "replace")
+    libs = Path(L.__file__).parent / "lib"
+    # The shared libraries carry llama.cpp's and ggml's versions in their file names.
+    versions = sorted(p.name.split(".so.", 1)[0] + " " + p.name.split(".so.", 1)[1] for p in libs.glob("lib*.so.*.*.*"))
     return {
         "llama_cpp_python": getattr(L, "__version__", "unknown"),
+        "libraries": versions,
         "gpu_offload": bool(L.llama_supports_gpu_offload()),
         "mmap": bool(L.llama_supports_mmap()),
         "max_devices": int(L.llama_max_devices()),
