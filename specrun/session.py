@@ -94,6 +94,13 @@ class Session:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def set_sampler(self, sampler: SamplerSettings) -> None:
+        """Sample later generations (and the draft model's guesses) with new settings, e.g. chat's /temp."""
+        self.config = replace(self.config, sampler=sampler)
+        if isinstance(self.drafter, DraftModel):
+            self.drafter.settings = sampler
+            self.drafter.sample = self.config.draft_sampling and not sampler.greedy
+
     def tokenize(self, text: str) -> list[int]:
         return self.target_model.tokenize(text)
 
