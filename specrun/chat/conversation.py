@@ -27,13 +27,6 @@ class Turn:
     new_tokens: int = 0  # tokens this turn appended to the previous conversation
 
 
-def common_prefix_length(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    return next(i for i in range(n) if a[i] != b[i])
-
-
 class Conversation:
     def __init__(self, model: Model, chat_format: ChatFormat, n_ctx: int, system: str | None = None):
         self.model = model
@@ -91,15 +84,15 @@ class Conversation:
     def _extend(self, user_text: str) -> Turn:
         """Previous tokens plus the tokens of the newly rendered text only."""
         rendered = self.format.render(self.messages(user_text))
-        common = common_prefix_length(self._text, rendered.text)
-        # Templates may trim a reply's trailing whitespace; the model did see it, so keep it.
-        trimmed_reply = common >= self._reply_start and self._text[common:].isspace()
-        if common < len(self._text) and not trimmed_reply:
-            # The format rewrote earlier turns: tokenize afresh (the engine still reuses the common tokens).
-            return self._fresh(user_text, 0)
-        tail = rendered.text[common:]
-        new = self._continuation(tail)
-        return Turn(user_text, self.tokens + new, self._text + tail, rendered.stops, 0, len(new))
+        prompt, reply = self._text[: self._reply_start], self._text[self._reply_start :]
+        # Templates often trim a reply's whitespace; the model did see it, so the tokens keep it.
+        for shown in dict.fromkeys((reply, reply.rstrip(), reply.strip(), reply.lstrip())):
+            if rendered.text.startswith(prompt + shown):
+                tail = rendered.text[len(prompt) + len(shown) :]
+                new = self._continuation(tail)
+                return Turn(user_text, self.tokens + new, self._text + tail, rendered.stops, 0, len(new))
+        # The format rewrote earlier turns: tokenize afresh (the engine still reuses the common tokens).
+        return self._fresh(user_text, 0)
 
     def _continuation(self, text: str) -> list[int]:
         """Tokens for text that continues the conversation, without a start-of-text space.

@@ -73,16 +73,21 @@ def registered_formats() -> dict[str, Formatter]:
     return formats
 
 
+def check_format_name(name: str) -> Formatter:
+    """The registered formatter called `name`, or a one-line error listing the choices."""
+    formats = registered_formats()
+    if name not in formats:
+        choices = ", ".join(sorted([PLAIN, *formats]))
+        raise SpecrunError(f"unknown --chat-format {name!r}: choose one of {choices}")
+    return formats[name]
+
+
 def choose_format(model: Model, name: str | None) -> ChatFormat:
     """--chat-format NAME if given, else the GGUF's template, else the plain transcript."""
     if name == PLAIN:
         return ChatFormat(PLAIN, plain_transcript, "--chat-format")
     if name is not None:
-        formats = registered_formats()
-        if name not in formats:
-            choices = ", ".join(sorted([PLAIN, *formats]))
-            raise SpecrunError(f"unknown --chat-format {name!r}: choose one of {choices}")
-        return ChatFormat(name, formats[name], "--chat-format")
+        return ChatFormat(name, check_format_name(name), "--chat-format")
     template = model.chat_template
     if template:
         bos = model.render([model.bos]) if model.bos >= 0 else ""

@@ -95,8 +95,7 @@ def stream_reply(
 ) -> Reply:
     """Stream the reply to `prompt` into `view`; Ctrl-C ends it early and keeps what was shown."""
     scanner = StopScanner(stops)
-    tokens: list[int] = []
-    ends: list[int] = []  # text length after each token
+    emitted: list[tuple[int, int]] = []  # (token, text length after it): one append, so Ctrl-C cannot split them
     ttft = None
     stop_reason = ""
     events = generator.generate(prompt, max_tokens)
@@ -104,9 +103,9 @@ def stream_reply(
         for event in events:
             if isinstance(event, TokenEvent):
                 ttft = ttft if ttft is not None else time.perf_counter() - started
-                tokens.append(event.token)
-                view.show(scanner.feed(event.text, event.source))
-                ends.append(len(scanner.text))
+                released = scanner.feed(event.text, event.source)
+                emitted.append((event.token, len(scanner.text)))
+                view.show(released)
                 if scanner.stop_at is not None:
                     stop_reason = "stop_string"
                     break
@@ -119,22 +118,20 @@ def stream_reply(
     finally:
         events.close()  # an abandoned generator rolls both caches back to what it emitted
     view.show(scanner.flush())
-    kept = _kept_tokens(tokens, ends, len(scanner.kept_text), generator.eog)
+    kept = _kept_tokens(emitted, len(scanner.kept_text), generator.eog)
     text = scanner.kept_text
     return Reply(kept, text, split_by_source(text, scanner.sources[: len(text)]), generator.stats, stop_reason, ttft)
 
 
-def _kept_tokens(tokens: list[int], ends: list[int], kept_chars: int, eog: frozenset[int]) -> list[int]:
+def _kept_tokens(emitted: list[tuple[int, int]], kept_chars: int, eog: frozenset[int]) -> list[int]:
     """The longest token prefix whose text lies within the kept text, without a final EOG token.
 
     The chat format writes its own end-of-turn marker after the reply.
     """
-    n = 0
-    while n < len(tokens) and ends[n] <= kept_chars:
-        n += 1
-    while n and tokens[n - 1] in eog:
-        n -= 1
-    return tokens[:n]
+    tokens = [token for token, end in emitted if end <= kept_chars]  # ends only grow: a prefix
+    while tokens and tokens[-1] in eog:
+        tokens.pop()
+    return tokens
 
 
 @dataclass

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specrun.chat.calibration import PlainRate
-from specrun.chat.formats import choose_format
+from specrun.chat.formats import PLAIN, check_format_name, choose_format
 from specrun.chat.runner import ChatRunner
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
@@ -62,6 +62,8 @@ def chat(
     """Chat with the target, drafting by --draft model or --lookup; a live panel shows the speculation."""
     if not 1 <= max_tokens <= ctx_size // 2:
         raise SpecrunError(f"--max-tokens has to be between 1 and half of --ctx-size ({ctx_size // 2}), but is {max_tokens}")
+    if chat_format not in (None, PLAIN):
+        check_format_name(chat_format)  # before minutes of model loading
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     config = o.session_config(
         target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers
@@ -138,7 +140,13 @@ class Shell:
                 if self.command(message) is QUIT:
                     return
                 continue
-            self.send(message[1:] if message.startswith("//") else message)
+            try:
+                self.send(message[1:] if message.startswith("//") else message)
+            except KeyboardInterrupt:  # a second Ctrl-C while the reply was being closed
+                self.interrupted()
+
+    def interrupted(self) -> None:
+        self.console.print("\n[dim](interrupted)[/]")
 
     def read_line(self, prompt: str) -> str:
         raise NotImplementedError
@@ -240,6 +248,11 @@ class PipedShell(Shell):
         reply = self.runner.reply(turn, view)
         view.finish()
         note(reply_line(reply), style="")
+        if reply.stop_reason == "interrupted":
+            raise KeyboardInterrupt  # in a script Ctrl-C ends the run (exit 130), after the partial reply
+
+    def interrupted(self) -> None:
+        raise KeyboardInterrupt
 
 
 def turns_table(runner: ChatRunner) -> Table:
