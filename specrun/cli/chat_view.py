@@ -22,7 +22,7 @@ from specrun.engine import Stats, StepEvent
 SOURCE_STYLES = {"draft": "bold cyan", "target": "", "bonus": ""}
 LEGEND = Text.assemble(("■ draft guess, accepted", "bold cyan"), "   ", ("■ target's own token", "default"))
 REFRESH_S = 0.1  # redrawing costs more than a token of a small model: at most 10 frames a second
-FOOTER_ROWS = 3 + 2 + 1  # stats rows, panel border, ellipsis row
+FOOTER_ROWS = 4 + 2 + 1  # stats rows and a blank, panel border, ellipsis row
 
 
 class LeadingSpaceTrimmer:
@@ -133,7 +133,12 @@ class LivePanel:
         elapsed = s.generate_s if self.reply else max(time.perf_counter() - self.started - s.prefill_s, 1e-9)
         rate = s.tokens / elapsed if elapsed > 0 else 0.0
         totals = self.runner.totals if self.reply else self.runner.totals.with_running(s, elapsed)
-        rows = [self._speculation_row(s, totals), self._speed_row(s, rate, elapsed)]
+        rows = [self._speculation_row(s, totals), self._speed_row(rate)]
+        if self.runner.speculative and elapsed > 0:
+            rows.append(Text.assemble(
+                ("time: draft ", "dim"), f"{s.draft_s / elapsed:.0%}", ("  verify ", "dim"), f"{s.verify_s / elapsed:.0%}",
+                ("  other ", "dim"), f"{max(elapsed - s.draft_s - s.verify_s, 0) / elapsed:.0%}",
+            ))
         if self.reply:
             rows.append(self._turn_row(self.reply))
         return rows
@@ -148,16 +153,12 @@ class LivePanel:
             ("  mean accepted length ", "dim"), f"{s.mean_accepted_length:.2f}", (" tokens/step", "dim"),
         )
 
-    def _speed_row(self, s: Stats, rate: float, elapsed: float) -> Text:
+    def _speed_row(self, rate: float) -> Text:
         row = Text.assemble(f"{rate:.1f}", (" tok/s", "dim"))
         plain = self.runner.plain_rate
         if self.runner.speculative and plain and plain.tokens_per_s > 0:
             row.append_text(Text.assemble(
                 "  ", f"{rate / plain.tokens_per_s:.2f}×", (f" vs plain {plain.tokens_per_s:.1f} tok/s ({plain.how})", "dim"),
-            ))
-        if self.runner.speculative and elapsed > 0:
-            row.append_text(Text.assemble(
-                ("  time: draft ", "dim"), f"{s.draft_s / elapsed:.0%}", (" verify ", "dim"), f"{s.verify_s / elapsed:.0%}",
             ))
         return row
 
