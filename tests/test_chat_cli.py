@@ -96,7 +96,7 @@ def test_terminal_chat_panel_commands_and_quit(tiny):
     child.sendline("/k 2")
     assert "k = 2 from the next reply on" in until_prompt(child)
     child.sendline("/k zero")
-    assert "error: /k N needs a number" in until_prompt(child)
+    assert "error: --k has to be an integer >= 1, 'auto' or 'llama.cpp', but is 'zero'" in until_prompt(child)
     child.sendline("and the dog")
     second = until_prompt(child)
     assert "k 2" in second

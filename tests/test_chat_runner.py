@@ -59,16 +59,21 @@ def test_each_turn_prefills_only_its_new_tokens_in_target_and_draft(draft_chat):
         assert s.prefilled_tokens < s.prompt_tokens / 2
         # The draft model catches up on the new turn and on the reply's last step (at most
         # k + 1 tokens it never drafted from), not on the whole history; then drafts one token per call.
-        assert draft_calls[0] <= turn.new_tokens + draft_chat.generator.k + 1
+        assert draft_calls[0] <= turn.new_tokens + draft_chat.generator.policy.max_k + 1
         assert draft_calls[0] < s.prompt_tokens / 2
         assert all(n == 1 for n in draft_calls[1:])
 
 
 def test_k_and_temperature_change_between_replies(draft_chat):
-    draft_chat.set_k(2)
-    assert draft_chat.generator.k == 2
-    with pytest.raises(SpecrunError, match="k has to be between 1 and"):
-        draft_chat.set_k(0)
+    draft_chat.set_k("2")
+    assert draft_chat.k_label == "2"
+    with pytest.raises(SpecrunError, match="--k has to be an integer >= 1, 'auto' or 'llama.cpp', but is '0'"):
+        draft_chat.set_k("0")
+    with pytest.raises(SpecrunError, match="k has to be at most 511"):
+        draft_chat.set_k("600")
+    draft_chat.set_k("llama.cpp")
+    assert draft_chat.k_label == "llama.cpp"
+    draft_chat.set_k("2")
     draft_chat.set_temperature(0.7)
     assert draft_chat.generator.settings.temperature == 0.7
     assert draft_chat.session.drafter.sample  # the draft model samples too, for p/q verification
@@ -84,7 +89,7 @@ def test_k_needs_a_drafter(tiny):
     with Session(SessionConfig(target=tiny["target"], n_ctx=256, threads=1)) as session:
         runner = ChatRunner(session, choose_format(session.target_model, None), max_tokens=8)
         with pytest.raises(SpecrunError, match="--draft PATH or --lookup"):
-            runner.set_k(4)
+            runner.set_k("4")
 
 
 def test_max_tokens_must_leave_room_for_the_conversation(tiny):

@@ -16,6 +16,7 @@ from specrun.chat.formats import ChatFormat
 from specrun.chat.reply import Reply, ReplyView, SessionStats, stream_reply
 from specrun.engine import Stats, StepEvent
 from specrun.errors import SpecrunError
+from specrun.policy import parse_k
 from specrun.session import Session
 
 
@@ -69,13 +70,19 @@ class ChatRunner:
         if self.plain_rate:
             self.plain_rate.observe(event, stats)
 
-    def set_k(self, k: int) -> None:
+    def set_k(self, k: str) -> None:
+        """A draft length, 'auto' or 'llama.cpp', from the next reply on."""
         if not self.speculative:
             raise SpecrunError("plain decoding has no draft length: start with --draft PATH or --lookup to use /k")
+        policy = self.session.policy(parse_k(k))
         limit = self.session.target.n_batch - 1
-        if not 1 <= k <= limit:
-            raise SpecrunError(f"k has to be between 1 and {limit}, but is {k}")
-        self.generator.k = k
+        if policy.max_k > limit:
+            raise SpecrunError(f"k has to be at most {limit} (the batch size minus one), but is {k}")
+        self.generator.policy = policy
+
+    @property
+    def k_label(self) -> str:
+        return self.generator.policy.label
 
     def set_temperature(self, temperature: float) -> None:
         settings = dataclasses.replace(self.generator.settings, temperature=temperature)  # validates

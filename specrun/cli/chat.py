@@ -25,7 +25,7 @@ Type a message and press Enter. End a line with \\ to continue on the next line,
 put \"\"\" alone on a line to start and end a multi-line block (for pasting).
   /help          this help
   /stats         session statistics and recent turns
-  /k N           draft N tokens per step from the next reply on
+  /k N           draft N tokens per step from the next reply on (or /k auto, /k llama.cpp)
   /temp T        sampling temperature from the next reply on (0 = greedy)
   /reset         start a new conversation (keeps the loaded models)
   /save FILE     write the transcript with stats (FILE.json: JSON, else Markdown)
@@ -42,8 +42,11 @@ QUIT = object()
 def chat(
     target: o.Target = None,
     draft: o.Draft = None,
+    quant: o.Quant = None,
+    draft_quant: o.DraftQuant = None,
+    offline: o.Offline = False,
     lookup: o.Lookup = False,
-    k: o.K = 8,
+    k: o.K = "auto",
     temp: o.Temp = 0.0,
     top_k: o.TopK = 40,
     top_p: o.TopP = 0.95,
@@ -66,7 +69,8 @@ def chat(
         check_format_name(chat_format)  # before minutes of model loading
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     config = o.session_config(
-        target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers
+        target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
+        quant=quant, draft_quant=draft_quant, offline=offline,
     )
     with Session(config) as session:
         fmt = choose_format(session.target_model, chat_format)
@@ -90,7 +94,8 @@ def note(text: str, style: str = "dim") -> None:
 
 
 def _title(config) -> str:
-    drafter = config.draft.name if config.draft else "prompt lookup" if config.lookup else "plain"
+    lookup = "prompt lookup" if config.lookup else ""
+    drafter = " + ".join(filter(None, [lookup, config.draft.name if config.draft else ""])) or "plain"
     return f"{config.target.name} ← {drafter}"
 
 
@@ -170,8 +175,10 @@ class Shell:
                 self.console.print(summary_line(self.runner.totals, self.runner), highlight=False, soft_wrap=True)
                 self.console.print(turns_table(self.runner))
             elif name == "/k":
-                self.runner.set_k(_number(arg, int, "/k N"))
-                self.console.print(f"[dim]k = {self.runner.generator.k} from the next reply on[/]")
+                if not arg:
+                    raise SpecrunError("/k needs a value: /k N, /k auto or /k llama.cpp")
+                self.runner.set_k(arg)
+                self.console.print(f"[dim]k = {self.runner.k_label} from the next reply on[/]")
             elif name == "/temp":
                 self.runner.set_temperature(_number(arg, float, "/temp T"))
                 self.console.print(f"[dim]temperature = {self.runner.generator.settings.temperature:g} from the next reply on[/]")

@@ -79,6 +79,7 @@ class LivePanel:
         self.text = Text()
         self.trim = LeadingSpaceTrimmer()
         self.stats = Stats()
+        self.last_drafted: int | None = None  # what the latest step drafted (auto and lookup vary it)
         self.reply: Reply | None = None
         self._drawn_at = 0.0
         self._live = Live(console=console, auto_refresh=False, transient=False)
@@ -98,6 +99,7 @@ class LivePanel:
 
     def step(self, event: StepEvent, stats: Stats) -> None:
         self.stats = stats
+        self.last_drafted = event.drafted
         self._throttled_refresh()
 
     def finish(self, reply: Reply) -> None:
@@ -147,7 +149,8 @@ class LivePanel:
         if not self.runner.speculative:
             return Text("plain decoding (no --draft or --lookup)", style="dim")
         return Text.assemble(
-            ("k ", "dim"), str(self.runner.generator.k),
+            ("k ", "dim"), self.runner.k_label,
+            ("" if self.last_drafted is None else (f" (last step drafted {self.last_drafted})", "dim")),
             ("  accepted ", "dim"), f"{s.acceptance_rate:.0%}", (" this reply, ", "dim"),
             f"{totals.acceptance_rate:.0%}", (" session", "dim"),
             ("  mean accepted length ", "dim"), f"{s.mean_accepted_length:.2f}", (" tokens/step", "dim"),
