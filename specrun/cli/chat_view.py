@@ -169,7 +169,8 @@ class LivePanel:
         s = reply.stats
         ttft = f"{reply.ttft_s:.2f} s" if reply.ttft_s is not None else "-"
         note = {"interrupted": "stopped (Ctrl-C), kept what was written", "max_tokens": "hit --max-tokens",
-                "context_full": "context full"}.get(reply.stop_reason, reply.stop_reason)
+                "context_full": "context full", "eog": "end of turn", "stop_string": "stop string (next turn)"}.get(
+            reply.stop_reason, reply.stop_reason)
         return Text.assemble(
             ("prefilled ", "dim"), str(s.prefilled_tokens), (f" of {s.prompt_tokens} prompt tokens", "dim"),
             ("  first token after ", "dim"), ttft, ("  ", ""), (note, "yellow" if reply.stop_reason in ("interrupted", "context_full", "max_tokens") else "dim"),
