@@ -182,6 +182,15 @@ class Model:
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
 
+    def render(self, tokens: Sequence[int]) -> str:
+        """Text of tokens with control tokens spelled out (`<end_of_turn>`), as chat templates write them."""
+        buf = ctypes.create_string_buffer(256)
+        pieces = []
+        for token in tokens:
+            n = L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            pieces.append(buf.raw[: max(n, 0)])
+        return b"".join(pieces).decode("utf-8", "replace")
+
 
 class Context:
     """One KV cache (sequence 0) over a model; `tokens` is exactly what the cache holds."""

@@ -138,12 +138,14 @@ class Generator:
         self.settings = settings
         self.rng = rng if rng is not None else np.random.default_rng(settings.seed)
         self.eog = target.model.eog_ids
+        self.stats = Stats()  # the running (or last) generation's counters
         self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
     def generate(self, prompt: Sequence[int], max_tokens: int) -> Iterator[Event]:
         """Stream the continuation of `prompt`; the target cache ends holding all but the last token."""
         history = self._checked_prompt(prompt)
-        stats = Stats(prompt_tokens=len(history))
+        # Also kept on the generator: a consumer that stops early (stop string, Ctrl-C) never sees Done.
+        self.stats = stats = Stats(prompt_tokens=len(history))
         started = time.perf_counter()
         stats.prefilled_tokens = self._prefill(history)
         stats.prefill_s = time.perf_counter() - started

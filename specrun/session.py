@@ -93,6 +93,14 @@ class Session:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def set_sampler(self, sampler: SamplerSettings) -> None:
+        """Sample later generations (and the draft model's guesses) with new settings, e.g. chat's /temp."""
+        self.config = replace(self.config, sampler=sampler)
+        model = self.drafter.model if isinstance(self.drafter, Hybrid) else self.drafter
+        if isinstance(model, DraftModel):
+            model.settings = sampler
+            model.sample = self.config.draft_sampling and not sampler.greedy
+
     def tokenize(self, text: str) -> list[int]:
         return self.target_model.tokenize(text)
 
