@@ -1,0 +1,73 @@
+"""Plain-text rendering of pair results (the CLI prints these lines on stdout)."""
+
+from __future__ import annotations
+
+from specrun.pair.check import PairCheck
+from specrun.pair.cost import MODEL_ASSUMPTIONS, DecodeCost
+from specrun.pair.header import ModelFacts
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(int(n))
+
+
+def model_line(role: str, model: ModelFacts) -> str:
+    v = model.vocab
+    return (f"{role:<7} {model.source}\n        {model.arch}, {human_count(model.n_params)} params, "
+            f"{human_bytes(model.file_size)}, {model.n_layers} layers, "
+            f"{v.vocab_type} vocabulary of {v.n_tokens} tokens")
+
+
+def cost_line(role: str, cost: DecodeCost) -> str:
+    tied = ", tied to token_embd" if cost.head_tied else ""
+    return (f"  {role:<7} {human_bytes(cost.per_token_bytes)} read per token: layers "
+            f"{human_bytes(cost.layer_bytes)} + output head {human_bytes(cost.head_bytes)}{tied}")
+
+
+def check_lines(result: PairCheck) -> list[str]:
+    lines = [model_line("target", result.target), model_line("draft", result.draft), ""]
+    if result.compat.ok:
+        lines.append("compatible: yes (llama.cpp's rule: vocab type, bos/eos, sizes within 128, "
+                     "token text from id 5)")
+    else:
+        lines.append("compatible: no")
+        lines += [f"  - {problem}" for problem in result.compat.problems]
+    lines += [f"  note: {note}" for note in result.compat.notes]
+    t, d = result.target, result.draft
+    lines += [
+        "",
+        f"params     draft/target {result.param_ratio:.2f} "
+        f"({human_count(d.n_params)} / {human_count(t.n_params)})",
+        f"file size  draft/target {result.size_ratio:.2f} "
+        f"({human_bytes(d.file_size)} / {human_bytes(t.file_size)})",
+        f"cost       draft/target {result.cost_ratio:.2f} (bytes of weights read per token)",
+        cost_line("target", result.target_cost),
+        cost_line("draft", result.draft_cost),
+        memory_line(result),
+        f"acceptance {result.prior.alpha:.0%} assumed: {result.prior.why}",
+        f"verdict    {result.verdict}",
+    ]
+    lines += [f"warning    {w}" for w in result.warnings()]
+    lines.append(f"cost model {MODEL_ASSUMPTIONS}")
+    return lines
+
+
+def memory_line(result: PairCheck) -> str:
+    total = result.memory_bytes
+    if total is None:
+        return "memory     unknown (the headers lack the attention shape for the KV cache)"
+    weights = result.target.file_size + result.draft.file_size
+    return (f"memory     {human_bytes(total)} together: weights {human_bytes(weights)} + f16 KV "
+            f"caches at {result.n_ctx} tokens {human_bytes(total - weights)} "
+            "(plus compute buffers)")
