@@ -1,0 +1,334 @@
+"""The one module that talks to llama.cpp's ctypes API (llama-cpp-python's raw bindings).
+
+A `Model` holds weights and vocabulary; a `Context` is one KV cache over a model that
+remembers which tokens it holds, so callers roll back by length and reuse prefixes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from specrun.compat import VocabFacts
+from specrun.errors import SpecrunError
+
+try:
+    import llama_cpp as L
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise SpecrunError(
+        f"llama-cpp-python is not importable ({exc}): run `pip install 'llama-cpp-python>=0.3.36,<0.4'`"
+    ) from None
+
+if not hasattr(L, "llama_memory_seq_rm"):  # pragma: no cover - depends on the install
+    raise SpecrunError(
+        f"llama-cpp-python {getattr(L, '__version__', '?')} lacks the llama_memory_* API: "
+        "run `pip install 'llama-cpp-python>=0.3.36,<0.4'`"
+    )
+
+VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+GGUF_MAGIC = b"GGUF"
+
+
+@L.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty on stderr; users see our one-line errors instead.
+    if os.environ.get("SPECRUN_DEBUG"):
+        print(text.decode("utf-8", "replace"), end="", file=__import__("sys").stderr)
+
+
+L.llama_log_set(_log_callback, ctypes.c_void_p(0))
+L.llama_backend_init()
+
+
+class ContextFull(Exception):
+    """The KV cache has no room for the batch."""
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    n_gpu_layers: int = -1  # -1 offloads every layer when a GPU backend exists
+    use_mmap: bool = True
+    repack: bool = False  # CPU weight repacking (use_extra_bufts); changes batched numerics
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    n_ctx: int = 4096  # 0 means the model's training context
+    n_batch: int = 512  # largest single decode; verify batches are k + 1 rows
+    n_threads: int = 0  # 0 means every core
+    flash_attn: int = -1  # -1 auto, 0 off, 1 on
+
+
+def check_gguf_file(path: Path, role: str) -> None:
+    """Fail with one line for the usual bad inputs, before llama.cpp sees the file."""
+    if not path.exists():
+        raise SpecrunError(f"{role} model not found: {path} (check the path)")
+    if path.is_dir():
+        raise SpecrunError(f"{role} model is a directory, not a GGUF file: {path}")
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != GGUF_MAGIC:
+        raise SpecrunError(f"{role} model is not a GGUF file (bad magic {magic!r}): {path}")
+
+
+class Model:
+    """Weights and vocabulary of one GGUF."""
+
+    def __init__(self, path: str | Path, options: ModelOptions = ModelOptions(), role: str = "target"):
+        self.path = Path(path)
+        self.role = role
+        check_gguf_file(self.path, role)
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = options.n_gpu_layers
+        params.use_mmap = options.use_mmap
+        params.use_extra_bufts = options.repack
+        self._model = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model:
+            raise SpecrunError(
+                f"llama.cpp could not load the {role} model {self.path} "
+                "(truncated or unsupported GGUF? re-download it; SPECRUN_DEBUG=1 shows llama.cpp's log)"
+            )
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    def close(self) -> None:
+        if self._model:
+            L.llama_model_free(self._model)
+            self._model = None
+
+    @property
+    def n_ctx_train(self) -> int:
+        return L.llama_model_n_ctx_train(self._model)
+
+    @property
+    def size_bytes(self) -> int:
+        return L.llama_model_size(self._model)
+
+    @property
+    def n_params(self) -> int:
+        return L.llama_model_n_params(self._model)
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    @property
+    def chat_template(self) -> str | None:
+        template = L.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8", "replace") if template else None
+
+    # --- vocabulary -----------------------------------------------------------------
+    @property
+    def bos(self) -> int:
+        return L.llama_vocab_bos(self._vocab)
+
+    @property
+    def eos(self) -> int:
+        return L.llama_vocab_eos(self._vocab)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(L.llama_vocab_get_add_bos(self._vocab))
+
+    @cached_property
+    def eog_ids(self) -> frozenset[int]:
+        return frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self._vocab, t))
+
+    def vocab_facts(self) -> VocabFacts:
+        texts = [L.llama_vocab_get_text(self._vocab, t) or b"" for t in range(self.n_vocab)]
+        return VocabFacts(
+            vocab_type=VOCAB_TYPES.get(L.llama_vocab_type(self._vocab), "unknown"),
+            n_tokens=self.n_vocab,
+            bos=self.bos,
+            eos=self.eos,
+            add_bos=self.add_bos,
+            add_eos=bool(L.llama_vocab_get_add_eos(self._vocab)),
+            tokens=[t.decode("utf-8", "replace") for t in texts],
+        )
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (L.llama_token * capacity)()
+        n = L.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            capacity = -n
+            buf = (L.llama_token * capacity)()
+            n = L.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """Bytes of one token as it appears in text (control tokens render empty)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
+            cached = self._piece_buf.raw[: max(n, 0)]
+            self._pieces[token] = cached
+        return cached
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+
+class Context:
+    """One KV cache (sequence 0) over a model; `tokens` is exactly what the cache holds."""
+
+    def __init__(self, model: Model, options: ContextOptions = ContextOptions()):
+        self.model = model
+        params = L.llama_context_default_params()
+        params.n_ctx = options.n_ctx or model.n_ctx_train
+        params.n_batch = params.n_ubatch = options.n_batch
+        threads = options.n_threads or os.cpu_count() or 1
+        params.n_threads = params.n_threads_batch = threads
+        params.flash_attn_type = options.flash_attn
+        params.swa_full = True  # rollback inside the sliding window must stay possible
+        params.no_perf = True
+        self._ctx = L.llama_init_from_model(model._model, params)
+        if not self._ctx:
+            raise SpecrunError(
+                f"llama.cpp could not create a {params.n_ctx}-token context for {model.path}: "
+                "lower --ctx-size or offload fewer layers"
+            )
+        self.n_ctx = L.llama_n_ctx(self._ctx)
+        self.n_batch = options.n_batch
+        self._memory = L.llama_get_memory(self._ctx)
+        self.tokens: list[int] = []
+        self._batch = L.llama_batch_init(self.n_batch, 0, 1)
+        # Zero-copy views of the batch arrays; seq ids never change, so set them once.
+        self._batch_token = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
+        self._batch_pos = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
+        self._batch_logits = np.ctypeslib.as_array(
+            ctypes.cast(self._batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,)
+        )
+        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(self.n_batch,))[:] = 1
+        for i in range(self.n_batch):
+            self._batch.seq_id[i][0] = 0
+
+    def close(self) -> None:
+        if self._ctx:
+            L.llama_batch_free(self._batch)
+            L.llama_free(self._ctx)
+            self._ctx = None
+
+    @property
+    def free_slots(self) -> int:
+        return self.n_ctx - len(self.tokens)
+
+    def set_threads(self, n_threads: int) -> None:
+        L.llama_set_n_threads(self._ctx, n_threads, n_threads)
+
+    def eval(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray | None:
+        """Append tokens to the cache; return logits for the last `logits_rows` of them.
+
+        The returned array is a view into llama.cpp's buffer, valid until the next eval.
+        """
+        if not tokens:
+            raise ValueError("eval needs at least one token")
+        if logits_rows > self.n_batch:
+            raise ValueError(f"at most n_batch={self.n_batch} logits rows per eval")
+        if len(tokens) > self.free_slots:
+            raise ContextFull(f"{len(tokens)} tokens do not fit in {self.free_slots} free slots")
+        rows = min(logits_rows, len(tokens))
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            rows_here = max(0, rows - (len(tokens) - start - len(chunk)))
+            self._decode(chunk, min(rows_here, len(chunk)))
+        return self.logits(rows) if rows else None
+
+    def _decode(self, chunk: Sequence[int], logits_rows: int) -> None:
+        n = len(chunk)
+        pos0 = len(self.tokens)
+        self._batch.n_tokens = n
+        self._batch_token[:n] = chunk
+        self._batch_pos[:n] = np.arange(pos0, pos0 + n)
+        self._batch_logits[:n] = 0
+        self._batch_logits[n - logits_rows : n] = 1
+        status = L.llama_decode(self._ctx, self._batch)
+        if status == 1:
+            raise ContextFull("llama.cpp found no KV slot for the batch")
+        if status != 0:
+            raise SpecrunError(f"llama_decode failed with status {status} on the {self.model.role} model")
+        self.tokens.extend(chunk)
+
+    def logits(self, rows: int) -> np.ndarray:
+        pointer = L.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(pointer, shape=(rows, self.model.n_vocab))
+
+    def truncate(self, n_keep: int) -> None:
+        """Roll the cache back to its first n_keep tokens."""
+        if n_keep < len(self.tokens):
+            if not L.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+                raise SpecrunError(
+                    f"the {self.model.role} model cannot roll back its cache "
+                    "(recurrent or hybrid architecture): speculative decoding is not supported for it"
+                )
+            del self.tokens[n_keep:]
+
+    def reuse_prefix(self, history: Sequence[int]) -> int:
+        """Keep the longest cached prefix of `history`, drop the rest; return its length."""
+        common = 0
+        limit = min(len(self.tokens), len(history))
+        while common < limit and self.tokens[common] == history[common]:
+            common += 1
+        self.truncate(common)
+        return common
+
+
+def system_info() -> dict[str, object]:
+    """Versions, compiled backends and CPU features, for `specrun doctor`."""
+    info = L.llama_print_system_info().decode("utf-8", "replace")
+    return {
+        "llama_cpp_python": getattr(L, "__version__", "unknown"),
+        "gpu_offload": bool(L.llama_supports_gpu_offload()),
+        "mmap": bool(L.llama_supports_mmap()),
+        "max_devices": int(L.llama_max_devices()),
+        "system_info": info.strip(),
+    }
+
+
+def compiled_devices() -> tuple[list[str], list[dict[str, object]]]:
+    """ggml's registered backends (CPU, CUDA, Metal, Vulkan, ...) and their devices."""
+    from llama_cpp import _ggml
+
+    lib = _ggml.libggml
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_name.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    backends = [lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode() for i in range(lib.ggml_backend_reg_count())]
+    devices = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        devices.append(
+            {
+                "name": lib.ggml_backend_dev_name(dev).decode(),
+                "description": lib.ggml_backend_dev_description(dev).decode(),
+                "memory_free": free.value,
+                "memory_total": total.value,
+            }
+        )
+    return backends, devices

@@ -1,0 +1,99 @@
+"""Draft sources: anything that guesses the next k tokens behind one small interface."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from specrun.backend import Context
+from specrun.errors import SpecrunError
+from specrun.sampling import Distribution, SamplerSettings, filtered
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    # q_i for each token when the drafter sampled; None when it is deterministic.
+    dists: list[Distribution] | None = None
+
+
+class DraftSource(Protocol):
+    name: str
+
+    def propose(self, history: Sequence[int], k: int) -> Draft:
+        """Up to k tokens guessed to follow `history` (which ends with the last emitted token)."""
+        ...
+
+
+class PromptLookup:
+    """Copies what followed the most recent earlier occurrence of the longest matching n-gram.
+
+    The index maps each n-gram to the end of its latest occurrence that has a follower,
+    and grows with the history, so a step never rescans it.
+    """
+
+    name = "lookup"
+
+    def __init__(self, n_min: int = 2, n_max: int = 4):
+        if not 1 <= n_min <= n_max:
+            raise SpecrunError(f"lookup n-gram range has to satisfy 1 <= min <= max, but is {n_min}..{n_max}")
+        self.n_min, self.n_max = n_min, n_max
+        self._index: dict[tuple[int, ...], int] = {}
+        self._indexed: list[int] = []  # the history the index was built from
+
+    def propose(self, history: Sequence[int], k: int) -> Draft:
+        self._extend_index(history)
+        for n in range(min(self.n_max, len(history) - 1), self.n_min - 1, -1):
+            end = self._index.get(tuple(history[-n:]))
+            if end is not None:
+                return Draft(list(history[end + 1 : end + 1 + k]))
+        return Draft()
+
+    def _extend_index(self, history: Sequence[int]) -> None:
+        done = len(self._indexed)
+        if done > len(history) or history[done - 1 : done] != self._indexed[done - 1 : done]:
+            self._index.clear()  # a different conversation: start over
+            self._indexed = []
+            done = 0
+        self._indexed.extend(history[done:])
+        # Positions that now have a follower: n-grams ending at done-1 .. len-2.
+        for end in range(max(done - 1, 0), len(history) - 1):
+            for n in range(self.n_min, min(self.n_max, end + 1) + 1):
+                self._index[tuple(history[end - n + 1 : end + 1])] = end
+
+
+class DraftModel:
+    """A second, smaller GGUF run on its own KV cache, greedily or by sampling."""
+
+    name = "draft"
+
+    def __init__(self, context: Context, settings: SamplerSettings, rng: np.random.Generator, sample: bool):
+        self.context = context
+        self.settings = settings
+        self.rng = rng
+        self.sample = sample and not settings.greedy
+
+    def propose(self, history: Sequence[int], k: int) -> Draft:
+        k = min(k, self.context.free_slots - 1)
+        if k < 1:
+            return Draft()
+        # Reuse the cached prefix; this also catches up after a fully accepted draft.
+        common = self.context.reuse_prefix(history)
+        if common == len(history):
+            self.context.truncate(common - 1)  # we need the last position's logits again
+        logits = self.context.eval(history[len(self.context.tokens) :])
+        tokens: list[int] = []
+        dists: list[Distribution] = []
+        for i in range(k):
+            if self.sample:
+                q = filtered(logits[-1], self.settings)
+                token = q.sample(self.rng)
+                dists.append(q)
+            else:
+                token = int(np.argmax(logits[-1]))
+            tokens.append(token)
+            if i < k - 1:
+                logits = self.context.eval([token])
+        return Draft(tokens, dists if self.sample else None)

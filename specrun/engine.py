@@ -1,0 +1,217 @@
+"""The speculative core: draft, verify in one target decode, accept/reject, roll back.
+
+`Generator.generate` yields `TokenEvent`s and `StepEvent`s and ends with one `Done`
+carrying raw counters; rates are derived in `Stats`. Plain decoding is the same loop
+without a drafter, so every speed-up is measured against the same code path.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence, Union
+
+import numpy as np
+
+from specrun.backend import Context
+from specrun.drafters import Draft, DraftSource
+from specrun.errors import SpecrunError
+from specrun.sampling import Distribution, SamplerSettings, filtered, verify
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    text: str  # decoded text this token completes (may be "" inside a UTF-8 sequence)
+    source: str  # "draft" (accepted guess), "target" (target's own sample), "bonus"
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    drafted: int
+    accepted: int
+
+
+@dataclass
+class Stats:
+    """Raw counters; rates are properties so nothing can drift out of sync."""
+
+    prompt_tokens: int = 0
+    prefilled_tokens: int = 0  # prompt tokens actually decoded (the rest came from the cache)
+    tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    generate_s: float = 0.0  # wall time after the prompt was processed
+    stop_reason: str = ""
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target decode (accepted drafts + the target's own token)."""
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.generate_s if self.generate_s > 0 else 0.0
+
+    @property
+    def overhead_per_step_ms(self) -> float:
+        """Loop time that is neither drafting nor the verify decode."""
+        rest = self.generate_s - self.draft_s - self.verify_s
+        return 1000 * rest / self.steps if self.steps else 0.0
+
+    def count_step(self, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        grow = drafted - len(self.drafted_by_position)
+        if grow > 0:
+            self.drafted_by_position += [0] * grow
+            self.accepted_by_position += [0] * grow
+        for i in range(drafted):
+            self.drafted_by_position[i] += 1
+        for i in range(accepted):
+            self.accepted_by_position[i] += 1
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefilled_tokens": self.prefilled_tokens,
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_by_position": self.acceptance_by_position,
+            "tokens_per_s": self.tokens_per_s,
+            "prefill_s": self.prefill_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "generate_s": self.generate_s,
+            "overhead_per_step_ms": self.overhead_per_step_ms,
+            "stop_reason": self.stop_reason,
+        }
+
+
+@dataclass(frozen=True)
+class Done:
+    stats: Stats
+
+
+Event = Union[TokenEvent, StepEvent, Done]
+
+
+class Generator:
+    """Speculative (or, without a drafter, plain) generation on one target context."""
+
+    def __init__(
+        self,
+        target: Context,
+        drafter: DraftSource | None,
+        settings: SamplerSettings,
+        k: int = 8,
+        rng: np.random.Generator | None = None,
+    ):
+        if k < 1:
+            raise SpecrunError(f"k (draft length) has to be >= 1, but is {k}")
+        if k + 1 > target.n_batch:
+            raise SpecrunError(f"k = {k} needs a batch of {k + 1} rows but n_batch is {target.n_batch}")
+        self.target = target
+        self.drafter = drafter
+        self.settings = settings
+        self.k = k
+        self.rng = rng if rng is not None else np.random.default_rng(settings.seed)
+        self.eog = target.model.eog_ids
+
+    def generate(self, prompt: Sequence[int], max_tokens: int) -> Iterator[Event]:
+        """Stream the continuation of `prompt`; the target cache ends holding all but the last token."""
+        history = self._checked_prompt(prompt)
+        stats = Stats(prompt_tokens=len(history))
+        started = time.perf_counter()
+        stats.prefilled_tokens = self._prefill(history)
+        stats.prefill_s = time.perf_counter() - started
+        started = time.perf_counter()
+        text = codecs.getincrementaldecoder("utf-8")("replace")
+        try:
+            while not stats.stop_reason:
+                room = self.target.free_slots  # the last token needs a slot, each draft one more
+                if stats.tokens >= max_tokens:
+                    stats.stop_reason = "max_tokens"
+                elif room < 1:
+                    stats.stop_reason = "context_full"
+                else:
+                    k = min(self.k if self.drafter else 0, max_tokens - stats.tokens - 1, room - 1)
+                    drafted, accepted, emitted = self._step(history, k, stats)
+                    yield StepEvent(drafted, accepted)
+                    for token, source in emitted:
+                        history.append(token)
+                        stats.tokens += 1
+                        yield TokenEvent(token, text.decode(self.target.model.piece(token)), source)
+                        if token in self.eog:
+                            stats.stop_reason = "eog"
+                            break
+        finally:
+            # Whatever happened (including an abandoned generator), the cache holds history[:-1].
+            self.target.truncate(len(history) - 1)
+            stats.generate_s = time.perf_counter() - started
+        yield Done(stats)
+
+    def _checked_prompt(self, prompt: Sequence[int]) -> list[int]:
+        if not prompt:
+            raise SpecrunError("the prompt is empty: give some text to continue")
+        if len(prompt) >= self.target.n_ctx:
+            raise SpecrunError(
+                f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}: "
+                "shorten the prompt or raise --ctx-size"
+            )
+        return list(prompt)
+
+    def _prefill(self, history: list[int]) -> int:
+        """Put all but the last prompt token in the cache (reusing what is there); return how many were decoded."""
+        cached = self.target.reuse_prefix(history[:-1])
+        if cached < len(history) - 1:
+            self.target.eval(history[cached:-1], logits_rows=0)
+        return len(history) - 1 - cached
+
+    def _step(self, history: list[int], k: int, stats: Stats) -> tuple[int, int, list[tuple[int, str]]]:
+        """One round: draft k, verify last token + drafts in one decode, keep the agreed prefix."""
+        started = time.perf_counter()
+        draft = self.drafter.propose(history, k) if k > 0 and self.drafter else Draft()
+        drafted_at = time.perf_counter()
+        tokens = self._cut_after_eog(draft.tokens[:k])
+        dists = draft.dists[: len(tokens)] if draft.dists is not None else None
+        logits = self.target.eval([history[-1], *tokens], logits_rows=len(tokens) + 1)
+        stats.draft_s += drafted_at - started
+        stats.verify_s += time.perf_counter() - drafted_at
+
+        def target_dist(i: int) -> Distribution:
+            return filtered(logits[i], self.settings)
+
+        accepted, next_token = verify(tokens, dists, target_dist, self.rng)
+        self.target.truncate(len(history) + accepted)  # rollback: last token + accepted drafts stay
+        stats.count_step(len(tokens), accepted)
+        last_source = "bonus" if tokens and accepted == len(tokens) else "target"
+        emitted = [(t, "draft") for t in tokens[:accepted]] + [(next_token, last_source)]
+        return len(tokens), accepted, emitted
+
+    def _cut_after_eog(self, tokens: list[int]) -> list[int]:
+        """Drafts past an end-of-generation token could never be emitted: don't verify them."""
+        for i, token in enumerate(tokens):
+            if token in self.eog:
+                return tokens[: i + 1]
+        return tokens

@@ -1,0 +1,132 @@
+"""Sampling in plain numpy: llama.cpp's filter chain and the exact accept/reject rule.
+
+Everything here works on small arrays, so it is tested without any model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable, Sequence
+
+import numpy as np
+
+from specrun.errors import SpecrunError
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    temperature: float = 0.0  # 0 means greedy (argmax)
+    top_k: int = 40  # keep the k most likely tokens; 0 disables
+    top_p: float = 0.95  # keep the smallest set whose temperature-1 mass reaches p; 1 disables
+    min_p: float = 0.05  # drop tokens below min_p x the top probability; 0 disables
+    seed: int | None = None  # None draws a fresh seed
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SpecrunError(f"temperature has to be a number >= 0, but is {self.temperature}")
+        if self.top_k < 0:
+            raise SpecrunError(f"top_k has to be >= 0 (0 disables it), but is {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise SpecrunError(f"top_p has to be in (0, 1], but is {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise SpecrunError(f"min_p has to be in [0, 1], but is {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A sparse distribution: token ids and their probabilities (summing to 1)."""
+
+    ids: np.ndarray
+    probs: np.ndarray
+
+    @classmethod
+    def point(cls, token: int) -> "Distribution":
+        return cls(np.array([token]), np.array([1.0]))
+
+    @cached_property
+    def _by_token(self) -> dict[int, float]:
+        return dict(zip(self.ids.tolist(), self.probs.tolist()))
+
+    @cached_property
+    def _cdf(self) -> np.ndarray:
+        return np.cumsum(self.probs)
+
+    def prob(self, token: int) -> float:
+        return self._by_token.get(token, 0.0)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        if self.ids.size == 1:
+            return int(self.ids[0])
+        index = int(np.searchsorted(self._cdf, rng.random() * self._cdf[-1], side="right"))
+        return int(self.ids[min(index, self.ids.size - 1)])
+
+    def residual(self, q: "Distribution") -> "Distribution":
+        """norm(max(p - q, 0)): where a rejected draft's replacement is drawn from."""
+        q_on_p = np.array([q.prob(t) for t in self.ids.tolist()])
+        mass = np.maximum(self.probs - q_on_p, 0.0)
+        total = mass.sum()
+        if total <= 0:  # p == q up to rounding: rejection had probability ~0
+            return self
+        keep = mass > 0
+        return Distribution(self.ids[keep], mass[keep] / total)
+
+
+def filtered(logits: np.ndarray, settings: SamplerSettings) -> Distribution:
+    """The distribution llama.cpp's chain top_k -> top_p -> min_p -> temp -> dist samples from."""
+    if settings.greedy:
+        return Distribution.point(int(np.argmax(logits)))
+    n = logits.shape[-1]
+    if 0 < settings.top_k < n:
+        ids = np.argpartition(logits, n - settings.top_k)[n - settings.top_k :]
+    else:
+        ids = np.arange(n)
+    ids = ids[np.argsort(-logits[ids], kind="stable")]
+    values = logits[ids].astype(np.float64)
+    # top-p and min-p look at the temperature-1 softmax of the survivors.
+    p1 = np.exp(values - values[0])
+    p1 /= p1.sum()
+    if settings.top_p < 1:
+        keep = int(np.searchsorted(np.cumsum(p1), settings.top_p, side="left")) + 1
+        ids, values, p1 = ids[:keep], values[:keep], p1[:keep]
+    if settings.min_p > 0:
+        keep = int(np.count_nonzero(p1 >= settings.min_p * p1[0]))
+        ids, values = ids[:keep], values[:keep]
+    # Temperature rescales only what survived.
+    scaled = np.exp((values - values[0]) / settings.temperature)
+    return Distribution(ids, scaled / scaled.sum())
+
+
+def verify(
+    draft: Sequence[int],
+    draft_dists: Sequence[Distribution] | None,
+    target_dist: Callable[[int], Distribution],
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Accept a prefix of the draft; return (accepted count, the target's next token).
+
+    target_dist(i) is the target's filtered distribution p_i after the first i drafts;
+    draft_dists[i] is q_i, the distribution draft[i] was sampled from (None when the
+    drafter is deterministic). Either way each emitted token is distributed as p_i.
+    """
+    for i, token in enumerate(draft):
+        p = target_dist(i)
+        if draft_dists is None:
+            # Deterministic draft: sample the target; keep the draft while they agree.
+            sample = p.sample(rng)
+            if sample != token:
+                return i, sample
+            continue
+        q = draft_dists[i]
+        # Leviathan/Chen: accept x ~ q with probability min(1, p(x) / q(x)) ...
+        if rng.random() * q.prob(token) < p.prob(token):
+            continue
+        # ... else draw from norm(max(p - q, 0)), which makes the output exactly p.
+        return i, p.residual(q).sample(rng)
+    # Every draft accepted: the target's distribution after them gives a bonus token.
+    return len(draft), target_dist(len(draft)).sample(rng)

@@ -1,0 +1,114 @@
+"""Loads a target and a draft source once and hands out generators over them.
+
+Commands (generate, chat, bench) share this; contexts are reused across prompts, not
+recreated, so hundreds of prompts cost no reloads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from specrun.backend import Context, ContextOptions, Model, ModelOptions
+from specrun.compat import check_vocab
+from specrun.drafters import DraftModel, DraftSource, PromptLookup
+from specrun.engine import Event, Generator
+from specrun.errors import IncompatibleError, SpecrunError
+from specrun.sampling import SamplerSettings
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    target: Path
+    draft: Path | None = None  # a draft GGUF; None with lookup=False means plain only
+    lookup: bool = False  # prompt-lookup drafting (no second model)
+    k: int = 8  # tokens drafted per step
+    sampler: SamplerSettings = field(default_factory=SamplerSettings)
+    draft_sampling: bool = True  # at temperature > 0, sample drafts and verify with p/q
+    lookup_ngram: tuple[int, int] = (2, 4)  # n-gram sizes prompt lookup matches, longest first
+    n_ctx: int = 4096
+    threads: int = 0  # 0 = all cores
+    n_gpu_layers: int = -1
+    draft_n_gpu_layers: int = -1
+    flash_attn: int = -1
+    repack: bool = False
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise SpecrunError(f"--k has to be >= 1, but is {self.k}")
+        if self.draft is not None and self.lookup:
+            raise SpecrunError("give either --draft PATH or --lookup, not both")
+        if self.n_ctx < 8:
+            raise SpecrunError(f"--ctx-size has to be >= 8, but is {self.n_ctx}")
+
+
+class Session:
+    def __init__(self, config: SessionConfig):
+        self.config = config
+        self._closers: list = []
+        try:
+            self.target_model = self._own(Model(config.target, self._model_options(config.n_gpu_layers), "target"))
+            self.target = self._own(Context(self.target_model, self._context_options()))
+            self.drafter = self._make_drafter()
+        except BaseException:
+            self.close()
+            raise
+
+    def _own(self, resource):
+        self._closers.append(resource)
+        return resource
+
+    def _model_options(self, n_gpu_layers: int) -> ModelOptions:
+        return ModelOptions(n_gpu_layers=n_gpu_layers, repack=self.config.repack)
+
+    def _context_options(self) -> ContextOptions:
+        c = self.config
+        return ContextOptions(n_ctx=c.n_ctx, n_batch=max(512, c.k + 1), n_threads=c.threads, flash_attn=c.flash_attn)
+
+    def _make_drafter(self) -> DraftSource | None:
+        c = self.config
+        if c.lookup:
+            return PromptLookup(*c.lookup_ngram)
+        if c.draft is None:
+            return None
+        draft_model = self._own(Model(c.draft, self._model_options(c.draft_n_gpu_layers), "draft"))
+        report = check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts())
+        if not report.ok:
+            raise IncompatibleError(
+                f"draft {c.draft.name} cannot draft for target {c.target.name}: " + "; ".join(report.problems)
+            )
+        context = self._own(Context(draft_model, self._context_options()))
+        seeds = np.random.SeedSequence(c.sampler.seed).spawn(1)[0]
+        return DraftModel(context, c.sampler, np.random.default_rng(seeds), c.draft_sampling)
+
+    def close(self) -> None:
+        for resource in reversed(self._closers):
+            resource.close()
+        self._closers.clear()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.target_model.tokenize(text)
+
+    def generator(self, plain: bool = False, k: int | None = None, seed: int | None = None) -> Generator:
+        """A fresh generator; the same seed gives the same random stream for plain and speculative."""
+        settings = self.config.sampler if seed is None else replace(self.config.sampler, seed=seed)
+        return Generator(
+            self.target,
+            None if plain else self.drafter,
+            settings,
+            k=k or self.config.k,
+            rng=np.random.default_rng(settings.seed),
+        )
+
+    def stream(self, prompt: str | list[int], max_tokens: int, plain: bool = False) -> Iterator[Event]:
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt
+        return self.generator(plain=plain).generate(tokens, max_tokens)

@@ -1,0 +1,128 @@
+"""The sampler chain and the accept/reject rule, on small arrays: no model needed."""
+
+import math
+
+import numpy as np
+import pytest
+
+from specrun.errors import SpecrunError
+from specrun.sampling import Distribution, SamplerSettings, filtered, verify
+
+DRAWS = 100_000
+
+TARGET_LOGITS = np.array([2.0, 1.5, 1.0, 0.3, 0.0, -0.5, -1.0, -3.0], dtype=np.float32)
+DRAFT_LOGITS = np.array([1.0, 2.0, 0.2, 0.9, -0.2, 0.4, -2.0, 0.0], dtype=np.float32)
+
+SETTINGS = [
+    SamplerSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+    SamplerSettings(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0),
+    SamplerSettings(temperature=1.5, top_k=5, top_p=1.0, min_p=0.0),
+    SamplerSettings(temperature=0.8, top_k=0, top_p=0.8, min_p=0.0),
+    SamplerSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.15),
+    SamplerSettings(temperature=0.9, top_k=6, top_p=0.95, min_p=0.05),
+]
+
+
+def chi_square_critical(df: int, z: float = 3.719) -> float:
+    """Upper quantile of chi-square (Wilson-Hilferty); z=3.719 is alpha = 1e-4."""
+    a = 2 / (9 * df)
+    return df * (1 - a + z * math.sqrt(a)) ** 3
+
+
+def chi_square(counts: dict[int, int], expected: Distribution, n: int) -> tuple[float, int]:
+    stat = 0.0
+    for token, p in zip(expected.ids.tolist(), expected.probs.tolist()):
+        stat += (counts.get(token, 0) - n * p) ** 2 / (n * p)
+    outside = sum(c for t, c in counts.items() if expected.prob(t) == 0)
+    assert outside == 0, f"{outside} draws fell outside the target's support"
+    return stat, max(expected.ids.size - 1, 1)
+
+
+def first_tokens(p: Distribution, q: Distribution, deterministic: bool, seed: int) -> dict[int, int]:
+    """Emitted first token of a one-draft step, DRAWS times."""
+    rng = np.random.default_rng(seed)
+    counts: dict[int, int] = {}
+    fixed_draft = int(q.ids[np.argmax(q.probs)])
+    for _ in range(DRAWS):
+        if deterministic:
+            draft, dists = [fixed_draft], None
+        else:
+            draft, dists = [q.sample(rng)], [q]
+        accepted, nxt = verify(draft, dists, lambda i: p, rng)
+        token = draft[0] if accepted else nxt
+        counts[token] = counts.get(token, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: f"T{s.temperature}-k{s.top_k}-p{s.top_p}-m{s.min_p}")
+@pytest.mark.parametrize("deterministic", [False, True], ids=["p/q-rule", "sample-and-match"])
+def test_emitted_token_follows_target_distribution(settings, deterministic):
+    p = filtered(TARGET_LOGITS, settings)
+    q = filtered(DRAFT_LOGITS, settings)
+    counts = first_tokens(p, q, deterministic, seed=1234)
+    stat, df = chi_square(counts, p, DRAWS)
+    assert stat < chi_square_critical(df), (stat, df, counts)
+
+
+def test_chi_square_check_catches_a_biased_rule():
+    # Emitting the draft's sample unchecked (the mlx-lm bug) must fail the same test.
+    settings = SETTINGS[0]
+    p, q = filtered(TARGET_LOGITS, settings), filtered(DRAFT_LOGITS, settings)
+    rng = np.random.default_rng(0)
+    counts: dict[int, int] = {}
+    for _ in range(DRAWS):
+        token = q.sample(rng)
+        counts[token] = counts.get(token, 0) + 1
+    stat, df = chi_square(counts, p, DRAWS)
+    assert stat > chi_square_critical(df)
+
+
+def test_later_positions_and_bonus_follow_their_rows():
+    # Three drafts from q, distinct target rows per position: each emitted position i
+    # (reached when all earlier drafts were accepted) must follow p_i.
+    settings = SETTINGS[2]
+    rows = [filtered(np.roll(TARGET_LOGITS, shift), settings) for shift in range(4)]
+    q = filtered(DRAFT_LOGITS, settings)
+    rng = np.random.default_rng(7)
+    per_position: list[dict[int, int]] = [{} for _ in range(4)]
+    for _ in range(DRAWS):
+        draft = [q.sample(rng) for _ in range(3)]
+        accepted, nxt = verify(draft, [q, q, q], lambda i: rows[i], rng)
+        emitted = draft[:accepted] + [nxt]
+        for i, token in enumerate(emitted):
+            per_position[i][token] = per_position[i].get(token, 0) + 1
+    for i, counts in enumerate(per_position):
+        n = sum(counts.values())
+        assert n > 1000
+        stat, df = chi_square(counts, rows[i], n)
+        assert stat < chi_square_critical(df), (i, stat, counts)
+
+
+def test_filter_chain_matches_llama_cpp_order():
+    logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
+    # top-p on the temperature-1 distribution keeps the prefix reaching 0.8: 3 tokens.
+    dist = filtered(logits, SamplerSettings(temperature=2.0, top_k=0, top_p=0.8, min_p=0.0))
+    assert dist.ids.tolist() == [0, 1, 2]
+    # temperature applies after the cut: survivors' probabilities ~ p^(1/T).
+    expected = np.array([0.5, 0.2, 0.15]) ** 0.5
+    assert np.allclose(dist.probs, expected / expected.sum())
+    # min-p keeps p >= 0.3 * 0.5.
+    assert filtered(logits, SamplerSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.3)).ids.tolist() == [0, 1, 2]
+    assert filtered(logits, SamplerSettings(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)).ids.tolist() == [0, 1]
+    assert filtered(logits, SamplerSettings(temperature=0.0)).ids.tolist() == [0]
+
+
+def test_greedy_verification_keeps_drafts_while_they_equal_argmax():
+    rows = [Distribution.point(t) for t in (5, 6, 9, 1)]
+    rng = np.random.default_rng(0)
+    assert verify([5, 6, 7], None, lambda i: rows[i], rng) == (2, 9)
+    assert verify([5, 6, 9], None, lambda i: rows[i], rng) == (3, 1)  # bonus
+    assert verify([4], None, lambda i: rows[i], rng) == (0, 5)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"temperature": -1}, {"top_k": -2}, {"top_p": 0}, {"top_p": 1.5}, {"min_p": 2}, {"temperature": float("nan")}]
+)
+def test_bad_sampler_settings_name_the_value(kwargs):
+    with pytest.raises(SpecrunError, match="but is"):
+        SamplerSettings(**kwargs)
