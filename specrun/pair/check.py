@@ -43,12 +43,19 @@ class PairCheck:
     n_ctx: int
 
     @property
-    def cost_ratio(self) -> float:
+    def has_weights(self) -> bool:
+        """False for vocab-only files: costs and ratios are then unknown."""
+        return bool(self.target_cost.per_token_bytes and self.draft_cost.per_token_bytes)
+
+    @property
+    def cost_ratio(self) -> float | None:
+        if not self.has_weights:
+            return None
         return self.draft_cost.per_token_bytes / self.target_cost.per_token_bytes
 
     @property
-    def param_ratio(self) -> float:
-        return self.draft.n_params / self.target.n_params
+    def param_ratio(self) -> float | None:
+        return self.draft.n_params / self.target.n_params if self.has_weights else None
 
     @property
     def size_ratio(self) -> float:
@@ -58,27 +65,30 @@ class PairCheck:
     def memory_bytes(self) -> int | None:
         """Both files' weights plus both f16 KV caches at n_ctx (compute buffers extra)."""
         caches = [kv_cache_bytes(m, self.n_ctx) for m in (self.target, self.draft)]
-        if None in caches:
+        if None in caches or not self.has_weights:
             return None
         return self.target.file_size + self.draft.file_size + sum(caches)  # type: ignore[arg-type]
 
     @property
     def verdict(self) -> str:
+        if self.cost_ratio is None:
+            vocab_only = [m.source for m in (self.target, self.draft) if not m.tensors]
+            return f"no cost estimate: vocab-only file without weights: {', '.join(vocab_only)}"
         return verdict(self.cost_ratio, self.prior.alpha)
 
     @property
-    def best_k(self) -> tuple[int, float]:
-        return best_k(self.prior.alpha, self.cost_ratio)
+    def best_k(self) -> tuple[int, float] | None:
+        return best_k(self.prior.alpha, self.cost_ratio) if self.cost_ratio is not None else None
 
     def warnings(self) -> list[str]:
         """Facts that change what the user should expect, in plain words."""
         found = []
         head = self.draft_cost
-        if head.head_share >= 0.5:
-            tied = " (tied to token_embd, so read in full)" if head.head_tied else ""
+        if self.has_weights and head.head_share >= 0.5:
+            tied = ", tied to token_embd so read in full" if head.head_tied else ""
             shape = " x ".join(str(d) for d in reversed(head.head_shape))
             found.append(
-                f"the draft's output head ({shape}){tied} is {head.head_share:.0%} of its "
+                f"the draft's output head ({shape}{tied}) is {head.head_share:.0%} of its "
                 "per-token cost: removing layers cannot make this draft much cheaper"
             )
         hint = finetune_hint(self.target, self.draft)
@@ -87,7 +97,7 @@ class PairCheck:
         return found
 
     def as_json(self) -> dict[str, Any]:
-        k, speedup = self.best_k
+        k, speedup = self.best_k or (None, None)
         return {
             "compatible": self.compat.ok,
             "problems": list(self.compat.problems),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
+from urllib.parse import quote
 
 from gguf import GGUFReader
 
@@ -25,10 +26,12 @@ CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 def read_remote(repo_id: str, filename: str, revision: str | None = None,
                 endpoint: str | None = None) -> ModelFacts:
-    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub import constants
 
-    url = hf_hub_url(repo_id, filename, revision=revision,
-                     endpoint=endpoint or constants.ENDPOINT)
+    # The hub's resolve URL, built here because hf_hub_url only swaps an endpoint that
+    # matches the one read at import time (HF_ENDPOINT), not constants.ENDPOINT now.
+    base = (endpoint or constants.ENDPOINT).rstrip("/")
+    url = f"{base}/{repo_id}/resolve/{quote(revision or 'main', safe='')}/{quote(filename)}"
     source = f"{repo_id}/{filename}"
     with tempfile.TemporaryDirectory(prefix="specrun-header-") as tmp:
         return _read_prefix_until_parsed(url, source, Path(tmp) / "header.gguf")
@@ -62,7 +65,9 @@ def _parse_prefix(sparse: Path, fetched: int, total: int) -> GGUFReader | None:
         reader = PlainArrayReader(sparse)
     except (ValueError, KeyError, IndexError, OverflowError):
         return None  # ran into the zero-filled holes; fetch more
-    return reader if reader.data_offset <= fetched else None
+    # data_offset is the header's end rounded up to the alignment; a file without
+    # tensors may end before that rounding.
+    return reader if min(reader.data_offset, total) <= fetched else None
 
 
 def fetch_range(url: str, source: str, start: int, end: int) -> tuple[bytes, int]:

@@ -24,9 +24,11 @@ def human_count(n: float) -> str:
 
 def model_line(role: str, model: ModelFacts) -> str:
     v = model.vocab
+    vocab = f"{v.vocab_type} vocabulary of {v.n_tokens} tokens"
+    if not model.tensors:
+        return f"{role:<7} {model.source}\n        {model.arch}, vocab only (no weights), {vocab}"
     return (f"{role:<7} {model.source}\n        {model.arch}, {human_count(model.n_params)} params, "
-            f"{human_bytes(model.file_size)}, {model.n_layers} layers, "
-            f"{v.vocab_type} vocabulary of {v.n_tokens} tokens")
+            f"{human_bytes(model.file_size)}, {model.n_layers} layers, {vocab}")
 
 
 def cost_line(role: str, cost: DecodeCost) -> str:
@@ -44,9 +46,20 @@ def check_lines(result: PairCheck) -> list[str]:
         lines.append("compatible: no")
         lines += [f"  - {problem}" for problem in result.compat.problems]
     lines += [f"  note: {note}" for note in result.compat.notes]
-    t, d = result.target, result.draft
+    lines.append("")
+    lines += ratio_lines(result) if result.has_weights else []
     lines += [
-        "",
+        f"acceptance {result.prior.alpha:.0%} assumed: {result.prior.why}",
+        f"verdict    {result.verdict}",
+    ]
+    lines += [f"warning    {w}" for w in result.warnings()]
+    lines.append(f"cost model {MODEL_ASSUMPTIONS}")
+    return lines
+
+
+def ratio_lines(result: PairCheck) -> list[str]:
+    t, d = result.target, result.draft
+    return [
         f"params     draft/target {result.param_ratio:.2f} "
         f"({human_count(d.n_params)} / {human_count(t.n_params)})",
         f"file size  draft/target {result.size_ratio:.2f} "
@@ -55,12 +68,7 @@ def check_lines(result: PairCheck) -> list[str]:
         cost_line("target", result.target_cost),
         cost_line("draft", result.draft_cost),
         memory_line(result),
-        f"acceptance {result.prior.alpha:.0%} assumed: {result.prior.why}",
-        f"verdict    {result.verdict}",
     ]
-    lines += [f"warning    {w}" for w in result.warnings()]
-    lines.append(f"cost model {MODEL_ASSUMPTIONS}")
-    return lines
 
 
 def memory_line(result: PairCheck) -> str:

@@ -17,7 +17,7 @@ def load_facts(spec: str, offline: bool = False) -> ModelFacts:
     if spec == DEFAULT_ALIAS:
         return read_local(embedded_model_path())
     hub_file = split_hub_file(spec)
-    if hub_file is not None:
+    if hub_file is not None and not path.parent.is_dir():  # a local folder wins
         return hub_file_facts(*hub_file, offline=offline)
     if path.suffix.lower() == ".gguf" or path.parent != Path("."):
         raise SpecrunError(f"no such model file: {spec}")
