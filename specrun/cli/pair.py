@@ -50,3 +50,38 @@ def check(
         typer.echo("\n".join(check_lines(result)))
     if not result.compat.ok:
         raise typer.Exit(code=1)
+
+
+@pair_app.command("derive")
+def derive(
+    target: Annotated[str, typer.Option("--target", "-m", help="Target .gguf to take layers from.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Where to write the draft .gguf.")],
+    layers: Annotated[Optional[str], typer.Option(
+        "--layers", help="Target layers to keep, e.g. 0-5 or 0-2,15-17.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write a self-speculative draft: a subset of TARGET's layers, sharing its vocabulary."""
+    from pathlib import Path
+
+    from specrun.pair.check import check_pair
+    from specrun.pair.derive import derive_draft, parse_layers
+    from specrun.pair.header import read_local
+    from specrun.pair.report import derive_lines
+    from specrun.pair.sources import local_path
+
+    target_path, out = local_path(target), Path(output)
+    if layers is None:
+        raise SpecrunError("give --layers (e.g. --layers 0-2,15-17)")
+    if out.exists() and not force:
+        raise SpecrunError(f"{out} exists: pass --force to overwrite it")
+    if out.resolve() == target_path.resolve():
+        raise SpecrunError("--output must differ from the target file")
+    target_facts = read_local(target_path)
+    kept = parse_layers(layers, target_facts.n_layers)
+    derived = derive_draft(target_path, kept, out)
+    result = check_pair(target_facts, read_local(out))
+    if json_out:
+        typer.echo(json.dumps({"path": str(out), "layers": kept, **result.as_json()}, indent=2))
+    else:
+        typer.echo("\n".join(derive_lines(derived, result)))

@@ -114,9 +114,13 @@ def verdict(c: float, alpha: float) -> str:
     if c >= 1:
         return f"{lead}: no speed-up possible"
     k, speedup = best_k(alpha, c)
+    at = f"{alpha:.0%} acceptance"
+    if speedup < 1:
+        ceiling_k, ceiling = best_k(1.0, c)
+        return (f"{lead}: slower than the target alone at {at}; even if every draft token "
+                f"were accepted, at most {ceiling:.2f}x (k={ceiling_k})")
     if speedup < 1.1:
-        return (f"{lead}: no useful speed-up possible "
-                f"(at most {speedup:.2f}x at {alpha:.0%} acceptance, k={k})")
+        return f"{lead}: no useful speed-up possible (at most {speedup:.2f}x at {at}, k={k})"
     if speedup < 1.5:
-        return f"{lead}: modest speed-up, {speedup:.2f}x predicted at {alpha:.0%} acceptance, k={k}"
-    return f"{lead}: good pair, {speedup:.2f}x predicted at {alpha:.0%} acceptance, k={k}"
+        return f"{lead}: modest speed-up, {speedup:.2f}x predicted at {at}, k={k}"
+    return f"{lead}: good pair, {speedup:.2f}x predicted at {at}, k={k}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specrun.pair.check import PairCheck
+from specrun.pair.derive import DerivedDraft, describe_layers
 from specrun.pair.cost import MODEL_ASSUMPTIONS, DecodeCost
 from specrun.pair.header import ModelFacts
 
@@ -79,3 +80,21 @@ def memory_line(result: PairCheck) -> str:
     return (f"memory     {human_bytes(total)} together: weights {human_bytes(weights)} + f16 KV "
             f"caches at {result.n_ctx} tokens {human_bytes(total - weights)} "
             "(plus compute buffers)")
+
+
+def derive_lines(derived: DerivedDraft, result: PairCheck) -> list[str]:
+    kept = describe_layers(list(derived.layers))
+    lines = [
+        f"wrote {derived.path} ({human_bytes(result.draft.file_size)}): layers {kept} "
+        f"of the target's 0-{derived.n_target_layers - 1}, loaded by llama.cpp",
+        f"use it with: specrun generate --target {result.target.source} --draft {derived.path}",
+        "",
+        f"cost       draft/target {result.cost_ratio:.2f} (bytes of weights read per token)",
+        cost_line("target", result.target_cost),
+        cost_line("draft", result.draft_cost),
+        f"verdict    {result.verdict}",
+    ]
+    lines += [f"warning    {w}" for w in result.warnings()]
+    lines.append("acceptance of a layer subset is not predictable from its size: measure it "
+                 "with specrun generate --compare-plain")
+    return lines

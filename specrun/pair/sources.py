@@ -48,3 +48,13 @@ def hub_file_facts(repo_id: str, filename: str, offline: bool = False) -> ModelF
     from specrun.pair.remote import read_remote
 
     return read_remote(repo_id, filename)
+
+
+def local_path(spec: str) -> Path:
+    """A spec that must be a local GGUF (derive reads every tensor)."""
+    if spec == DEFAULT_ALIAS:
+        return embedded_model_path()
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise SpecrunError(f"no such model file: {spec} (derive needs a local .gguf)")
+    return path
