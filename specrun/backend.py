@@ -279,10 +279,11 @@ class Context:
 
     def reuse_prefix(self, history: Sequence[int]) -> int:
         """Keep the longest cached prefix of `history`, drop the rest; return its length."""
-        common = 0
         limit = min(len(self.tokens), len(history))
-        while common < limit and self.tokens[common] == history[common]:
-            common += 1
+        if self.tokens[:limit] == list(history[:limit]):  # the usual case, compared in C
+            common = limit
+        else:
+            common = next(i for i in range(limit) if self.tokens[i] != history[i])
         self.truncate(common)
         return common
 

@@ -22,8 +22,12 @@ class Draft:
 class DraftSource(Protocol):
     name: str
 
-    def propose(self, history: Sequence[int], k: int) -> Draft:
+    def propose(self, history: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
         """Up to k tokens guessed to follow `history` (which ends with the last emitted token)."""
+        ...
+
+    def rollback(self, history: Sequence[int]) -> None:
+        """Forget any state (cached drafts) that is not part of `history`."""
         ...
 
 
@@ -43,13 +47,16 @@ class PromptLookup:
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed: list[int] = []  # the history the index was built from
 
-    def propose(self, history: Sequence[int], k: int) -> Draft:
+    def propose(self, history: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
         self._extend_index(history)
         for n in range(min(self.n_max, len(history) - 1), self.n_min - 1, -1):
             end = self._index.get(tuple(history[-n:]))
             if end is not None:
                 return Draft(list(history[end + 1 : end + 1 + k]))
         return Draft()
+
+    def rollback(self, history: Sequence[int]) -> None:
+        pass  # the index only ever holds n-grams of the history itself
 
     def _extend_index(self, history: Sequence[int]) -> None:
         done = len(self._indexed)
@@ -69,13 +76,12 @@ class DraftModel:
 
     name = "draft"
 
-    def __init__(self, context: Context, settings: SamplerSettings, rng: np.random.Generator, sample: bool):
+    def __init__(self, context: Context, settings: SamplerSettings, sample: bool):
         self.context = context
         self.settings = settings
-        self.rng = rng
         self.sample = sample and not settings.greedy
 
-    def propose(self, history: Sequence[int], k: int) -> Draft:
+    def propose(self, history: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
         k = min(k, self.context.free_slots - 1)
         if k < 1:
             return Draft()
@@ -89,7 +95,7 @@ class DraftModel:
         for i in range(k):
             if self.sample:
                 q = filtered(logits[-1], self.settings)
-                token = q.sample(self.rng)
+                token = q.sample(rng)
                 dists.append(q)
             else:
                 token = int(np.argmax(logits[-1]))
@@ -97,3 +103,6 @@ class DraftModel:
             if i < k - 1:
                 logits = self.context.eval([token])
         return Draft(tokens, dists if self.sample else None)
+
+    def rollback(self, history: Sequence[int]) -> None:
+        self.context.reuse_prefix(history)

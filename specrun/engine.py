@@ -166,8 +166,8 @@ class Generator:
                             stats.stop_reason = "eog"
                             break
         finally:
-            # Whatever happened (including an abandoned generator), the cache holds history[:-1].
-            self.target.truncate(len(history) - 1)
+            # Whatever happened (including an abandoned generator), caches hold only history.
+            self._rollback(history)
             stats.generate_s = time.perf_counter() - started
         yield Done(stats)
 
@@ -191,7 +191,7 @@ class Generator:
     def _step(self, history: list[int], k: int, stats: Stats) -> tuple[int, int, list[tuple[int, str]]]:
         """One round: draft k, verify last token + drafts in one decode, keep the agreed prefix."""
         started = time.perf_counter()
-        draft = self.drafter.propose(history, k) if k > 0 and self.drafter else Draft()
+        draft = self.drafter.propose(history, k, self.rng) if k > 0 and self.drafter else Draft()
         drafted_at = time.perf_counter()
         tokens = self._cut_after_eog(draft.tokens[:k])
         dists = draft.dists[: len(tokens)] if draft.dists is not None else None
@@ -203,11 +203,17 @@ class Generator:
             return filtered(logits[i], self.settings)
 
         accepted, next_token = verify(tokens, dists, target_dist, self.rng)
-        self.target.truncate(len(history) + accepted)  # rollback: last token + accepted drafts stay
         stats.count_step(len(tokens), accepted)
         last_source = "bonus" if tokens and accepted == len(tokens) else "target"
         emitted = [(t, "draft") for t in tokens[:accepted]] + [(next_token, last_source)]
+        self._rollback([*history, *tokens[:accepted], next_token])
         return len(tokens), accepted, emitted
+
+    def _rollback(self, history: list[int]) -> None:
+        """Drop rejected drafts: the target holds all but the last token, the drafter no more than history."""
+        self.target.truncate(len(history) - 1)
+        if self.drafter:
+            self.drafter.rollback(history)
 
     def _cut_after_eog(self, tokens: list[int]) -> list[int]:
         """Drafts past an end-of-generation token could never be emitted: don't verify them."""

@@ -81,8 +81,7 @@ class Session:
                 f"draft {c.draft.name} cannot draft for target {c.target.name}: " + "; ".join(report.problems)
             )
         context = self._own(Context(draft_model, self._context_options()))
-        seeds = np.random.SeedSequence(c.sampler.seed).spawn(1)[0]
-        return DraftModel(context, c.sampler, np.random.default_rng(seeds), c.draft_sampling)
+        return DraftModel(context, c.sampler, c.draft_sampling)
 
     def close(self) -> None:
         for resource in reversed(self._closers):

