@@ -18,6 +18,8 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 RESOLVE = re.compile(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)")
+MODEL_INFO = re.compile(r"/api/models/([^/]+/[^/]+?)(?:/revision/[^/]+)?")
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 class FakeHub:
@@ -49,6 +51,9 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             parsed = urlparse(self.path)
             if parsed.path == "/api/models":
                 return self._search(parse_qs(parsed.query))
+            info = MODEL_INFO.fullmatch(unquote(parsed.path))
+            if info:
+                return self._model_info(info.group(1))
             match = RESOLVE.fullmatch(unquote(parsed.path))
             if not match:
                 return self._send(404, b"not found")
@@ -71,10 +76,20 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
             self._send(206, data[start:end + 1], {"Content-Range": f"bytes {start}-{end}/{len(data)}"})
 
+        def _model_info(self, repo: str) -> None:
+            files = hub.repos().get(repo)
+            if files is None:
+                return self._send(401, b"{}", {"X-Error-Code": "RepoNotFound"})
+            siblings = [_sibling(hub.files[(repo, f)], f) for f in files]
+            body = {"id": repo, "sha": COMMIT, "gated": repo in hub.gated and "manual",
+                    "private": False, "siblings": siblings}
+            self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
         def _search(self, query: dict[str, list[str]]) -> None:
             term = query.get("search", [""])[0].lower()
             models = [
-                {"id": repo, "tags": ["gguf"], "siblings": [{"rfilename": f} for f in files]}
+                {"id": repo, "tags": ["gguf"],
+                 "siblings": [_sibling(hub.files[(repo, f)], f) for f in files]}
                 for repo, files in hub.repos().items()
                 if term in repo.lower()
             ]
@@ -86,10 +101,19 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 self.send_header(key, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the client stopped reading (e.g. after refusing a 200 answer)
             hub.bytes_sent += len(body)
 
     return Handler
+
+
+def _sibling(local: Path, name: str) -> dict[str, object]:
+    size = local.stat().st_size
+    return {"rfilename": name, "size": size, "lfs": {"size": size, "sha256": "0" * 64,
+                                                      "pointerSize": 134}}
 
 
 @contextmanager

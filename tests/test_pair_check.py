@@ -137,8 +137,14 @@ def hub(monkeypatch, tmp_path: Path):
     from huggingface_hub import constants
 
     with serve() as fake:
-        monkeypatch.setattr(constants, "ENDPOINT", fake.url)
+        monkeypatch.setenv("HF_ENDPOINT", fake.url)
         monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+        monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+            monkeypatch.delenv(name, raising=False)
         yield fake
 
 
@@ -166,7 +172,7 @@ def test_hub_vocab_file_compared_with_local(hub, capsys) -> None:
 
 
 @pytest.mark.parametrize("case, message", [
-    ("missing", "not found on the hub"),
+    ("missing", "other.gguf is not in org/repo"),
     ("gated", "gated or private"),
     ("no-range", "ignored the Range request"),
 ])

@@ -26,11 +26,11 @@ CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 def read_remote(repo_id: str, filename: str, revision: str | None = None,
                 endpoint: str | None = None) -> ModelFacts:
-    from huggingface_hub import constants
+    from specrun.hub.download import hub_endpoint
 
-    # The hub's resolve URL, built here because hf_hub_url only swaps an endpoint that
-    # matches the one read at import time (HF_ENDPOINT), not constants.ENDPOINT now.
-    base = (endpoint or constants.ENDPOINT).rstrip("/")
+    # The hub's resolve URL, built like hf_hub_url but with the endpoint the hub
+    # package uses (HF_ENDPOINT read now, not at import time).
+    base = (endpoint or hub_endpoint()).rstrip("/")
     url = f"{base}/{repo_id}/resolve/{quote(revision or 'main', safe='')}/{quote(filename)}"
     source = f"{repo_id}/{filename}"
     with tempfile.TemporaryDirectory(prefix="specrun-header-") as tmp:

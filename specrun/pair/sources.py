@@ -1,7 +1,13 @@
-"""Model specs to header facts: local files, the embedded default, hub files (header only)."""
+"""Model specs to header facts without loading or downloading weights.
+
+Local files and the embedded default are read from disk. Aliases and hub repositories
+go through the hub package's spec parsing and quant choice (the file `generate` would
+use); a cached copy is read from disk, anything else by its header alone (range requests).
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from specrun.default_model import DEFAULT_ALIAS, embedded_model_path
@@ -9,45 +15,55 @@ from specrun.errors import SpecrunError
 from specrun.pair.header import ModelFacts, read_local
 
 
-def load_facts(spec: str, offline: bool = False) -> ModelFacts:
-    """Header facts for a model spec without loading (or downloading) its weights."""
-    path = Path(spec).expanduser()
-    if path.is_file():
-        return read_local(path)
+def load_facts(spec: str, offline: bool = False, for_draft: bool = False) -> ModelFacts:
+    from specrun.hub.spec import local_model_path
+
+    local = local_model_path(spec)
+    if local is not None:
+        return read_local(local)
     if spec == DEFAULT_ALIAS:
         return read_local(embedded_model_path())
-    hub_file = split_hub_file(spec)
-    if hub_file is not None and not path.parent.is_dir():  # a local folder wins
-        return hub_file_facts(*hub_file, offline=offline)
-    if path.suffix.lower() == ".gguf" or path.parent != Path("."):
-        raise SpecrunError(f"no such model file: {spec}")
-    raise SpecrunError(f"{spec}: not a file; give a local .gguf path, {DEFAULT_ALIAS}, "
-                       "or a hub file as owner/repo/file.gguf")
+    return hub_facts(spec, offline, for_draft)
 
 
-def split_hub_file(spec: str) -> tuple[str, str] | None:
-    """owner/repo/path/in/repo.gguf -> ('owner/repo', 'path/in/repo.gguf')."""
-    parts = spec.split("/")
-    if len(parts) < 3 or not all(parts) or not spec.lower().endswith(".gguf"):
-        return None
-    if spec.startswith((".", "~")):
-        return None
-    return "/".join(parts[:2]), "/".join(parts[2:])
+def hub_facts(spec: str, offline: bool, for_draft: bool) -> ModelFacts:
+    from specrun.hub import download
+    from specrun.hub.profiles import load_profiles
+    from specrun.hub.quants import NEVER_AUTO, NEVER_AUTO_FOR_DRAFT
+    from specrun.hub.resolve import choose_file, repo_listing
+    from specrun.hub.spec import parse_spec
+
+    profiles = load_profiles()
+    parsed = parse_spec(spec, profiles)
+    profile = profiles.get(parsed.alias) if parsed.alias else None
+    repo = profile.repo if profile else parsed.repo
+    assert repo is not None  # parse_spec gives an alias or a repo
+    listing = repo_listing(repo, offline or download.offline_mode(), spec, parsed.filename)
+    excluded = NEVER_AUTO_FOR_DRAFT if for_draft else NEVER_AUTO
+    choice = choose_file(listing, parsed, profile, parsed.quant, None, 0, excluded).quant_choice
+    parts = [part_facts(listing, part.path, spec) for part in choice.parts]
+    return merge_split_parts(parts)
 
 
-def hub_file_facts(repo_id: str, filename: str, offline: bool = False) -> ModelFacts:
-    """A cached copy when there is one; else only the header, by HTTP range requests."""
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    cached = try_to_load_from_cache(repo_id, filename)
-    if isinstance(cached, str):
-        return read_local(cached)
-    if offline or constants.HF_HUB_OFFLINE:
-        raise SpecrunError(f"{repo_id}/{filename} is not in the Hugging Face cache and "
-                           "offline mode is on: connect, or pass a local path")
+def part_facts(listing, filename: str, spec: str) -> ModelFacts:
+    from specrun.hub import download
     from specrun.pair.remote import read_remote
 
-    return read_remote(repo_id, filename)
+    if listing.cached:
+        path = download.cached_path(listing.repo, listing.commit, filename)
+        if path is None:
+            raise SpecrunError(f"{spec}: {filename} vanished from the cache: run `specrun pull {spec}`")
+        return read_local(path)
+    return read_remote(listing.repo, filename, revision=listing.commit or None)
+
+
+def merge_split_parts(parts: list[ModelFacts]) -> ModelFacts:
+    """A split GGUF: metadata from part 1, tensors and bytes from every part."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    tensors = tuple(t for part in parts for t in part.tensors)
+    return replace(first, tensors=tensors, file_size=sum(p.file_size for p in parts))
 
 
 def local_path(spec: str) -> Path:
