@@ -85,3 +85,24 @@ def derive(
         typer.echo(json.dumps({"path": str(out), "layers": kept, **result.as_json()}, indent=2))
     else:
         typer.echo("\n".join(derive_lines(derived, result)))
+
+
+@pair_app.command("suggest")
+def suggest(
+    target: Annotated[str, typer.Option("--target", "-m", help="Target: path, alias or hub repo.")],
+    top: Annotated[int, typer.Option("--top", help="How many drafts to list.")] = 5,
+    offline: OfflineOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Compatible drafts for TARGET from profiles, the cache and the hub, best first."""
+    from specrun.cli.app import err_console
+    from specrun.pair.report import suggest_lines
+    from specrun.pair.suggest import suggest as find_drafts
+
+    if top < 1:
+        raise SpecrunError(f"--top must be >= 1, got {top}")
+    facts, found = find_drafts(target, offline, top, report=lambda line: err_console.print(line, markup=False))
+    if json_out:
+        typer.echo(json.dumps({"target": facts.source, "drafts": [s.as_json() for s in found]}, indent=2))
+    else:
+        typer.echo("\n".join(suggest_lines(facts, found)))

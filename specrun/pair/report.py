@@ -6,6 +6,7 @@ from specrun.pair.check import PairCheck
 from specrun.pair.derive import DerivedDraft, describe_layers
 from specrun.pair.cost import MODEL_ASSUMPTIONS, DecodeCost
 from specrun.pair.header import ModelFacts
+from specrun.pair.suggest import Suggestion
 
 
 def human_bytes(n: float) -> str:
@@ -97,4 +98,25 @@ def derive_lines(derived: DerivedDraft, result: PairCheck) -> list[str]:
     lines += [f"warning    {w}" for w in result.warnings()]
     lines.append("acceptance of a layer subset is not predictable from its size: measure it "
                  "with specrun generate --compare-plain")
+    return lines
+
+
+def suggest_lines(target: ModelFacts, found: list[Suggestion]) -> list[str]:
+    lines = [model_line("target", target), ""]
+    if not found:
+        lines.append("no compatible draft cheaper than the target was found "
+                     "(try without --offline, or `specrun pair derive` for a layer subset)")
+        return lines
+    lines.append(f"{'#':>2}  {'speed-up':>8}  {'k':>2}  {'cost':>5}  {'accept':>6}  "
+                 f"{'memory':>10}  draft (origin)")
+    for rank, s in enumerate(found, 1):
+        k, speedup = s.check.best_k or (0, 0.0)
+        memory = s.check.memory_bytes
+        lines.append(f"{rank:>2}  {speedup:>7.2f}x  {k:>2}  {s.check.cost_ratio:>5.2f}  "
+                     f"{s.check.prior.alpha:>6.0%}  {human_bytes(memory) if memory else '?':>10}  "
+                     f"{s.spec} ({s.origin})")
+        lines += [f"      {w}" for w in s.check.warnings()]
+    lines += ["", "speed-up is predicted, not measured: cost = draft/target bytes read per token, "
+              "accept = assumed acceptance by family, memory = both models + f16 KV caches at "
+              f"{found[0].check.n_ctx} tokens", f"cost model {MODEL_ASSUMPTIONS}"]
     return lines
