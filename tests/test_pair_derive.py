@@ -144,3 +144,42 @@ def test_gemma_subset_keeps_each_layers_attention_kind(tmp_path: Path, capsys) -
     assert "loaded by llama.cpp" in text
     assert "output head (262144 x 640, tied to token_embd" in text
     assert "slower than the target alone" in text
+
+
+def test_auto_candidates_cover_three_shapes() -> None:
+    from specrun.pair.autoderive import candidate_subsets
+
+    subsets = candidate_subsets(18)
+    assert (0, 1, 2, 15, 16, 17) in subsets  # first and last layers
+    assert tuple(range(9)) in subsets  # the first half
+    assert all(len(s) < 18 and list(s) == sorted(set(s)) for s in subsets)
+    assert {len(s) for s in subsets} == {6, 9, 12}
+
+
+def test_teacher_forced_agreement_of_the_target_with_itself(tmp_path: Path) -> None:
+    # Aligned correctly, the target's argmax along its own greedy output is that output.
+    from specrun.pair.autoderive import SAMPLE_PROMPTS, Probe
+
+    target = write_tiny_llama(tmp_path / "t.gguf", n_layer=2, seed=7)
+    probe = Probe(target, n_ctx=256, threads=1)
+    try:
+        prompt = probe.model.tokenize(SAMPLE_PROMPTS[0])
+        continuation, _ = probe.greedy(prompt, 16)
+        agree = probe.argmax_along(prompt, continuation) == np.asarray(continuation)
+    finally:
+        probe.close()
+    assert agree.mean() >= 15 / 16
+
+
+def test_auto_writes_the_best_measured_subset(tmp_path: Path, capsys) -> None:
+    target = write_tiny_llama(tmp_path / "t.gguf", n_layer=6, n_embd=128, n_ff=256, seed=4)
+    out = tmp_path / "d.gguf"
+    code, text, err = derive(capsys, "--target", target, "--auto", "-t", "1", "-o", out, "--json")
+    assert code == 0, err
+    report = json.loads(text)
+    best = max(report["measured"], key=lambda m: m["speedup"])
+    assert report["layers"] == list(best["layers"])
+    assert report["acceptance_prior"] == best["acceptance"]
+    assert open_reader(out).fields["specrun.derived.layers"].contents() == report["layers"]
+    assert all(0 <= m["acceptance"] <= 1 and m["cost_ratio"] > 0 for m in report["measured"])
+    assert err.count("layers ") == len(report["measured"])  # progress on stderr

@@ -58,33 +58,48 @@ def derive(
     output: Annotated[str, typer.Option("--output", "-o", help="Where to write the draft .gguf.")],
     layers: Annotated[Optional[str], typer.Option(
         "--layers", help="Target layers to keep, e.g. 0-5 or 0-2,15-17.")] = None,
+    auto: Annotated[bool, typer.Option(
+        "--auto", help="Choose the layers by measuring acceptance and cost on sample prompts.")] = False,
+    threads: Annotated[int, typer.Option("--threads", "-t", help="CPU threads for --auto (0 = all).")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Write a self-speculative draft: a subset of TARGET's layers, sharing its vocabulary."""
     from pathlib import Path
 
+    from specrun.cli.app import err_console
     from specrun.pair.check import check_pair
     from specrun.pair.derive import derive_draft, parse_layers
     from specrun.pair.header import read_local
-    from specrun.pair.report import derive_lines
+    from specrun.pair.report import auto_lines, derive_lines
     from specrun.pair.sources import local_path
 
     target_path, out = local_path(target), Path(output)
-    if layers is None:
-        raise SpecrunError("give --layers (e.g. --layers 0-2,15-17)")
+    if (layers is None) == (not auto):
+        raise SpecrunError("give either --layers (e.g. --layers 0-2,15-17) or --auto")
     if out.exists() and not force:
         raise SpecrunError(f"{out} exists: pass --force to overwrite it")
     if out.resolve() == target_path.resolve():
         raise SpecrunError("--output must differ from the target file")
     target_facts = read_local(target_path)
-    kept = parse_layers(layers, target_facts.n_layers)
-    derived = derive_draft(target_path, kept, out)
-    result = check_pair(target_facts, read_local(out))
-    if json_out:
-        typer.echo(json.dumps({"path": str(out), "layers": kept, **result.as_json()}, indent=2))
+    measured = []
+    if auto:
+        from specrun.pair.autoderive import measure
+
+        measured = measure(target_path, threads=threads,
+                           report=lambda line: err_console.print(line, markup=False))
+        best = max(measured, key=lambda m: m.speedup)
+        kept = list(best.layers)
     else:
-        typer.echo("\n".join(derive_lines(derived, result)))
+        kept = parse_layers(layers or "", target_facts.n_layers)
+    derived = derive_draft(target_path, kept, out)
+    result = check_pair(target_facts, read_local(out),
+                        acceptance=best.acceptance if auto else None, why="measured by --auto")
+    if json_out:
+        typer.echo(json.dumps({"path": str(out), "layers": kept, **result.as_json(),
+                               "measured": [m.__dict__ for m in measured]}, indent=2))
+    else:
+        typer.echo("\n".join(auto_lines(measured) + derive_lines(derived, result)))
 
 
 @pair_app.command("suggest")

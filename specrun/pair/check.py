@@ -120,8 +120,8 @@ class PairCheck:
 
 
 def check_pair(target: ModelFacts, draft: ModelFacts, n_ctx: int = DEFAULT_CTX,
-               acceptance: float | None = None) -> PairCheck:
-    prior = Prior(acceptance, "given") if acceptance is not None else acceptance_prior(target, draft)
+               acceptance: float | None = None, why: str = "given") -> PairCheck:
+    prior = Prior(acceptance, why) if acceptance is not None else acceptance_prior(target, draft)
     return PairCheck(target, draft, check_vocab(target.vocab, draft.vocab),
                      decode_cost(target), decode_cost(draft), prior, n_ctx)
 

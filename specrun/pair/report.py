@@ -96,8 +96,9 @@ def derive_lines(derived: DerivedDraft, result: PairCheck) -> list[str]:
         f"verdict    {result.verdict}",
     ]
     lines += [f"warning    {w}" for w in result.warnings()]
-    lines.append("acceptance of a layer subset is not predictable from its size: measure it "
-                 "with specrun generate --compare-plain")
+    if result.prior.why != "measured by --auto":
+        lines.append("acceptance of a layer subset is not predictable from its size: measure "
+                     "it with --auto or specrun generate --compare-plain")
     return lines
 
 
@@ -119,4 +120,21 @@ def suggest_lines(target: ModelFacts, found: list[Suggestion]) -> list[str]:
     lines += ["", "speed-up is predicted, not measured: cost = draft/target bytes read per token, "
               "accept = assumed acceptance by family, memory = both models + f16 KV caches at "
               f"{found[0].check.n_ctx} tokens", f"cost model {MODEL_ASSUMPTIONS}"]
+    return lines
+
+
+def auto_lines(measured: list) -> list[str]:
+    """The --auto measurements, best first, and what they mean."""
+    if not measured:
+        return []
+    ranked = sorted(measured, key=lambda m: -m.speedup)
+    lines = [f"{'layers':<16} {'accept':>6} {'cost':>5} {'k':>2} {'predicted':>9}"]
+    lines += [f"{describe_layers(list(m.layers)):<16} {m.acceptance:>6.0%} {m.cost_ratio:>5.2f} "
+              f"{m.k:>2} {m.speedup:>8.2f}x" for m in ranked]
+    best = ranked[0]
+    if best.speedup < 1:
+        lines.append(f"no layer subset beats the target alone on the sample prompts; wrote the "
+                     f"best one ({best.speedup:.2f}x predicted) so you can measure it yourself")
+    lines += ["accept = greedy agreement with the target along its own output (teacher-forced); "
+              "cost = measured one-token step time, draft/target", ""]
     return lines
