@@ -29,9 +29,9 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize("path", [LLAMA_SPM, GPT2])
-def test_fast_reader_gives_the_stock_readers_fields(path: Path) -> None:
-    fast, stock = PlainArrayReader(path), GGUFReader(path)
+def test_fast_reader_gives_the_stock_readers_fields() -> None:
+    # Strings, floats and ints in arrays; the stock reader takes seconds even on 32k tokens.
+    fast, stock = PlainArrayReader(LLAMA_SPM), GGUFReader(LLAMA_SPM)
     assert list(fast.fields) == list(stock.fields)
     for name, field in stock.fields.items():
         mine = fast.fields[name]

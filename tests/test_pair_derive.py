@@ -61,7 +61,7 @@ def test_derived_draft_generates_through_the_engine(tmp_path: Path, capsys) -> N
     draft = tmp_path / "d.gguf"
     assert derive(capsys, "--target", target, "--layers", "0-1", "-o", draft)[0] == 0
     code = run_app(["generate", "hello world", "--target", str(target), "--draft", str(draft),
-                    "-n", "12", "--k", "3", "--json"])
+                    "-n", "12", "--k", "3", "-t", "1", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     stats = json.loads(out)["stats"]
@@ -153,7 +153,7 @@ def test_auto_candidates_cover_three_shapes() -> None:
     assert (0, 1, 2, 15, 16, 17) in subsets  # first and last layers
     assert tuple(range(9)) in subsets  # the first half
     assert all(len(s) < 18 and list(s) == sorted(set(s)) for s in subsets)
-    assert {len(s) for s in subsets} == {6, 9, 12}
+    assert {len(s) for s in subsets} == {6, 9, 12, 15}
 
 
 def test_teacher_forced_agreement_of_the_target_with_itself(tmp_path: Path) -> None:

@@ -19,9 +19,9 @@ from typing import Callable
 
 import numpy as np
 
-from specrun.pair.cost import best_k
-from specrun.pair.derive import write_subset
-from specrun.pair.header import open_reader
+from specrun.pair.cost import best_k, decode_cost
+from specrun.pair.derive import BLOCK_TENSOR, write_subset
+from specrun.pair.header import ModelFacts, facts_from_reader, open_reader
 
 SAMPLE_PROMPTS = (
     "The history of the printing press begins in the fifteenth century, when",
@@ -36,16 +36,17 @@ class Measured:
     layers: tuple[int, ...]
     acceptance: float  # draft argmax == target argmax along the target's greedy output
     cost_ratio: float  # fastest draft step time / fastest target step time
+    bytes_ratio: float  # the cost model's ratio (weights read per token), for comparison
     k: int
     speedup: float
 
 
 def candidate_subsets(n_layers: int) -> list[tuple[int, ...]]:
-    """Layer subsets of a third, half and two thirds of the target, in three shapes:
-    first and last layers (keeps the input and output ends), the first layers, and
-    evenly spaced layers."""
+    """Layer subsets of 1/3, 1/2, 2/3 and 5/6 of the target, in three shapes: first and
+    last layers (keeps the input and output ends), the first layers, and evenly spaced."""
     subsets: dict[tuple[int, ...], None] = {}
-    for size in sorted({max(1, n_layers // 3), max(1, n_layers // 2), max(1, 2 * n_layers // 3)}):
+    sizes = {max(1, n_layers * num // den) for num, den in ((1, 3), (1, 2), (2, 3), (5, 6))}
+    for size in sorted(sizes):
         if size >= n_layers:
             continue
         head = (size + 1) // 2
@@ -101,12 +102,14 @@ def measure(target: Path, n_tokens: int = 24, threads: int = 0,
     finally:
         probe.close()
     target_step = min(s for _, seconds in runs for s in seconds)
+    facts = facts_from_reader(reader, str(target), target.stat().st_size)
     results = []
     with tempfile.TemporaryDirectory(prefix="specrun-auto-") as tmp:
         for layers in candidate_subsets(n_layers):
             path = Path(tmp) / "candidate.gguf"
             write_subset(reader, arch, n_layers, list(layers), target.name, path)
-            result = _measure_one(path, layers, prompts, runs, target_step, threads)
+            result = _measure_one(path, layers, prompts, runs, target_step, threads,
+                                  subset_bytes_ratio(facts, layers))
             report(f"layers {_short(layers)}: acceptance {result.acceptance:.0%}, "
                    f"cost {result.cost_ratio:.2f}, predicted {result.speedup:.2f}x")
             results.append(result)
@@ -116,7 +119,7 @@ def measure(target: Path, n_tokens: int = 24, threads: int = 0,
 
 def _measure_one(path: Path, layers: tuple[int, ...], prompts: list[list[int]],
                  runs: list[tuple[list[int], list[float]]], target_step: float,
-                 threads: int) -> Measured:
+                 threads: int, bytes_ratio: float) -> Measured:
     probe = Probe(path, n_ctx=512, threads=threads)
     try:
         agree = total = 0
@@ -130,7 +133,16 @@ def _measure_one(path: Path, layers: tuple[int, ...], prompts: list[list[int]],
     acceptance = agree / total
     cost = min(seconds) / target_step
     k, speedup = best_k(acceptance, cost)
-    return Measured(layers, acceptance, cost, k, speedup)
+    return Measured(layers, acceptance, cost, bytes_ratio, k, speedup)
+
+
+def subset_bytes_ratio(target: ModelFacts, layers: tuple[int, ...]) -> float:
+    """Weights read per token by the subset over the target's (cost.py's model)."""
+    kept = set(layers)
+    dropped = sum(t.n_bytes for t in target.tensors
+                  if (m := BLOCK_TENSOR.fullmatch(t.name)) and int(m.group(1)) not in kept)
+    full = decode_cost(target).per_token_bytes
+    return (full - dropped) / full
 
 
 def _short(layers: tuple[int, ...]) -> str:

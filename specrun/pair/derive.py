@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from specrun.errors import SpecrunError
@@ -176,8 +175,3 @@ def check_loads(path: Path, shown_as: Path) -> None:
         raise SpecrunError(f"llama.cpp cannot load the derived draft {shown_as}; nothing was "
                            "written (SPECRUN_DEBUG=1 shows llama.cpp's log)") from None
 
-
-def layers_of(path: Path) -> list[int] | None:
-    """The target layers a derived draft kept, from its metadata."""
-    field = open_reader(path).fields.get(DERIVED_LAYERS_KEY)
-    return [int(v) for v in np.asarray(field.contents()).tolist()] if field else None

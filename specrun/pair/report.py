@@ -128,13 +128,16 @@ def auto_lines(measured: list) -> list[str]:
     if not measured:
         return []
     ranked = sorted(measured, key=lambda m: -m.speedup)
-    lines = [f"{'layers':<16} {'accept':>6} {'cost':>5} {'k':>2} {'predicted':>9}"]
-    lines += [f"{describe_layers(list(m.layers)):<16} {m.acceptance:>6.0%} {m.cost_ratio:>5.2f} "
-              f"{m.k:>2} {m.speedup:>8.2f}x" for m in ranked]
+    names = [describe_layers(list(m.layers)) for m in ranked]
+    width = max(6, *(len(n) for n in names))
+    lines = [f"{'layers':<{width}} {'accept':>6} {'cost':>5} {'bytes':>5} {'k':>2} {'predicted':>9}"]
+    lines += [f"{name:<{width}} {m.acceptance:>6.0%} {m.cost_ratio:>5.2f} {m.bytes_ratio:>5.2f} "
+              f"{m.k:>2} {m.speedup:>8.2f}x" for name, m in zip(names, ranked)]
     best = ranked[0]
     if best.speedup < 1:
         lines.append(f"no layer subset beats the target alone on the sample prompts; wrote the "
                      f"best one ({best.speedup:.2f}x predicted) so you can measure it yourself")
     lines += ["accept = greedy agreement with the target along its own output (teacher-forced); "
-              "cost = measured one-token step time, draft/target", ""]
+              "cost = measured one-token step time, draft/target (noisy on a busy machine); "
+              "bytes = weights read per token, draft/target", ""]
     return lines
