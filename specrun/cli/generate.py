@@ -26,7 +26,7 @@ def generate(
     draft_quant: o.DraftQuant = None,
     offline: o.Offline = False,
     lookup: o.Lookup = False,
-    k: o.K = 8,
+    k: o.K = "auto",
     temp: o.Temp = 0.0,
     top_k: o.TopK = 40,
     top_p: o.TopP = 0.95,

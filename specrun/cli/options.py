@@ -11,6 +11,7 @@ import typer
 from specrun.cli.app import err_console
 from specrun.errors import SpecrunError
 from specrun.hub import resolve_pair
+from specrun.policy import parse_k
 from specrun.sampling import SamplerSettings
 from specrun.session import SessionConfig
 
@@ -27,8 +28,12 @@ Quant = Annotated[
 ]
 DraftQuant = Annotated[Optional[str], typer.Option("--draft-quant", help="Draft quant (default: the largest 8-bit or smaller that fits).")]
 Offline = Annotated[bool, typer.Option("--offline", help="Use only models already in the cache; no network.")]
-Lookup = Annotated[bool, typer.Option("--lookup", help="Draft by prompt lookup (n-grams copied from the context).")]
-K = Annotated[int, typer.Option("--k", help="Tokens drafted per step.")]
+Lookup = Annotated[
+    bool, typer.Option("--lookup", help="Draft by prompt lookup (n-grams copied from the context); with --draft: hybrid.")
+]
+K = Annotated[
+    str, typer.Option("--k", help="Tokens drafted per step: a number, 'auto' (cost-aware), or 'llama.cpp' (draft-max 16, p-min 0.75).")
+]
 Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")]
 TopK = Annotated[int, typer.Option("--top-k", help="Top-k filter at temperature > 0 (0 disables).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Top-p filter at temperature > 0 (1 disables).")]
@@ -47,7 +52,7 @@ def session_config(
     target: str | None,
     draft: str | None,
     lookup: bool,
-    k: int,
+    k: str,
     temp: float,
     top_k: int,
     top_p: float,
@@ -70,7 +75,7 @@ def session_config(
         target=target_model.path,
         draft=draft_model.path if draft_model else None,
         lookup=lookup,
-        k=k,
+        k=parse_k(k),
         sampler=sampler,
         n_ctx=ctx_size,
         threads=threads,
