@@ -151,8 +151,8 @@ def hub(monkeypatch, tmp_path: Path):
 def test_hub_header_by_range_requests_only(hub, tmp_path: Path, capsys, monkeypatch) -> None:
     import specrun.pair.remote as remote
 
-    # A small first fetch forces the grow-and-reparse path on a 0.7 MB header.
-    monkeypatch.setattr(remote, "FIRST_FETCH", 64 << 10)
+    # A 4 KiB first fetch forces the grow-and-reparse path on this 17 KiB header.
+    monkeypatch.setattr(remote, "FIRST_FETCH", 4 << 10)
     model = write_tiny_llama(tmp_path / "m.gguf", n_layer=8, n_embd=256, n_ff=1024)
     hub.add("org/tiny-GGUF", "tiny-F32.gguf", model)
     code, out, err = run(capsys, model, "org/tiny-GGUF/tiny-F32.gguf", "--json")
@@ -161,8 +161,11 @@ def test_hub_header_by_range_requests_only(hub, tmp_path: Path, capsys, monkeypa
     local = read_local(model)
     assert report["draft"]["file_bytes"] == model.stat().st_size
     assert report["draft"]["params"] == local.n_params and report["cost_ratio"] == 1.0
+    ranges = [r for r in hub.requests if "/resolve/" in r]
+    assert len(ranges) >= 3  # 4, 8, 16, 32 KiB: grown until the header fit
     header_end = PlainArrayReader(model).data_offset
-    assert hub.bytes_sent < header_end * 4 < model.stat().st_size  # weights not downloaded
+    listing_json = 2048  # the model-info answer
+    assert hub.bytes_sent < header_end * 2 + listing_json < model.stat().st_size // 10
 
 
 def test_hub_vocab_file_compared_with_local(hub, capsys) -> None:

@@ -49,7 +49,7 @@ def _read_prefix_until_parsed(url: str, source: str, sparse: Path) -> ModelFacts
         if fetched >= min(total, MAX_HEADER):
             raise SpecrunError(f"{source}: no complete GGUF header in the first "
                                f"{fetched >> 20} MiB; is it a GGUF file?")
-        want = min(fetched * 4, MAX_HEADER, total)
+        want = min(fetched * 2, MAX_HEADER, total)  # doubling: at most 2x the header fetched
         chunk, _ = fetch_range(url, source, fetched, want)
         with sparse.open("r+b") as out:
             out.seek(fetched)
