@@ -174,22 +174,19 @@ class Model:
         """Bytes of one token as it appears in text (control tokens render empty)."""
         cached = self._pieces.get(token)
         if cached is None:
-            n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
-            cached = self._piece_buf.raw[: max(n, 0)]
-            self._pieces[token] = cached
+            cached = self._pieces[token] = self._token_bytes(token, special=False)
         return cached
+
+    def _token_bytes(self, token: int, special: bool) -> bytes:
+        n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        return self._piece_buf.raw[: max(n, 0)]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def render(self, tokens: Sequence[int]) -> str:
         """Text of tokens with control tokens spelled out (`<end_of_turn>`), as chat templates write them."""
-        buf = ctypes.create_string_buffer(256)
-        pieces = []
-        for token in tokens:
-            n = L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
-            pieces.append(buf.raw[: max(n, 0)])
-        return b"".join(pieces).decode("utf-8", "replace")
+        return b"".join(self._token_bytes(t, special=True) for t in tokens).decode("utf-8", "replace")
 
 
 class Context:

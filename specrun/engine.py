@@ -89,6 +89,18 @@ class Stats:
         for i in range(accepted):
             self.accepted_by_position[i] += 1
 
+    def accumulate(self, other: "Stats") -> None:
+        """Add another run's counters to these (session totals)."""
+        for name in ("prompt_tokens", "prefilled_tokens", "tokens", "steps", "drafted", "accepted",
+                     "prefill_s", "draft_s", "verify_s", "generate_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("drafted_by_position", "accepted_by_position"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, count in enumerate(theirs):
+                mine[i] += count
+        self.stop_reason = other.stop_reason or self.stop_reason
+
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,

@@ -145,49 +145,20 @@ class TurnRecord:
 
 
 @dataclass
-class SessionStats:
+class SessionStats(Stats):
     """Totals over the chat's replies, for the panel, /stats and the exit summary."""
 
-    tokens: int = 0
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    generate_s: float = 0.0
     turns: list[TurnRecord] = field(default_factory=list)
 
     def add(self, reply: Reply, new_tokens: int) -> None:
         s = reply.stats
-        self.tokens += s.tokens
-        self.steps += s.steps
-        self.drafted += s.drafted
-        self.accepted += s.accepted
-        self.draft_s += s.draft_s
-        self.verify_s += s.verify_s
-        self.generate_s += s.generate_s
+        self.accumulate(s)
         self.turns.append(TurnRecord(s.prompt_tokens, s.prefilled_tokens, new_tokens, reply.ttft_s, s.tokens, reply.stop_reason))
 
-    def with_running(self, running: Stats, elapsed_s: float) -> "SessionStats":
+    def with_running(self, running: Stats, elapsed_s: float) -> Stats:
         """These totals plus a reply in progress for `elapsed_s` (for the live panel)."""
-        total = SessionStats(**{k: v for k, v in vars(self).items() if k != "turns"})
-        total.generate_s += elapsed_s
-        total.tokens += running.tokens
-        total.steps += running.steps
-        total.drafted += running.drafted
-        total.accepted += running.accepted
-        total.draft_s += running.draft_s
-        total.verify_s += running.verify_s
+        total = Stats()
+        total.accumulate(self)
+        total.accumulate(running)
+        total.generate_s = self.generate_s + elapsed_s
         return total
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return self.tokens / self.steps if self.steps else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.generate_s if self.generate_s > 0 else 0.0

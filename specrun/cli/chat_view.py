@@ -145,7 +145,7 @@ class LivePanel:
             rows.append(self._turn_row(self.reply))
         return rows
 
-    def _speculation_row(self, s: Stats, totals: SessionStats) -> Text:
+    def _speculation_row(self, s: Stats, totals: Stats) -> Text:
         if not self.runner.speculative:
             return Text("plain decoding (no --draft or --lookup)", style="dim")
         return Text.assemble(
