@@ -174,13 +174,19 @@ class Model:
         """Bytes of one token as it appears in text (control tokens render empty)."""
         cached = self._pieces.get(token)
         if cached is None:
-            n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, False)
-            cached = self._piece_buf.raw[: max(n, 0)]
-            self._pieces[token] = cached
+            cached = self._pieces[token] = self._token_bytes(token, special=False)
         return cached
+
+    def _token_bytes(self, token: int, special: bool) -> bytes:
+        n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        return self._piece_buf.raw[: max(n, 0)]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def render(self, tokens: Sequence[int]) -> str:
+        """Text of tokens with control tokens spelled out (`<end_of_turn>`), as chat templates write them."""
+        return b"".join(self._token_bytes(t, special=True) for t in tokens).decode("utf-8", "replace")
 
 
 class Context:
@@ -291,8 +297,12 @@ class Context:
 def system_info() -> dict[str, object]:
     """Versions, compiled backends and CPU features, for `specrun doctor`."""
     info = L.llama_print_system_info().decode("utf-8", "replace")
+    libs = Path(L.__file__).parent / "lib"
+    # The shared libraries carry llama.cpp's and ggml's versions in their file names.
+    versions = sorted(p.name.split(".so.", 1)[0] + " " + p.name.split(".so.", 1)[1] for p in libs.glob("lib*.so.*.*.*"))
     return {
         "llama_cpp_python": getattr(L, "__version__", "unknown"),
+        "libraries": versions,
         "gpu_offload": bool(L.llama_supports_gpu_offload()),
         "mmap": bool(L.llama_supports_mmap()),
         "max_devices": int(L.llama_max_devices()),
@@ -333,23 +343,3 @@ def compiled_devices() -> tuple[list[str], list[dict[str, object]]]:
             }
         )
     return backends, devices
-
-
-def apply_chat_template(template: str, messages: Sequence[tuple[str, str]]) -> str | None:
-    """Render (role, content) pairs with llama.cpp's built-in template matcher, ending on the
-    assistant's turn; None when llama.cpp does not recognise the template."""
-    chat = (L.llama_chat_message * len(messages))()
-    keep = []  # the bytes must outlive the call
-    for slot, (role, content) in zip(chat, messages):
-        keep += [role.encode(), content.encode()]
-        slot.role, slot.content = keep[-2], keep[-1]
-    size = 4 * sum(len(b) for b in keep) + 256
-    for _ in range(2):  # a second try with the size llama.cpp says it needs
-        buf = ctypes.create_string_buffer(size)
-        n = L.llama_chat_apply_template(template.encode(), chat, len(messages), True, buf, size)
-        if n < 0:
-            return None
-        if n <= size:
-            return buf.raw[:n].decode("utf-8", "replace")
-        size = n
-    return None

@@ -1,8 +1,8 @@
 """llama.cpp's draft/target vocabulary rule, reporting every failed check with evidence.
 
 The facts come from a loaded model (backend) or a GGUF header (no weights); the rule is
-the same: same vocab type, same bos/eos ids and add-flags, sizes within 128, and
-identical token text from id 5 up to the smaller vocabulary.
+the same: same vocab type, same bos/eos add-flags (and ids when the token is added),
+sizes within 128, and identical token text from id 5 up to the smaller vocabulary.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class VocabFacts:
 @dataclass(frozen=True)
 class CompatReport:
     problems: tuple[str, ...]
+    notes: tuple[str, ...] = ()  # differences llama.cpp tolerates, worth knowing
 
     @property
     def ok(self) -> bool:
@@ -38,10 +39,11 @@ def check_vocab(target: VocabFacts, draft: VocabFacts) -> CompatReport:
     problems: list[str] = []
     if target.vocab_type != draft.vocab_type:
         problems.append(f"vocab type differs: target {target.vocab_type}, draft {draft.vocab_type}")
-    for field in ("bos", "eos", "add_bos", "add_eos"):
-        t, d = getattr(target, field), getattr(draft, field)
-        if t != d:
-            problems.append(f"{field} differs: target {t}, draft {d}")
+    notes: list[str] = []
+    for special in ("bos", "eos"):
+        problem, note = _special_token_check(target, draft, special)
+        problems += [problem] if problem else []
+        notes += [note] if note else []
     size_gap = abs(target.n_tokens - draft.n_tokens)
     if size_gap > MAX_SIZE_DIFFERENCE:
         problems.append(
@@ -52,7 +54,26 @@ def check_vocab(target: VocabFacts, draft: VocabFacts) -> CompatReport:
     if mismatch is not None:
         token_id, t_text, d_text = mismatch
         problems.append(f"token {token_id} differs: target {t_text!r}, draft {d_text!r}")
-    return CompatReport(tuple(problems))
+    return CompatReport(tuple(problems), tuple(notes))
+
+
+def _special_token_check(
+    target: VocabFacts, draft: VocabFacts, special: str
+) -> tuple[str | None, str | None]:
+    """(problem, note) for bos or eos, as common_speculative_are_compatible checks them.
+
+    The add-flags must match; the ids matter only when the token is added to the prompt,
+    so llama.cpp accepts e.g. Llama 2 with Phi-3 (eos 2 vs 32000, neither adds eos).
+    """
+    t_add, d_add = getattr(target, f"add_{special}"), getattr(draft, f"add_{special}")
+    t_id, d_id = getattr(target, special), getattr(draft, special)
+    if t_add != d_add:
+        return f"add_{special} differs: target {t_add}, draft {d_add}", None
+    if t_id == d_id:
+        return None, None
+    if t_add:
+        return f"{special} id differs: target {t_id}, draft {d_id}", None
+    return None, f"{special} id differs (target {t_id}, draft {d_id}) but neither adds it"
 
 
 def first_token_mismatch(

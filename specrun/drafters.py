@@ -14,16 +14,29 @@ from specrun.sampling import Distribution, SamplerSettings, filtered
 
 @dataclass(frozen=True)
 class Draft:
+    source: str  # which drafter produced it ("lookup", "draft"); policies learn per source
     tokens: list[int] = field(default_factory=list)
     # q_i for each token when the drafter sampled; None when it is deterministic.
     dists: list[Distribution] | None = None
+    # The drafter's probability for each token (model drafts), for confidence stops.
+    confidences: list[float] | None = None
+
+
+class DraftPolicy(Protocol):
+    def cap(self, source: str, limit: int) -> int:
+        """How many tokens `source` may draft this step (0: do not draft)."""
+        ...
+
+    def keep(self, source: str, position: int, confidence: float) -> bool:
+        """Whether a model-drafted token at `position` with this probability is worth verifying."""
+        ...
 
 
 class DraftSource(Protocol):
     name: str
 
-    def propose(self, history: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
-        """Up to k tokens guessed to follow `history` (which ends with the last emitted token)."""
+    def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
+        """Up to `limit` tokens guessed to follow `history` (which ends with the last emitted token)."""
         ...
 
     def rollback(self, history: Sequence[int]) -> None:
@@ -47,13 +60,14 @@ class PromptLookup:
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed: list[int] = []  # the history the index was built from
 
-    def propose(self, history: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
+    def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
         self._extend_index(history)
-        for n in range(min(self.n_max, len(history) - 1), self.n_min - 1, -1):
+        k = policy.cap(self.name, limit)
+        for n in range(min(self.n_max, len(history) - 1), self.n_min - 1, -1) if k > 0 else ():
             end = self._index.get(tuple(history[-n:]))
             if end is not None:
-                return Draft(list(history[end + 1 : end + 1 + k]))
-        return Draft()
+                return Draft(self.name, list(history[end + 1 : end + 1 + k]))
+        return Draft(self.name)
 
     def rollback(self, history: Sequence[int]) -> None:
         pass  # the index only ever holds n-grams of the history itself
@@ -80,29 +94,62 @@ class DraftModel:
         self.context = context
         self.settings = settings
         self.sample = sample and not settings.greedy
+        # Reused every token: no vocab-sized allocation per draft.
+        self._softmax = np.empty(context.model.n_vocab, dtype=np.float32)
+        self._scratch = np.empty(context.model.n_vocab, dtype=bool)
 
-    def propose(self, history: Sequence[int], k: int, rng: np.random.Generator) -> Draft:
-        k = min(k, self.context.free_slots - 1)
+    def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
+        k = policy.cap(self.name, min(limit, self.context.free_slots - 1))
         if k < 1:
-            return Draft()
+            return Draft(self.name)
         # Reuse the cached prefix; this also catches up after a fully accepted draft.
         common = self.context.reuse_prefix(history)
         if common == len(history):
             self.context.truncate(common - 1)  # we need the last position's logits again
         logits = self.context.eval(history[len(self.context.tokens) :])
+        wants_confidence = getattr(policy, "wants_confidence", False)
         tokens: list[int] = []
         dists: list[Distribution] = []
+        confidences: list[float] = []
         for i in range(k):
             if self.sample:
-                q = filtered(logits[-1], self.settings)
+                q = filtered(logits[-1], self.settings, self._scratch)
                 token = q.sample(rng)
-                dists.append(q)
+                confidence = q.prob(token)
             else:
                 token = int(np.argmax(logits[-1]))
+                confidence = self._top_probability(logits[-1]) if wants_confidence else 1.0
+            if not policy.keep(self.name, i, confidence):
+                break
             tokens.append(token)
+            confidences.append(confidence)
+            if self.sample:
+                dists.append(q)
             if i < k - 1:
                 logits = self.context.eval([token])
-        return Draft(tokens, dists if self.sample else None)
+        measured = self.sample or wants_confidence
+        return Draft(self.name, tokens, dists if self.sample else None, confidences if measured else None)
+
+    def _top_probability(self, row: np.ndarray) -> float:
+        np.subtract(row, row.max(), out=self._softmax)
+        np.exp(self._softmax, out=self._softmax)
+        return float(1.0 / self._softmax.sum())
 
     def rollback(self, history: Sequence[int]) -> None:
         self.context.reuse_prefix(history)
+
+
+class Hybrid:
+    """Prompt lookup when the context has a match, the draft model otherwise."""
+
+    name = "hybrid"
+
+    def __init__(self, lookup: PromptLookup, model: DraftModel):
+        self.lookup, self.model = lookup, model
+
+    def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
+        draft = self.lookup.propose(history, limit, rng, policy)
+        return draft if draft.tokens else self.model.propose(history, limit, rng, policy)
+
+    def rollback(self, history: Sequence[int]) -> None:
+        self.model.rollback(history)

@@ -15,8 +15,9 @@ from typing import Iterator, Sequence, Union
 import numpy as np
 
 from specrun.backend import Context
-from specrun.drafters import Draft, DraftSource
+from specrun.drafters import Draft, DraftPolicy, DraftSource
 from specrun.errors import SpecrunError
+from specrun.policy import FixedK
 from specrun.sampling import Distribution, SamplerSettings, filtered, verify
 
 
@@ -31,6 +32,7 @@ class TokenEvent:
 class StepEvent:
     drafted: int
     accepted: int
+    source: str = ""  # the drafter that proposed ("" for a plain step)
 
 
 @dataclass
@@ -87,6 +89,18 @@ class Stats:
         for i in range(accepted):
             self.accepted_by_position[i] += 1
 
+    def accumulate(self, other: "Stats") -> None:
+        """Add another run's counters to these (session totals)."""
+        for name in ("prompt_tokens", "prefilled_tokens", "tokens", "steps", "drafted", "accepted",
+                     "prefill_s", "draft_s", "verify_s", "generate_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("drafted_by_position", "accepted_by_position"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, count in enumerate(theirs):
+                mine[i] += count
+        self.stop_reason = other.stop_reason or self.stop_reason
+
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -124,24 +138,26 @@ class Generator:
         target: Context,
         drafter: DraftSource | None,
         settings: SamplerSettings,
-        k: int = 8,
+        k: int | DraftPolicy = 8,
         rng: np.random.Generator | None = None,
     ):
-        if k < 1:
-            raise SpecrunError(f"k (draft length) has to be >= 1, but is {k}")
-        if k + 1 > target.n_batch:
-            raise SpecrunError(f"k = {k} needs a batch of {k + 1} rows but n_batch is {target.n_batch}")
+        """`k` is a fixed draft length or a policy (FixedK, PMinPolicy, AutoK)."""
+        self.policy = FixedK(k) if isinstance(k, int) else k
+        if self.policy.max_k + 1 > target.n_batch:
+            raise SpecrunError(f"k = {self.policy.max_k} needs a batch of {self.policy.max_k + 1} rows but n_batch is {target.n_batch}")
         self.target = target
         self.drafter = drafter
         self.settings = settings
-        self.k = k
         self.rng = rng if rng is not None else np.random.default_rng(settings.seed)
         self.eog = target.model.eog_ids
+        self.stats = Stats()  # the running (or last) generation's counters
+        self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
     def generate(self, prompt: Sequence[int], max_tokens: int) -> Iterator[Event]:
         """Stream the continuation of `prompt`; the target cache ends holding all but the last token."""
         history = self._checked_prompt(prompt)
-        stats = Stats(prompt_tokens=len(history))
+        # Also kept on the generator: a consumer that stops early (stop string, Ctrl-C) never sees Done.
+        self.stats = stats = Stats(prompt_tokens=len(history))
         started = time.perf_counter()
         stats.prefilled_tokens = self._prefill(history)
         stats.prefill_s = time.perf_counter() - started
@@ -155,9 +171,9 @@ class Generator:
                 elif room < 1:
                     stats.stop_reason = "context_full"
                 else:
-                    k = min(self.k if self.drafter else 0, max_tokens - stats.tokens - 1, room - 1)
-                    drafted, accepted, emitted = self._step(history, k, stats)
-                    yield StepEvent(drafted, accepted)
+                    limit = min(max_tokens - stats.tokens - 1, room - 1)
+                    source, drafted, accepted, emitted = self._step(history, limit, stats)
+                    yield StepEvent(drafted, accepted, source)
                     for token, source in emitted:
                         history.append(token)
                         stats.tokens += 1
@@ -188,26 +204,28 @@ class Generator:
             self.target.eval(history[cached:-1], logits_rows=0)
         return len(history) - 1 - cached
 
-    def _step(self, history: list[int], k: int, stats: Stats) -> tuple[int, int, list[tuple[int, str]]]:
-        """One round: draft k, verify last token + drafts in one decode, keep the agreed prefix."""
+    def _step(self, history: list[int], limit: int, stats: Stats) -> tuple[str, int, int, list[tuple[int, str]]]:
+        """One round: draft, verify last token + drafts in one decode, keep the agreed prefix."""
         started = time.perf_counter()
-        draft = self.drafter.propose(history, k, self.rng) if k > 0 and self.drafter else Draft()
+        draft = self.drafter.propose(history, limit, self.rng, self.policy) if limit > 0 and self.drafter else Draft("")
         drafted_at = time.perf_counter()
-        tokens = self._cut_after_eog(draft.tokens[:k])
+        tokens = self._cut_after_eog(draft.tokens[:limit])
         dists = draft.dists[: len(tokens)] if draft.dists is not None else None
         logits = self.target.eval([history[-1], *tokens], logits_rows=len(tokens) + 1)
-        stats.draft_s += drafted_at - started
-        stats.verify_s += time.perf_counter() - drafted_at
+        verified_at = time.perf_counter()
 
         def target_dist(i: int) -> Distribution:
-            return filtered(logits[i], self.settings)
+            return filtered(logits[i], self.settings, self._scratch)
 
         accepted, next_token = verify(tokens, dists, target_dist, self.rng)
         stats.count_step(len(tokens), accepted)
+        stats.draft_s += drafted_at - started
+        stats.verify_s += verified_at - drafted_at
+        self.policy.observe(draft.source, len(tokens), accepted, draft.confidences, drafted_at - started, verified_at - drafted_at)
         last_source = "bonus" if tokens and accepted == len(tokens) else "target"
         emitted = [(t, "draft") for t in tokens[:accepted]] + [(next_token, last_source)]
         self._rollback([*history, *tokens[:accepted], next_token])
-        return len(tokens), accepted, emitted
+        return draft.source, len(tokens), accepted, emitted
 
     def _rollback(self, history: list[int]) -> None:
         """Drop rejected drafts: the target holds all but the last token, the drafter no more than history."""

@@ -77,15 +77,15 @@ class Distribution:
         return Distribution(self.ids[keep], mass[keep] / total)
 
 
-def filtered(logits: np.ndarray, settings: SamplerSettings) -> Distribution:
-    """The distribution llama.cpp's chain top_k -> top_p -> min_p -> temp -> dist samples from."""
+def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray | None = None) -> Distribution:
+    """The distribution llama.cpp's chain top_k -> top_p -> min_p -> temp -> dist samples from.
+
+    `scratch` (bool, vocab-sized) spares an allocation per call in the decoding loop.
+    """
     if settings.greedy:
         return Distribution.point(int(np.argmax(logits)))
     n = logits.shape[-1]
-    if 0 < settings.top_k < n:
-        ids = np.argpartition(logits, n - settings.top_k)[n - settings.top_k :]
-    else:
-        ids = np.arange(n)
+    ids = top_k_ids(logits, settings.top_k, scratch) if 0 < settings.top_k < n else np.arange(n)
     ids = ids[np.argsort(-logits[ids], kind="stable")]
     values = logits[ids].astype(np.float64)
     # top-p and min-p look at the temperature-1 softmax of the survivors.
@@ -100,6 +100,30 @@ def filtered(logits: np.ndarray, settings: SamplerSettings) -> Distribution:
     # Temperature rescales only what survived.
     scaled = np.exp((values - values[0]) / settings.temperature)
     return Distribution(ids, scaled / scaled.sum())
+
+
+def top_k_ids(logits: np.ndarray, k: int, scratch: np.ndarray | None = None) -> np.ndarray:
+    """Ids of the k largest logits, unordered.
+
+    The top k of a large vocabulary sit within a few units of the maximum: select that
+    band with one comparison, widening it until it holds k, and partition only the band
+    (a full argpartition of 262k logits costs ~1.5 ms).
+    """
+    if scratch is None:
+        scratch = np.empty(logits.shape[-1], dtype=bool)
+    top = float(logits.max())
+    band = 4.0
+    while True:
+        np.greater_equal(logits, top - band, out=scratch)
+        ids = np.flatnonzero(scratch)
+        if ids.size >= k or not math.isfinite(top - band):
+            break
+        band *= 2
+    if ids.size < k:  # fewer than k finite logits: whatever is largest
+        ids = np.argpartition(logits, logits.size - k)[logits.size - k :]
+    if ids.size > k:
+        ids = ids[np.argpartition(logits[ids], ids.size - k)[ids.size - k :]]
+    return ids
 
 
 def verify(

@@ -14,9 +14,10 @@ import numpy as np
 
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.compat import check_vocab
-from specrun.drafters import DraftModel, DraftSource, PromptLookup
+from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
 from specrun.engine import Event, Generator
 from specrun.errors import IncompatibleError, SpecrunError
+from specrun.policy import K_MAX, AutoK, FixedK, PMinPolicy, measure_verify_costs, parse_k
 from specrun.sampling import SamplerSettings
 
 
@@ -24,8 +25,8 @@ from specrun.sampling import SamplerSettings
 class SessionConfig:
     target: Path
     draft: Path | None = None  # a draft GGUF; None with lookup=False means plain only
-    lookup: bool = False  # prompt-lookup drafting (no second model)
-    k: int = 8  # tokens drafted per step
+    lookup: bool = False  # prompt-lookup drafting; with a draft too, hybrid (lookup first)
+    k: int | str = "auto"  # tokens drafted per step, "auto" (cost-aware) or "llama.cpp" (p-min rule)
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     draft_sampling: bool = True  # at temperature > 0, sample drafts and verify with p/q
     lookup_ngram: tuple[int, int] = (2, 4)  # n-gram sizes prompt lookup matches, longest first
@@ -37,10 +38,7 @@ class SessionConfig:
     repack: bool = False
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise SpecrunError(f"--k has to be >= 1, but is {self.k}")
-        if self.draft is not None and self.lookup:
-            raise SpecrunError("give either --draft PATH or --lookup, not both")
+        parse_k(str(self.k))
         if self.n_ctx < 8:
             raise SpecrunError(f"--ctx-size has to be >= 8, but is {self.n_ctx}")
 
@@ -49,6 +47,7 @@ class Session:
     def __init__(self, config: SessionConfig):
         self.config = config
         self._closers: list = []
+        self._verify_costs: list[float] | None = None
         try:
             self.target_model = self._own(Model(config.target, self._model_options(config.n_gpu_layers), "target"))
             self.target = self._own(Context(self.target_model, self._context_options()))
@@ -66,14 +65,13 @@ class Session:
 
     def _context_options(self) -> ContextOptions:
         c = self.config
-        return ContextOptions(n_ctx=c.n_ctx, n_batch=max(512, c.k + 1), n_threads=c.threads, flash_attn=c.flash_attn)
+        return ContextOptions(n_ctx=c.n_ctx, n_batch=512, n_threads=c.threads, flash_attn=c.flash_attn)
 
     def _make_drafter(self) -> DraftSource | None:
         c = self.config
-        if c.lookup:
-            return PromptLookup(*c.lookup_ngram)
+        lookup = PromptLookup(*c.lookup_ngram) if c.lookup else None
         if c.draft is None:
-            return None
+            return lookup
         draft_model = self._own(Model(c.draft, self._model_options(c.draft_n_gpu_layers), "draft"))
         report = check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts())
         if not report.ok:
@@ -81,7 +79,8 @@ class Session:
                 f"draft {c.draft.name} cannot draft for target {c.target.name}: " + "; ".join(report.problems)
             )
         context = self._own(Context(draft_model, self._context_options()))
-        return DraftModel(context, c.sampler, c.draft_sampling)
+        model = DraftModel(context, c.sampler, c.draft_sampling)
+        return Hybrid(lookup, model) if lookup else model
 
     def close(self) -> None:
         for resource in reversed(self._closers):
@@ -94,19 +93,41 @@ class Session:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def set_sampler(self, sampler: SamplerSettings) -> None:
+        """Sample later generations (and the draft model's guesses) with new settings, e.g. chat's /temp."""
+        self.config = replace(self.config, sampler=sampler)
+        model = self.drafter.model if isinstance(self.drafter, Hybrid) else self.drafter
+        if isinstance(model, DraftModel):
+            model.settings = sampler
+            model.sample = self.config.draft_sampling and not sampler.greedy
+
     def tokenize(self, text: str) -> list[int]:
         return self.target_model.tokenize(text)
 
-    def generator(self, plain: bool = False, k: int | None = None, seed: int | None = None) -> Generator:
+    def generator(self, plain: bool = False, k: int | str | None = None, seed: int | None = None) -> Generator:
         """A fresh generator; the same seed gives the same random stream for plain and speculative."""
         settings = self.config.sampler if seed is None else replace(self.config.sampler, seed=seed)
         return Generator(
             self.target,
             None if plain else self.drafter,
             settings,
-            k=k or self.config.k,
+            k=self.policy(self.config.k if k is None else k),
             rng=np.random.default_rng(settings.seed),
         )
+
+    def policy(self, k: int | str) -> FixedK | PMinPolicy | AutoK:
+        k = parse_k(str(k))
+        if k == "auto":
+            return AutoK(self.verify_costs())
+        if k == "llama.cpp":
+            return PMinPolicy()
+        return FixedK(k)
+
+    def verify_costs(self) -> list[float]:
+        """The target's decode time per batch width, measured once per session."""
+        if self._verify_costs is None:
+            self._verify_costs = measure_verify_costs(self.target, K_MAX + 1)
+        return self._verify_costs
 
     def stream(self, prompt: str | list[int], max_tokens: int, plain: bool = False) -> Iterator[Event]:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt

@@ -76,12 +76,13 @@ def test_jsonl_prompts_and_chats(tmp_path):
     assert prompts[1].source == "p.jsonl:2"
 
 
-def test_chats_render_with_a_known_template_or_as_a_transcript():
-    chat = Prompt(None, (("user", "Hi?"),))
-    assert render(chat, None) == "User: Hi?\nAssistant:"
-    assert render(chat, "not a template llama.cpp knows") == "User: Hi?\nAssistant:"
-    assert render(chat, "chatml") == "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n"
-    assert render(Prompt("plain text"), "chatml") == "plain text"
+def test_chats_render_through_the_chat_format():
+    from specrun.chat.formats import PLAIN, ChatFormat, plain_transcript
+
+    chat = Prompt(None, (("system", "Be brief."), ("user", "Hi?")))
+    transcript = ChatFormat(PLAIN, plain_transcript, "test")
+    assert render(chat, transcript) == "Be brief.\n\nUser: Hi?\nAssistant:"
+    assert render(Prompt("plain text"), transcript) == "plain text"
 
 
 def test_builtin_sets_hold_a_few_real_prompts_each():

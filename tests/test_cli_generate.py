@@ -53,7 +53,7 @@ def test_prompt_from_stdin_streams_text(tiny):
 
 
 def test_missing_model_file(tmp_path):
-    assert_one_line_error(specrun("generate", "x", "--target", tmp_path / "nope.gguf", "--lookup"), 2, "not found", "nope.gguf")
+    assert_one_line_error(specrun("generate", "x", "--target", tmp_path / "nope.gguf", "--lookup"), 2, "no such model file", "nope.gguf")
 
 
 def test_file_that_is_not_gguf(tmp_path):
@@ -74,14 +74,17 @@ def test_incompatible_draft_exits_1_with_the_reason(tiny):
     assert_one_line_error(result, 1, "cannot draft", "token 259 differs")
 
 
-@pytest.mark.parametrize("args, fragment", [(["--k", "0"], "--k has to be >= 1, but is 0"), (["--max-tokens", "0"], "--max-tokens")])
+@pytest.mark.parametrize("args, fragment", [(["--k", "0"], "--k has to be an integer >= 1, 'auto' or 'llama.cpp', but is '0'"), (["--max-tokens", "0"], "--max-tokens")])
 def test_bad_numbers(tiny, args, fragment):
     assert_one_line_error(specrun("generate", "x", "--target", tiny["target"], "--lookup", *args), 2, fragment)
 
 
-def test_draft_and_lookup_together(tiny):
-    result = specrun("generate", "x", "--target", tiny["target"], "--lookup", "--draft", tiny["draft"])
-    assert_one_line_error(result, 2, "either --draft", "--lookup")
+def test_draft_and_lookup_together_draft_hybrid(tiny):
+    result = specrun(
+        "generate", PROMPT, "--target", tiny["target"], "--lookup", "--draft", tiny["draft"], "-n", 10, "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["tokens"]) == 10
 
 
 def test_no_prompt(tiny):

@@ -5,6 +5,7 @@ import pytest
 
 from specrun.drafters import PromptLookup
 from specrun.errors import SpecrunError
+from specrun.policy import FixedK
 
 RNG = np.random.default_rng(0)
 
@@ -23,20 +24,20 @@ def test_incremental_index_matches_a_full_rescan(n_min, n_max):
     lookup = PromptLookup(n_min, n_max)
     history = RNG.integers(0, 6, size=20).tolist()
     for _ in range(300):
-        assert lookup.propose(history, 5, RNG).tokens == brute_force(history, 5, n_min, n_max)
+        assert lookup.propose(history, 5, RNG, FixedK(5)).tokens == brute_force(history, 5, n_min, n_max)
         history += RNG.integers(0, 6, size=int(RNG.integers(1, 4))).tolist()
 
 
 def test_new_conversation_rebuilds_the_index():
     lookup = PromptLookup(1, 2)
-    assert lookup.propose([1, 2, 3, 1, 2], 2, RNG).tokens == [3, 1]
-    assert lookup.propose([7, 8, 9, 7], 2, RNG).tokens == [8, 9]
+    assert lookup.propose([1, 2, 3, 1, 2], 2, RNG, FixedK(2)).tokens == [3, 1]
+    assert lookup.propose([7, 8, 9, 7], 2, RNG, FixedK(2)).tokens == [8, 9]
 
 
 def test_copies_what_followed_the_longest_match():
     lookup = PromptLookup(1, 3)
     # "4 5" follows "1 2 3" at the start; "9" follows the more recent lone "3".
-    assert lookup.propose([1, 2, 3, 4, 5, 3, 9, 1, 2, 3], 2, RNG).tokens == [4, 5]
+    assert lookup.propose([1, 2, 3, 4, 5, 3, 9, 1, 2, 3], 2, RNG, FixedK(2)).tokens == [4, 5]
 
 
 def test_bad_ngram_range():

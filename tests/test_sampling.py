@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specrun.errors import SpecrunError
-from specrun.sampling import Distribution, SamplerSettings, filtered, verify
+from specrun.sampling import Distribution, SamplerSettings, filtered, top_k_ids, verify
 
 DRAWS = 100_000
 
@@ -126,3 +126,15 @@ def test_greedy_verification_keeps_drafts_while_they_equal_argmax():
 def test_bad_sampler_settings_name_the_value(kwargs):
     with pytest.raises(SpecrunError, match="but is"):
         SamplerSettings(**kwargs)
+
+
+def test_top_k_band_selection_matches_a_full_sort():
+    rng = np.random.default_rng(3)
+    for case in range(300):
+        logits = (rng.standard_normal(1000) * rng.uniform(0.05, 50)).astype(np.float32)
+        if case % 3 == 0:
+            logits[rng.integers(0, 1000, 980)] = -np.inf  # fewer finite logits than k, sometimes
+        k = int(rng.integers(1, 60))
+        ids = top_k_ids(logits, k)
+        assert len(set(ids.tolist())) == k
+        assert np.array_equal(np.sort(logits[ids]), np.sort(logits)[-k:])

@@ -149,11 +149,13 @@ def write_tiny_llama(
     seed: int = 0,
     n_ctx_train: int = 512,
     eos_id: int = EOS_ID,
+    chat_template: str | None = None,
 ) -> Path:
     """Write a tiny random llama GGUF (float32 weights) and return its path.
 
     Same seed and shapes give bit-identical weights; different seeds differ.
     `eos_id` lets pairs disagree on end-of-sequence (any id of the vocabulary).
+    `chat_template` is stored as tokenizer.chat_template (Jinja, as in real GGUFs).
     """
     tokens = vocab_tokens(vocab)
     n_vocab = len(tokens)
@@ -187,6 +189,8 @@ def write_tiny_llama(
     w.add_eos_token_id(eos_id)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     for name, array in _tensors(seed, n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff).items():
         w.add_tensor(name, array)

@@ -2,7 +2,7 @@
 
 .txt: one prompt per line; when some line is exactly `---`, prompts are instead the
 blocks between such lines (multi-line prompts). .jsonl: one object per line with
-`prompt` (text to continue) or `messages` (a chat, rendered with the target's template).
+`prompt` (text to continue) or `messages` (a chat, rendered as `specrun chat` would).
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from specrun.errors import SpecrunError
+
+if TYPE_CHECKING:
+    from specrun.chat.formats import ChatFormat
 
 SEPARATOR = "---"
 BUILTIN_SETS = ("code", "extraction", "chat", "writing")  # files specrun/prompts/NAME.txt
@@ -123,22 +126,8 @@ def _parse_messages(messages: object, where: str) -> tuple[tuple[str, str], ...]
     return tuple(pairs)
 
 
-def render(prompt: Prompt, chat_template: str | None) -> str:
-    """The text the target continues; chats use the model's template, else a plain transcript."""
+def render(prompt: Prompt, chat_format: "ChatFormat") -> str:
+    """The text the target continues; chats go through the same formats `specrun chat` uses."""
     if prompt.text is not None:
         return prompt.text
-    if template_works(chat_template):
-        from specrun.backend import apply_chat_template
-
-        return apply_chat_template(chat_template, prompt.messages)
-    transcript = "".join(f"{role.capitalize()}: {content}\n" for role, content in prompt.messages)
-    return transcript + "Assistant:"
-
-
-def template_works(chat_template: str | None) -> bool:
-    """Whether llama.cpp recognises the template (it matches known formats, it runs no Jinja)."""
-    if not chat_template:
-        return False
-    from specrun.backend import apply_chat_template
-
-    return apply_chat_template(chat_template, [("user", "hi")]) is not None
+    return chat_format.render([{"role": role, "content": content} for role, content in prompt.messages]).text

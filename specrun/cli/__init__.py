@@ -7,7 +7,9 @@ import sys
 from specrun.cli.app import app, run_app
 
 # Each module registers its commands on `app` when imported.
-from specrun.cli import bench, doctor, generate  # noqa: E402,F401
+from specrun.cli import bench, chat, doctor, generate  # noqa: E402,F401
+from specrun.cli import models, pull  # noqa: E402,F401
+from specrun.cli import pair  # noqa: E402,F401
 
 
 def main() -> None:

@@ -25,8 +25,8 @@ err_console = Console(stderr=True)
 def run_app(argv: list[str] | None = None) -> int:
     """Run the CLI; user errors become one line on stderr and a non-zero exit."""
     try:
-        # Typer turns Ctrl-C into a returned 130 (not an exception) outside standalone mode.
-        code = app(args=argv, standalone_mode=False)
+        # Without standalone mode click returns a typer.Exit's code instead of raising it.
+        result = app(args=argv, standalone_mode=False)
     except SpecrunError as exc:
         if os.environ.get("SPECRUN_DEBUG"):
             raise
@@ -47,6 +47,4 @@ def run_app(argv: list[str] | None = None) -> int:
             exc.show()
             return exc.exit_code
         raise
-    if code == 130:
-        print("interrupted", file=sys.stderr)
-    return code if isinstance(code, int) else 0
+    return result if isinstance(result, int) else 0

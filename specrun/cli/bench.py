@@ -135,10 +135,12 @@ def _check_outputs(json_out: Path | None, csv_out: Path | None, plot_out: Path |
 
 
 def _render_all(loaded: list[prompt_files.Prompt], session: Session) -> list[str]:
-    template = session.target_model.chat_template
-    if any(p.text is None for p in loaded) and not prompt_files.template_works(template):
-        err_console.print("[dim]chat prompts rendered as a plain User:/Assistant: transcript (no chat template llama.cpp knows)[/]")
-    return [prompt_files.render(p, template) for p in loaded]
+    from specrun.chat.formats import choose_format
+
+    chat_format = choose_format(session.target_model, None)
+    if any(p.text is None for p in loaded):
+        err_console.print(f"[dim]chat prompts rendered with the {chat_format.name} format ({chat_format.source})[/]")
+    return [prompt_files.render(p, chat_format) for p in loaded]
 
 
 def _run_with_progress(runs, results: Results, total: int, loaded: list, warmup: int) -> None:

@@ -27,6 +27,7 @@ def diagnose() -> dict[str, object]:
     report: dict[str, object] = {
         "specrun": __import__("specrun").__version__,
         "llama_cpp_python": info["llama_cpp_python"],
+        "llama_cpp_libraries": info["libraries"],
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
         "backends": backends,
@@ -57,6 +58,8 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="Print one JSON 
             for dev in value:  # type: ignore[union-attr]
                 mem = f", {dev['memory_total'] / 2**30:.1f} GiB" if dev["memory_total"] else ""
                 print(f"device: {dev['name']} ({dev['description']}{mem})")
+        elif key == "llama_cpp_libraries":
+            print(f"llama.cpp libraries: {', '.join(value) or 'unknown'}")  # type: ignore[arg-type]
         elif key == "backends":
             print(f"backends: {', '.join(value)}")  # type: ignore[arg-type]
         elif key == "gpu_build_hint":

@@ -22,8 +22,11 @@ def generate(
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", "-f", help="Read the prompt from a file.")] = None,
     target: o.Target = None,
     draft: o.Draft = None,
+    quant: o.Quant = None,
+    draft_quant: o.DraftQuant = None,
+    offline: o.Offline = False,
     lookup: o.Lookup = False,
-    k: o.K = 8,
+    k: o.K = "auto",
     temp: o.Temp = 0.0,
     top_k: o.TopK = 40,
     top_p: o.TopP = 0.95,
@@ -42,7 +45,8 @@ def generate(
         raise SpecrunError(f"--max-tokens has to be >= 1, but is {max_tokens}")
     text = o.read_prompt(prompt, prompt_file)
     config = o.session_config(
-        target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers
+        target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
+        quant=quant, draft_quant=draft_quant, offline=offline,
     )
     if config.draft is None and not config.lookup:
         err_console.print("[dim]no --draft or --lookup: plain decoding[/]")

@@ -8,17 +8,32 @@ from typing import Annotated, Optional
 
 import typer
 
-from specrun.default_model import embedded_model_path
+from specrun.cli.app import err_console
 from specrun.errors import SpecrunError
+from specrun.hub import resolve_pair
+from specrun.policy import parse_k
 from specrun.sampling import SamplerSettings
 from specrun.session import SessionConfig
 
+MODEL_FORMS = "alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf or a path"
 Target = Annotated[
-    Optional[str], typer.Option("--target", "-m", help="Target GGUF (default: the embedded Gemma 3 270M).")
+    Optional[str],
+    typer.Option("--target", "-m", help=f"Target model: {MODEL_FORMS} (default: the embedded Gemma 3 270M)."),
 ]
-Draft = Annotated[Optional[str], typer.Option("--draft", "-md", help="Draft GGUF with the target's vocabulary.")]
-Lookup = Annotated[bool, typer.Option("--lookup", help="Draft by prompt lookup (n-grams copied from the context).")]
-K = Annotated[int, typer.Option("--k", help="Tokens drafted per step.")]
+Draft = Annotated[
+    Optional[str], typer.Option("--draft", "-md", help=f"Draft model with the target's vocabulary: {MODEL_FORMS}.")
+]
+Quant = Annotated[
+    Optional[str], typer.Option("--quant", help="Target quant, e.g. Q4_K_M (default: the largest that fits).")
+]
+DraftQuant = Annotated[Optional[str], typer.Option("--draft-quant", help="Draft quant (default: the largest 8-bit or smaller that fits).")]
+Offline = Annotated[bool, typer.Option("--offline", help="Use only models already in the cache; no network.")]
+Lookup = Annotated[
+    bool, typer.Option("--lookup", help="Draft by prompt lookup (n-grams copied from the context); with --draft: hybrid.")
+]
+K = Annotated[
+    str, typer.Option("--k", help="Tokens drafted per step: a number, 'auto' (cost-aware), or 'llama.cpp' (draft-max 16, p-min 0.75).")
+]
 Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")]
 TopK = Annotated[int, typer.Option("--top-k", help="Top-k filter at temperature > 0 (0 disables).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Top-p filter at temperature > 0 (1 disables).")]
@@ -33,16 +48,11 @@ DraftGpuLayers = Annotated[
 ]
 
 
-def resolve_model_arg(spec: str | None) -> Path:
-    """A model argument as a local GGUF path; no argument means the embedded default."""
-    return embedded_model_path() if spec is None else Path(spec).expanduser()
-
-
 def session_config(
     target: str | None,
     draft: str | None,
     lookup: bool,
-    k: int,
+    k: str,
     temp: float,
     top_k: int,
     top_p: float,
@@ -52,19 +62,30 @@ def session_config(
     threads: int,
     n_gpu_layers: int,
     draft_n_gpu_layers: int,
+    quant: str | None = None,
+    draft_quant: str | None = None,
+    offline: bool = False,
 ) -> SessionConfig:
     sampler = SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    # Paths, aliases and hub repos all go through the one resolver; it says which file and why.
+    target_model, draft_model = resolve_pair(
+        target, draft, quant=quant, draft_quant=draft_quant, offline=offline, report=_report_model
+    )
     return SessionConfig(
-        target=resolve_model_arg(target),
-        draft=Path(draft).expanduser() if draft else None,
+        target=target_model.path,
+        draft=draft_model.path if draft_model else None,
         lookup=lookup,
-        k=k,
+        k=parse_k(k),
         sampler=sampler,
         n_ctx=ctx_size,
         threads=threads,
         n_gpu_layers=n_gpu_layers,
         draft_n_gpu_layers=draft_n_gpu_layers,
     )
+
+
+def _report_model(reason: str) -> None:
+    err_console.print(reason, style="dim", markup=False, highlight=False)
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

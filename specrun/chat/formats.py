@@ -1,0 +1,100 @@
+"""Chat formats: a GGUF's own template or a llama-cpp-python format turned into prompt text.
+
+The formatting itself is llama-cpp-python's (`Jinja2ChatFormatter` for
+`tokenizer.chat_template`, the registered formats for --chat-format); models without a
+template get a plain "User:/Assistant:" transcript.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from llama_cpp import llama_chat_format as lcf
+
+from specrun.backend import Model
+from specrun.errors import SpecrunError
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
+Formatter = Callable[..., lcf.ChatFormatterResponse]
+
+PLAIN = "plain"  # our name for the template-less transcript
+
+
+@dataclass(frozen=True)
+class Rendered:
+    text: str  # the whole conversation, ending with the assistant's cue
+    stops: tuple[str, ...]  # strings that end a reply when they appear in its text
+
+
+class ChatFormat:
+    """Renders a conversation (ending with a user message) as a prompt for the next reply."""
+
+    def __init__(self, name: str, formatter: Formatter, source: str):
+        self.name = name
+        self.source = source  # where the format came from, for the user
+        self._formatter = formatter
+
+    def render(self, messages: list[Message]) -> Rendered:
+        try:
+            result = self._formatter(messages=messages)
+        except Exception as exc:  # jinja2 errors and templates' raise_exception(...)
+            raise SpecrunError(f"the {self.name} chat format refused the conversation: {exc}") from None
+        stops = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
+        return Rendered(result.prompt, tuple(s for s in stops if s))
+
+
+def plain_transcript(messages: list[Message], **_: object) -> lcf.ChatFormatterResponse:
+    """A completion-style transcript any base model can continue; the next "User:" ends a reply."""
+    parts = []
+    for message in messages:
+        role, content = message["role"], message["content"]
+        if role == "system":
+            parts.append(f"{content}\n\n")
+        elif role == "user":
+            parts.append(f"User: {content}\nAssistant:")
+        else:
+            parts.append(f"{content}\n")
+    return lcf.ChatFormatterResponse(prompt="".join(parts), stop=["\nUser:"])
+
+
+def registered_formats() -> dict[str, Formatter]:
+    """llama-cpp-python's registered formats that produce plain prompt text.
+
+    The registry holds completion handlers that need a `Llama`; each wraps the formatter
+    we need in its closure (`chat_formatter_to_chat_completion_handler`). Function-calling
+    handlers have none and are left out.
+    """
+    formats = {}
+    for name, handler in lcf.LlamaChatCompletionHandlerRegistry()._chat_handlers.items():
+        code = getattr(handler, "__code__", None)
+        if code is not None and "chat_formatter" in code.co_freevars:
+            formats[name] = handler.__closure__[code.co_freevars.index("chat_formatter")].cell_contents
+    return formats
+
+
+def check_format_name(name: str) -> Formatter:
+    """The registered formatter called `name`, or a one-line error listing the choices."""
+    formats = registered_formats()
+    if name not in formats:
+        choices = ", ".join(sorted([PLAIN, *formats]))
+        raise SpecrunError(f"unknown --chat-format {name!r}: choose one of {choices}")
+    return formats[name]
+
+
+def choose_format(model: Model, name: str | None) -> ChatFormat:
+    """--chat-format NAME if given, else the GGUF's template, else the plain transcript."""
+    if name == PLAIN:
+        return ChatFormat(PLAIN, plain_transcript, "--chat-format")
+    if name is not None:
+        return ChatFormat(name, check_format_name(name), "--chat-format")
+    template = model.chat_template
+    if template:
+        bos = model.render([model.bos]) if model.bos >= 0 else ""
+        eos = model.render([model.eos]) if model.eos >= 0 else ""
+        try:
+            formatter = lcf.Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)
+        except Exception as exc:  # a template jinja2 cannot parse
+            raise SpecrunError(f"the model's chat template does not parse ({exc}): pick one with --chat-format") from None
+        return ChatFormat("gguf template", formatter, "the model's tokenizer.chat_template")
+    return ChatFormat(PLAIN, plain_transcript, "no chat template in the model")

@@ -1,0 +1,164 @@
+"""Streaming one reply: stop strings, Ctrl-C, time to first token, and what to keep.
+
+A view (the Rich panel, or plain text for pipes) is fed through the `ReplyView` calls;
+it never touches the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from specrun.engine import Done, Generator, Stats, StepEvent, TokenEvent
+
+Piece = tuple[str, str]  # (text, source) with source "draft", "target" or "bonus"
+
+
+class ReplyView(Protocol):
+    def show(self, pieces: list[Piece]) -> None:
+        """Text that is final (no longer possibly the start of a stop string)."""
+
+    def step(self, event: StepEvent, stats: Stats) -> None:
+        """After each draft/verify round, with the reply's running counters."""
+
+
+@dataclass
+class Reply:
+    tokens: list[int]  # kept tokens: no stop string, no end-of-generation token
+    text: str  # kept text (may run past `tokens` when a stop string began inside a token)
+    pieces: list[Piece]  # the kept text, split by where each token came from
+    stats: Stats
+    stop_reason: str  # eog, max_tokens, context_full, stop_string, interrupted
+    ttft_s: float | None  # from the turn's start to the first token
+
+
+class StopScanner:
+    """Finds stop strings in streamed text, holding back what could still become one."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.text = ""
+        self.sources: list[str] = []  # one source per character of text
+        self.released = 0  # characters handed to the view
+        self.stop_at: int | None = None  # where the first stop string begins
+
+    def feed(self, text: str, source: str) -> list[Piece]:
+        """Add a token's text; return the newly final text."""
+        start = max(0, len(self.text) - max((len(s) for s in self.stops), default=0))
+        self.text += text
+        self.sources += [source] * len(text)
+        found = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        if found:
+            self.stop_at = min(found)
+            return self._release(self.stop_at)
+        return self._release(len(self.text) - self._held_back())
+
+    def flush(self) -> list[Piece]:
+        """Release everything (the reply ended without a stop string)."""
+        return self._release(len(self.text) if self.stop_at is None else self.stop_at)
+
+    @property
+    def kept_text(self) -> str:
+        return self.text if self.stop_at is None else self.text[: self.stop_at]
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of the text that starts some stop string."""
+        for n in range(min(len(self.text), max((len(s) - 1 for s in self.stops), default=0)), 0, -1):
+            if any(s.startswith(self.text[-n:]) for s in self.stops):
+                return n
+        return 0
+
+    def _release(self, end: int) -> list[Piece]:
+        pieces = split_by_source(self.text[self.released : end], self.sources[self.released : end])
+        self.released = max(self.released, end)
+        return pieces
+
+
+def split_by_source(text: str, sources: list[str]) -> list[Piece]:
+    pieces: list[Piece] = []
+    for char, source in zip(text, sources):
+        if pieces and pieces[-1][1] == source:
+            pieces[-1] = (pieces[-1][0] + char, source)
+        else:
+            pieces.append((char, source))
+    return pieces
+
+
+def stream_reply(
+    generator: Generator,
+    prompt: list[int],
+    max_tokens: int,
+    stops: Sequence[str],
+    view: ReplyView,
+    started: float,
+) -> Reply:
+    """Stream the reply to `prompt` into `view`; Ctrl-C ends it early and keeps what was shown."""
+    scanner = StopScanner(stops)
+    emitted: list[tuple[int, int]] = []  # (token, text length after it): one append, so Ctrl-C cannot split them
+    ttft = None
+    stop_reason = ""
+    events = generator.generate(prompt, max_tokens)
+    try:
+        for event in events:
+            if isinstance(event, TokenEvent):
+                ttft = ttft if ttft is not None else time.perf_counter() - started
+                released = scanner.feed(event.text, event.source)
+                emitted.append((event.token, len(scanner.text)))
+                view.show(released)
+                if scanner.stop_at is not None:
+                    stop_reason = "stop_string"
+                    break
+            elif isinstance(event, StepEvent):
+                view.step(event, generator.stats)
+            elif isinstance(event, Done):
+                stop_reason = event.stats.stop_reason
+    except KeyboardInterrupt:
+        stop_reason = "interrupted"
+    finally:
+        events.close()  # an abandoned generator rolls both caches back to what it emitted
+    view.show(scanner.flush())
+    kept = _kept_tokens(emitted, len(scanner.kept_text), generator.eog)
+    text = scanner.kept_text
+    return Reply(kept, text, split_by_source(text, scanner.sources[: len(text)]), generator.stats, stop_reason, ttft)
+
+
+def _kept_tokens(emitted: list[tuple[int, int]], kept_chars: int, eog: frozenset[int]) -> list[int]:
+    """The longest token prefix whose text lies within the kept text, without a final EOG token.
+
+    The chat format writes its own end-of-turn marker after the reply.
+    """
+    tokens = [token for token, end in emitted if end <= kept_chars]  # ends only grow: a prefix
+    while tokens and tokens[-1] in eog:
+        tokens.pop()
+    return tokens
+
+
+@dataclass
+class TurnRecord:
+    prompt_tokens: int
+    prefilled_tokens: int
+    new_tokens: int  # tokens the turn appended to the conversation
+    ttft_s: float | None
+    tokens: int
+    stop_reason: str
+
+
+@dataclass
+class SessionStats(Stats):
+    """Totals over the chat's replies, for the panel, /stats and the exit summary."""
+
+    turns: list[TurnRecord] = field(default_factory=list)
+
+    def add(self, reply: Reply, new_tokens: int) -> None:
+        s = reply.stats
+        self.accumulate(s)
+        self.turns.append(TurnRecord(s.prompt_tokens, s.prefilled_tokens, new_tokens, reply.ttft_s, s.tokens, reply.stop_reason))
+
+    def with_running(self, running: Stats, elapsed_s: float) -> Stats:
+        """These totals plus a reply in progress for `elapsed_s` (for the live panel)."""
+        total = Stats()
+        total.accumulate(self)
+        total.accumulate(running)
+        total.generate_s = self.generate_s + elapsed_s
+        return total

@@ -1,0 +1,275 @@
+"""`specrun chat`: interactive speculative chat with a live panel; plain streamed text when piped."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specrun.chat.calibration import PlainRate
+from specrun.chat.formats import PLAIN, check_format_name, choose_format
+from specrun.chat.runner import ChatRunner
+from specrun.cli import options as o
+from specrun.cli.app import app, err_console
+from specrun.cli.chat_view import LivePanel, PlainView, reply_line, summary_line
+from specrun.errors import SpecrunError
+from specrun.session import Session
+
+HELP = """\
+Type a message and press Enter. End a line with \\ to continue on the next line, or
+put \"\"\" alone on a line to start and end a multi-line block (for pasting).
+  /help          this help
+  /stats         session statistics and recent turns
+  /k N           draft N tokens per step from the next reply on (or /k auto, /k llama.cpp)
+  /temp T        sampling temperature from the next reply on (0 = greedy)
+  /reset         start a new conversation (keeps the loaded models)
+  /save FILE     write the transcript with stats (FILE.json: JSON, else Markdown)
+  /quit          leave with a session summary (also Ctrl-D)
+Ctrl-C stops the reply being written and keeps what it wrote. Start a message with //
+to send text that begins with /."""
+
+PROMPT, MORE = "you> ", "...> "
+BLOCK = '"""'
+QUIT = object()
+
+
+@app.command()
+def chat(
+    target: o.Target = None,
+    draft: o.Draft = None,
+    quant: o.Quant = None,
+    draft_quant: o.DraftQuant = None,
+    offline: o.Offline = False,
+    lookup: o.Lookup = False,
+    k: o.K = "auto",
+    temp: o.Temp = 0.0,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    seed: o.Seed = None,
+    system: Annotated[Optional[str], typer.Option("--system", help="System message for the conversation.")] = None,
+    chat_format: Annotated[
+        Optional[str], typer.Option("--chat-format", help="llama-cpp-python chat format (e.g. chatml, gemma, llama-3) or 'plain'; default: the model's template.")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens per reply.")] = 512,
+    ctx_size: o.CtxSize = 4096,
+    threads: o.Threads = 0,
+    n_gpu_layers: o.GpuLayers = -1,
+    draft_n_gpu_layers: o.DraftGpuLayers = -1,
+) -> None:
+    """Chat with the target, drafting by --draft model or --lookup; a live panel shows the speculation."""
+    if not 1 <= max_tokens <= ctx_size // 2:
+        raise SpecrunError(f"--max-tokens has to be between 1 and half of --ctx-size ({ctx_size // 2}), but is {max_tokens}")
+    if chat_format not in (None, PLAIN):
+        check_format_name(chat_format)  # before minutes of model loading
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    config = o.session_config(
+        target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
+        quant=quant, draft_quant=draft_quant, offline=offline,
+    )
+    with Session(config) as session:
+        fmt = choose_format(session.target_model, chat_format)
+        if fmt.source == "no chat template in the model":
+            note(f"note: {config.target.name} has no chat template: using a plain User:/Assistant: transcript "
+                 "(--chat-format picks another)")
+        runner = ChatRunner(session, fmt, max_tokens, system)
+        if runner.speculative:
+            runner.plain_rate = PlainRate.calibrate(session)
+            note(f"plain decoding: {runner.plain_rate.tokens_per_s:.1f} tok/s ({runner.plain_rate.how})")
+        else:
+            note("no --draft or --lookup: plain decoding")
+        shell = InteractiveShell(runner, Console(), _title(config)) if interactive else PipedShell(runner)
+        shell.run()
+        note(summary_line(runner.totals, runner), style="")
+
+
+def note(text: str, style: str = "dim") -> None:
+    """A line on stderr, never wrapped (scripts read these lines)."""
+    err_console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+
+
+def _title(config) -> str:
+    lookup = "prompt lookup" if config.lookup else ""
+    drafter = " + ".join(filter(None, [lookup, config.draft.name if config.draft else ""])) or "plain"
+    return f"{config.target.name} ← {drafter}"
+
+
+def read_message(read_line: Callable[[str], str]) -> str:
+    """One message: a line, lines joined by trailing backslashes, or a \"\"\" block.
+
+    Raises EOFError only when no text was read at all.
+    """
+    first = read_line(PROMPT)
+    if first.strip() == BLOCK:
+        lines: list[str] = []
+        try:
+            while (line := read_line(MORE)).strip() != BLOCK:
+                lines.append(line)
+        except EOFError:
+            pass
+        return "\n".join(lines)
+    lines = [first]
+    try:
+        while lines[-1].endswith("\\"):
+            lines[-1] = lines[-1][:-1]
+            lines.append(read_line(MORE))
+    except EOFError:
+        pass
+    return "\n".join(lines)
+
+
+class Shell:
+    """The read-reply loop and the slash commands; subclasses say how to read and show."""
+
+    def __init__(self, runner: ChatRunner, console: Console):
+        self.runner = runner
+        self.console = console  # where command output goes
+
+    def run(self) -> None:
+        while True:
+            try:
+                message = read_message(self.read_line)
+            except EOFError:
+                return
+            except KeyboardInterrupt:
+                self.console.print("\n[dim](Ctrl-D or /quit to leave)[/]")
+                continue
+            if not message.strip():
+                continue
+            if message.startswith("/") and not message.startswith("//"):
+                if self.command(message) is QUIT:
+                    return
+                continue
+            try:
+                self.send(message[1:] if message.startswith("//") else message)
+            except KeyboardInterrupt:  # a second Ctrl-C while the reply was being closed
+                self.interrupted()
+
+    def interrupted(self) -> None:
+        self.console.print("\n[dim](interrupted)[/]")
+
+    def read_line(self, prompt: str) -> str:
+        raise NotImplementedError
+
+    def send(self, message: str) -> None:
+        raise NotImplementedError
+
+    def failed(self, error: SpecrunError) -> None:
+        """A command or message the user can fix; the interactive shell carries on."""
+        raise error
+
+    def command(self, line: str) -> object:
+        name, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        try:
+            if name in ("/quit", "/exit"):
+                return QUIT
+            if name == "/help":
+                self.console.print(HELP, highlight=False, markup=False)
+            elif name == "/stats":
+                self.console.print(summary_line(self.runner.totals, self.runner), highlight=False, soft_wrap=True)
+                self.console.print(turns_table(self.runner))
+            elif name == "/k":
+                if not arg:
+                    raise SpecrunError("/k needs a value: /k N, /k auto or /k llama.cpp")
+                self.runner.set_k(arg)
+                self.console.print(f"[dim]k = {self.runner.k_label} from the next reply on[/]")
+            elif name == "/temp":
+                self.runner.set_temperature(_number(arg, float, "/temp T"))
+                self.console.print(f"[dim]temperature = {self.runner.generator.settings.temperature:g} from the next reply on[/]")
+            elif name == "/reset":
+                self.runner.reset()
+                self.console.print("[dim]new conversation (session statistics kept)[/]")
+            elif name == "/save":
+                if not arg:
+                    raise SpecrunError("/save needs a file name: /save FILE")
+                self.runner.save(Path(arg))
+                self.console.print(f"[dim]saved {len(self.runner.replies)} turns to {arg}[/]")
+            else:
+                raise SpecrunError(f"unknown command {name}: /help lists the commands")
+        except SpecrunError as exc:
+            self.failed(exc)
+        return None
+
+
+def _number(text: str, kind: type, usage: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise SpecrunError(f"{usage} needs a number, but got {text!r}") from None
+
+
+class InteractiveShell(Shell):
+    def __init__(self, runner: ChatRunner, console: Console, title: str):
+        super().__init__(runner, console)
+        self.title = title
+        try:
+            import readline  # noqa: F401  (line editing and history for input())
+        except ImportError:  # pragma: no cover - e.g. Windows without pyreadline
+            pass
+        console.print("[dim]/help lists the commands; Ctrl-C stops a reply; Ctrl-D or /quit leaves[/]")
+
+    def read_line(self, prompt: str) -> str:
+        return input(prompt)
+
+    def failed(self, error: SpecrunError) -> None:
+        self.console.print(f"[red]error:[/] {error}", highlight=False)
+
+    def send(self, message: str) -> None:
+        started = time.perf_counter()
+        try:
+            turn = self.runner.prepare(message)
+        except SpecrunError as exc:
+            return self.failed(exc)
+        if turn.dropped:
+            self.console.print(f"[yellow]context full: left out the oldest {turn.dropped} exchange(s)[/]")
+        with LivePanel(self.console, self.runner, self.title, started) as panel:
+            panel.finish(self.runner.reply(turn, panel, started))
+
+
+class PipedShell(Shell):
+    """For scripts: each message's reply on stdout, one stats line per reply on stderr."""
+
+    def __init__(self, runner: ChatRunner):
+        super().__init__(runner, err_console)
+
+    def read_line(self, prompt: str) -> str:
+        if sys.stdin.isatty():
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+    def send(self, message: str) -> None:
+        turn = self.runner.prepare(message)
+        if turn.dropped:
+            note(f"context full: left out the oldest {turn.dropped} exchange(s)", style="")
+        view = PlainView()
+        reply = self.runner.reply(turn, view)
+        view.finish()
+        note(reply_line(reply), style="")
+        if reply.stop_reason == "interrupted":
+            raise KeyboardInterrupt  # in a script Ctrl-C ends the run (exit 130), after the partial reply
+
+    def interrupted(self) -> None:
+        raise KeyboardInterrupt
+
+
+def turns_table(runner: ChatRunner) -> Table:
+    """The last ten turns: how much of each prompt had to be prefilled, and how soon the reply began."""
+    t = runner.totals
+    table = Table(box=None, header_style="dim")
+    for column in ("turn", "prompt tokens", "prefilled", "first token", "tokens", "stop"):
+        table.add_column(column, justify="right")
+    first = max(len(t.turns) - 10, 0)
+    for i, turn in enumerate(t.turns[first:], start=first + 1):
+        ttft = f"{turn.ttft_s:.3f} s" if turn.ttft_s is not None else "-"
+        table.add_row(str(i), str(turn.prompt_tokens), str(turn.prefilled_tokens), ttft, str(turn.tokens), turn.stop_reason)
+    return table

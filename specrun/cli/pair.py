@@ -1,0 +1,123 @@
+"""`specrun pair`: which draft works with a target, what it costs, and self-derived drafts."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from specrun.cli.app import app
+from specrun.errors import SpecrunError
+
+pair_app = typer.Typer(help="Check, find and derive draft models for a target.",
+                       no_args_is_help=True)
+app.add_typer(pair_app, name="pair")
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+OfflineOpt = Annotated[bool, typer.Option("--offline", help="Use only local files and the cache.")]
+CtxOpt = Annotated[int, typer.Option("--ctx", help="Context length for the memory estimate.")]
+AcceptOpt = Annotated[Optional[float], typer.Option(
+    "--acceptance", help="Per-token acceptance rate to assume instead of the family prior.")]
+
+
+def _check_acceptance(value: float | None) -> None:
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise SpecrunError(f"--acceptance must be in [0, 1], got {value}")
+
+
+@pair_app.command("check")
+def check(
+    target: Annotated[str, typer.Argument(help="Target: .gguf path or owner/repo/file.gguf.")],
+    draft: Annotated[str, typer.Argument(help="Draft: .gguf path or owner/repo/file.gguf.")],
+    json_out: JsonOpt = False,
+    offline: OfflineOpt = False,
+    n_ctx: CtxOpt = 4096,
+    acceptance: AcceptOpt = None,
+) -> None:
+    """Would DRAFT work with TARGET in llama.cpp, and could it be faster? Reads headers only."""
+    from specrun.pair.check import check_pair
+    from specrun.pair.report import check_lines
+    from specrun.pair.sources import load_facts
+
+    _check_acceptance(acceptance)
+    if n_ctx <= 0:
+        raise SpecrunError(f"--ctx must be positive, got {n_ctx}")
+    result = check_pair(load_facts(target, offline), load_facts(draft, offline), n_ctx, acceptance)
+    if json_out:
+        typer.echo(json.dumps(result.as_json(), indent=2))
+    else:
+        typer.echo("\n".join(check_lines(result)))
+    if not result.compat.ok:
+        raise typer.Exit(code=1)
+
+
+@pair_app.command("derive")
+def derive(
+    target: Annotated[str, typer.Option("--target", "-m", help="Target .gguf to take layers from.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Where to write the draft .gguf.")],
+    layers: Annotated[Optional[str], typer.Option(
+        "--layers", help="Target layers to keep, e.g. 0-5 or 0-2,15-17.")] = None,
+    auto: Annotated[bool, typer.Option(
+        "--auto", help="Choose the layers by measuring acceptance and cost on sample prompts.")] = False,
+    threads: Annotated[int, typer.Option("--threads", "-t", help="CPU threads for --auto (0 = all).")] = 0,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write a self-speculative draft: a subset of TARGET's layers, sharing its vocabulary."""
+    from pathlib import Path
+
+    from specrun.cli.app import err_console
+    from specrun.pair.check import check_pair
+    from specrun.pair.derive import derive_draft, parse_layers
+    from specrun.pair.header import read_local
+    from specrun.pair.report import auto_lines, derive_lines
+    from specrun.pair.sources import local_path
+
+    target_path, out = local_path(target), Path(output)
+    if (layers is None) == (not auto):
+        raise SpecrunError("give either --layers (e.g. --layers 0-2,15-17) or --auto")
+    if out.exists() and not force:
+        raise SpecrunError(f"{out} exists: pass --force to overwrite it")
+    if out.resolve() == target_path.resolve():
+        raise SpecrunError("--output must differ from the target file")
+    target_facts = read_local(target_path)
+    measured = []
+    if auto:
+        from specrun.pair.autoderive import measure
+
+        measured = measure(target_path, threads=threads,
+                           report=lambda line: err_console.print(line, markup=False))
+        best = max(measured, key=lambda m: m.speedup)
+        kept = list(best.layers)
+    else:
+        kept = parse_layers(layers or "", target_facts.n_layers)
+    derived = derive_draft(target_path, kept, out)
+    result = check_pair(target_facts, read_local(out),
+                        acceptance=best.acceptance if auto else None, why="measured by --auto")
+    if json_out:
+        typer.echo(json.dumps({"path": str(out), "layers": kept, **result.as_json(),
+                               "measured": [m.__dict__ for m in measured]}, indent=2))
+    else:
+        typer.echo("\n".join(auto_lines(measured) + derive_lines(derived, result)))
+
+
+@pair_app.command("suggest")
+def suggest(
+    target: Annotated[str, typer.Option("--target", "-m", help="Target: path, alias or hub repo.")],
+    top: Annotated[int, typer.Option("--top", help="How many drafts to list.")] = 5,
+    offline: OfflineOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Compatible drafts for TARGET from profiles, the cache and the hub, best first."""
+    from specrun.cli.app import err_console
+    from specrun.pair.report import suggest_lines
+    from specrun.pair.suggest import suggest as find_drafts
+
+    if top < 1:
+        raise SpecrunError(f"--top must be >= 1, got {top}")
+    facts, found = find_drafts(target, offline, top, report=lambda line: err_console.print(line, markup=False))
+    if json_out:
+        typer.echo(json.dumps({"target": facts.source, "drafts": [s.as_json() for s in found]}, indent=2))
+    else:
+        typer.echo("\n".join(suggest_lines(facts, found)))

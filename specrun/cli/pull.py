@@ -1,0 +1,24 @@
+"""`specrun pull SPEC...`: fetch models into the Hugging Face cache ahead of time."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from specrun.cli.app import app, err_console
+
+
+@app.command()
+def pull(
+    specs: List[str] = typer.Argument(..., help="alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf"),
+    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="Quant to fetch, e.g. Q4_K_M (overrides :QUANT)."),
+    offline: bool = typer.Option(False, "--offline", help="Only check the cache; never use the network."),
+) -> None:
+    """Download models (with their split parts) into the Hugging Face cache; print their paths."""
+    from specrun.hub import resolve_model
+
+    for spec in specs:
+        model = resolve_model(spec, quant=quant, offline=offline)
+        err_console.print(model.reason, highlight=False)
+        typer.echo(str(model.path))

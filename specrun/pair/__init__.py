@@ -1,0 +1,1 @@
+"""`specrun pair`: draft/target compatibility, draft suggestions and self-derived drafts."""

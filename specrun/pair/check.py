@@ -1,0 +1,170 @@
+"""`pair check`: llama.cpp's compatibility rule plus what the pair will cost and gain."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from specrun.compat import CompatReport, check_vocab
+from specrun.pair.cost import (
+    MODEL_ASSUMPTIONS,
+    DecodeCost,
+    best_k,
+    decode_cost,
+    kv_cache_bytes,
+    verdict,
+)
+from specrun.pair.header import ModelFacts
+
+DEFAULT_CTX = 4096
+
+# Acceptance priors (per drafted token) before anything is measured: rough guesses.
+# Reported same-family rates with llama.cpp range from 34% (Qwen2.5-Coder-32B + 3B) to
+# 72% (Llama-3.1-8B + 3.2-1B); `--acceptance` or a measured rate replaces them.
+PRIOR_SAME_FAMILY = 0.7
+PRIOR_TUNED_DIFFERENTLY = 0.55  # a fine-tuned target drifts from its base family
+PRIOR_OTHER_FAMILY = 0.4
+
+
+@dataclass(frozen=True)
+class Prior:
+    alpha: float
+    why: str
+
+
+@dataclass(frozen=True)
+class PairCheck:
+    target: ModelFacts
+    draft: ModelFacts
+    compat: CompatReport
+    target_cost: DecodeCost
+    draft_cost: DecodeCost
+    prior: Prior
+    n_ctx: int
+
+    @property
+    def has_weights(self) -> bool:
+        """False for vocab-only files: costs and ratios are then unknown."""
+        return bool(self.target_cost.per_token_bytes and self.draft_cost.per_token_bytes)
+
+    @property
+    def cost_ratio(self) -> float | None:
+        if not self.has_weights:
+            return None
+        return self.draft_cost.per_token_bytes / self.target_cost.per_token_bytes
+
+    @property
+    def param_ratio(self) -> float | None:
+        return self.draft.n_params / self.target.n_params if self.has_weights else None
+
+    @property
+    def size_ratio(self) -> float:
+        return self.draft.file_size / self.target.file_size
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """Both files' weights plus both f16 KV caches at n_ctx (compute buffers extra)."""
+        caches = [kv_cache_bytes(m, self.n_ctx) for m in (self.target, self.draft)]
+        if None in caches or not self.has_weights:
+            return None
+        return self.target.file_size + self.draft.file_size + sum(caches)  # type: ignore[arg-type]
+
+    @property
+    def verdict(self) -> str:
+        if self.cost_ratio is None:
+            vocab_only = [m.source for m in (self.target, self.draft) if not m.tensors]
+            return f"no cost estimate: vocab-only file without weights: {', '.join(vocab_only)}"
+        return verdict(self.cost_ratio, self.prior.alpha)
+
+    @property
+    def best_k(self) -> tuple[int, float] | None:
+        return best_k(self.prior.alpha, self.cost_ratio) if self.cost_ratio is not None else None
+
+    def warnings(self) -> list[str]:
+        """Facts that change what the user should expect, in plain words."""
+        found = []
+        head = self.draft_cost
+        if self.has_weights and head.head_share >= 0.5:
+            tied = ", tied to token_embd so read in full" if head.head_tied else ""
+            shape = " x ".join(str(d) for d in reversed(head.head_shape))
+            found.append(
+                f"the draft's output head ({shape}{tied}) is {head.head_share:.0%} of its "
+                "per-token cost: removing layers cannot make this draft much cheaper"
+            )
+        hint = finetune_hint(self.target, self.draft)
+        if hint:
+            found.append(hint)
+        return found
+
+    def as_json(self) -> dict[str, Any]:
+        k, speedup = self.best_k or (None, None)
+        return {
+            "compatible": self.compat.ok,
+            "problems": list(self.compat.problems),
+            "notes": list(self.compat.notes),
+            "target": model_json(self.target, self.target_cost),
+            "draft": model_json(self.draft, self.draft_cost),
+            "param_ratio": self.param_ratio,
+            "size_ratio": self.size_ratio,
+            "cost_ratio": self.cost_ratio,
+            "memory_bytes": self.memory_bytes,
+            "memory_ctx": self.n_ctx,
+            "acceptance_prior": self.prior.alpha,
+            "acceptance_prior_reason": self.prior.why,
+            "best_k": k,
+            "predicted_speedup": speedup,
+            "verdict": self.verdict,
+            "warnings": self.warnings(),
+            "cost_model": MODEL_ASSUMPTIONS,
+        }
+
+
+def check_pair(target: ModelFacts, draft: ModelFacts, n_ctx: int = DEFAULT_CTX,
+               acceptance: float | None = None, why: str = "given") -> PairCheck:
+    prior = Prior(acceptance, why) if acceptance is not None else acceptance_prior(target, draft)
+    return PairCheck(target, draft, check_vocab(target.vocab, draft.vocab),
+                     decode_cost(target), decode_cost(draft), prior, n_ctx)
+
+
+def acceptance_prior(target: ModelFacts, draft: ModelFacts) -> Prior:
+    if target.family.lower() != draft.family.lower():
+        return Prior(PRIOR_OTHER_FAMILY, f"different families ({target.family}, {draft.family})")
+    if finetune_hint(target, draft):
+        return Prior(PRIOR_TUNED_DIFFERENTLY, f"same family ({target.family}), tuned differently")
+    return Prior(PRIOR_SAME_FAMILY, f"same family ({target.family})")
+
+
+def is_finetuned(model: ModelFacts) -> bool:
+    return bool(model.base_models or model.meta.get("general.finetune"))
+
+
+def finetune_hint(target: ModelFacts, draft: ModelFacts) -> str | None:
+    """A hint when the target is a fine-tune and the draft is not tuned the same way."""
+    if not is_finetuned(target):
+        return None
+    t_tune = str(target.meta.get("general.finetune", "")).lower()
+    d_tune = str(draft.meta.get("general.finetune", "")).lower()
+    if t_tune and t_tune == d_tune:
+        return None
+    base = ", ".join(target.base_models) or "its base model"
+    tuned = f" ({t_tune})" if t_tune else ""
+    return (f"the target is fine-tuned{tuned} from {base}: prefer a draft tuned the same way; "
+            "acceptance with an untuned draft is usually lower")
+
+
+def model_json(model: ModelFacts, cost: DecodeCost) -> dict[str, Any]:
+    return {
+        "source": model.source,
+        "architecture": model.arch,
+        "name": model.meta.get("general.name"),
+        "family": model.family,
+        "base_models": list(model.base_models),
+        "params": model.n_params,
+        "file_bytes": model.file_size,
+        "layers": model.n_layers,
+        "vocab_type": model.vocab.vocab_type,
+        "vocab_size": model.vocab.n_tokens,
+        "bytes_per_token": cost.per_token_bytes,
+        "head_bytes": cost.head_bytes,
+        "head_tied": cost.head_tied,
+    }

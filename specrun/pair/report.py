@@ -1,0 +1,143 @@
+"""Plain-text rendering of pair results (the CLI prints these lines on stdout)."""
+
+from __future__ import annotations
+
+from specrun.pair.check import PairCheck
+from specrun.pair.derive import DerivedDraft, describe_layers
+from specrun.pair.cost import MODEL_ASSUMPTIONS, DecodeCost
+from specrun.pair.header import ModelFacts
+from specrun.pair.suggest import Suggestion
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(int(n))
+
+
+def model_line(role: str, model: ModelFacts) -> str:
+    v = model.vocab
+    vocab = f"{v.vocab_type} vocabulary of {v.n_tokens} tokens"
+    if not model.tensors:
+        return f"{role:<7} {model.source}\n        {model.arch}, vocab only (no weights), {vocab}"
+    return (f"{role:<7} {model.source}\n        {model.arch}, {human_count(model.n_params)} params, "
+            f"{human_bytes(model.file_size)}, {model.n_layers} layers, {vocab}")
+
+
+def cost_line(role: str, cost: DecodeCost) -> str:
+    tied = ", tied to token_embd" if cost.head_tied else ""
+    return (f"  {role:<7} {human_bytes(cost.per_token_bytes)} read per token: layers "
+            f"{human_bytes(cost.layer_bytes)} + output head {human_bytes(cost.head_bytes)}{tied}")
+
+
+def check_lines(result: PairCheck) -> list[str]:
+    lines = [model_line("target", result.target), model_line("draft", result.draft), ""]
+    if result.compat.ok:
+        lines.append("compatible: yes (llama.cpp's rule: vocab type, bos/eos, sizes within 128, "
+                     "token text from id 5)")
+    else:
+        lines.append("compatible: no")
+        lines += [f"  - {problem}" for problem in result.compat.problems]
+    lines += [f"  note: {note}" for note in result.compat.notes]
+    lines.append("")
+    lines += ratio_lines(result) if result.has_weights else []
+    lines += [
+        f"acceptance {result.prior.alpha:.0%} assumed: {result.prior.why}",
+        f"verdict    {result.verdict}",
+    ]
+    lines += [f"warning    {w}" for w in result.warnings()]
+    lines.append(f"cost model {MODEL_ASSUMPTIONS}")
+    return lines
+
+
+def ratio_lines(result: PairCheck) -> list[str]:
+    t, d = result.target, result.draft
+    return [
+        f"params     draft/target {result.param_ratio:.2f} "
+        f"({human_count(d.n_params)} / {human_count(t.n_params)})",
+        f"file size  draft/target {result.size_ratio:.2f} "
+        f"({human_bytes(d.file_size)} / {human_bytes(t.file_size)})",
+        f"cost       draft/target {result.cost_ratio:.2f} (bytes of weights read per token)",
+        cost_line("target", result.target_cost),
+        cost_line("draft", result.draft_cost),
+        memory_line(result),
+    ]
+
+
+def memory_line(result: PairCheck) -> str:
+    total = result.memory_bytes
+    if total is None:
+        return "memory     unknown (the headers lack the attention shape for the KV cache)"
+    weights = result.target.file_size + result.draft.file_size
+    return (f"memory     {human_bytes(total)} together: weights {human_bytes(weights)} + f16 KV "
+            f"caches at {result.n_ctx} tokens {human_bytes(total - weights)} "
+            "(plus compute buffers)")
+
+
+def derive_lines(derived: DerivedDraft, result: PairCheck) -> list[str]:
+    kept = describe_layers(list(derived.layers))
+    lines = [
+        f"wrote {derived.path} ({human_bytes(result.draft.file_size)}): layers {kept} "
+        f"of the target's 0-{derived.n_target_layers - 1}, loaded by llama.cpp",
+        f"use it with: specrun generate --target {result.target.source} --draft {derived.path}",
+        "",
+        f"cost       draft/target {result.cost_ratio:.2f} (bytes of weights read per token)",
+        cost_line("target", result.target_cost),
+        cost_line("draft", result.draft_cost),
+        f"verdict    {result.verdict}",
+    ]
+    lines += [f"warning    {w}" for w in result.warnings()]
+    if result.prior.why != "measured by --auto":
+        lines.append("acceptance of a layer subset is not predictable from its size: measure "
+                     "it with --auto or specrun generate --compare-plain")
+    return lines
+
+
+def suggest_lines(target: ModelFacts, found: list[Suggestion]) -> list[str]:
+    lines = [model_line("target", target), ""]
+    if not found:
+        lines.append("no compatible draft cheaper than the target was found "
+                     "(try without --offline, or `specrun pair derive` for a layer subset)")
+        return lines
+    lines.append(f"{'#':>2}  {'speed-up':>8}  {'k':>2}  {'cost':>5}  {'accept':>6}  "
+                 f"{'memory':>10}  draft (origin)")
+    for rank, s in enumerate(found, 1):
+        k, speedup = s.check.best_k or (0, 0.0)
+        memory = s.check.memory_bytes
+        lines.append(f"{rank:>2}  {speedup:>7.2f}x  {k:>2}  {s.check.cost_ratio:>5.2f}  "
+                     f"{s.check.prior.alpha:>6.0%}  {human_bytes(memory) if memory else '?':>10}  "
+                     f"{s.spec} ({s.origin})")
+        lines += [f"      {w}" for w in s.check.warnings()]
+    lines += ["", "speed-up is predicted, not measured: cost = draft/target bytes read per token, "
+              "accept = assumed acceptance by family, memory = both models + f16 KV caches at "
+              f"{found[0].check.n_ctx} tokens", f"cost model {MODEL_ASSUMPTIONS}"]
+    return lines
+
+
+def auto_lines(measured: list) -> list[str]:
+    """The --auto measurements, best first, and what they mean."""
+    if not measured:
+        return []
+    ranked = sorted(measured, key=lambda m: -m.speedup)
+    names = [describe_layers(list(m.layers)) for m in ranked]
+    width = max(6, *(len(n) for n in names))
+    lines = [f"{'layers':<{width}} {'accept':>6} {'cost':>5} {'bytes':>5} {'k':>2} {'predicted':>9}"]
+    lines += [f"{name:<{width}} {m.acceptance:>6.0%} {m.cost_ratio:>5.2f} {m.bytes_ratio:>5.2f} "
+              f"{m.k:>2} {m.speedup:>8.2f}x" for name, m in zip(names, ranked)]
+    best = ranked[0]
+    if best.speedup < 1:
+        lines.append(f"no layer subset beats the target alone on the sample prompts; wrote the "
+                     f"best one ({best.speedup:.2f}x predicted) so you can measure it yourself")
+    lines += ["accept = greedy agreement with the target along its own output (teacher-forced); "
+              "cost = measured one-token step time, draft/target (noisy on a busy machine); "
+              "bytes = weights read per token, draft/target", ""]
+    return lines

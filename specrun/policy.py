@@ -1,0 +1,202 @@
+"""How many tokens to draft: fixed k, llama.cpp's rule, or `auto` (cost-aware, measured).
+
+Drafters ask the policy `cap(source, limit)` before drafting and, for model drafts,
+`keep(source, position, confidence)` before adding each token; the engine reports what
+happened with `observe`. Auto maximises expected tokens per second:
+    E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i     (a_i: acceptance at draft position i)
+    T(k) = verify_cost[k + 1] + k * draft_cost
+and falls back to plain decoding (k = 0) when speculation measures slower, probing now
+and then so it comes back when the text turns predictable.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from specrun.errors import SpecrunError
+
+K_MAX = 16  # llama.cpp's --draft-max default, and the longest draft auto considers
+
+
+def parse_k(text: str) -> int | str:
+    """A --k value: a draft length >= 1, 'auto', or 'llama.cpp' (its draft-max/p-min rule)."""
+    if text in ("auto", "llama.cpp"):
+        return text
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise SpecrunError(f"--k has to be an integer >= 1, 'auto' or 'llama.cpp', but is {text!r}")
+    return k
+
+
+class FixedK:
+    """Draft exactly k tokens (fewer only at the end of the budget or context)."""
+
+    def __init__(self, k: int):
+        if k < 1:
+            raise SpecrunError(f"--k has to be >= 1 or 'auto', but is {k}")
+        self.k = k
+        self.max_k = k
+        self.label = str(k)
+
+    def cap(self, source: str, limit: int) -> int:
+        return min(self.k, limit)
+
+    def keep(self, source: str, position: int, confidence: float) -> bool:
+        return True
+
+    def observe(self, source: str, drafted: int, accepted: int, confidences: Sequence[float] | None,
+                draft_s: float, verify_s: float) -> None:
+        pass
+
+
+class PMinPolicy(FixedK):
+    """llama.cpp's speculative rule: up to --draft-max 16, stop below --draft-p-min 0.75."""
+
+    wants_confidence = True
+
+    def __init__(self, k: int = K_MAX, p_min: float = 0.75):
+        super().__init__(k)
+        self.p_min = p_min
+        self.label = "llama.cpp"
+
+    def keep(self, source: str, position: int, confidence: float) -> bool:
+        return confidence >= self.p_min
+
+
+def measure_verify_costs(context, max_width: int, repeats: int = 2) -> list[float]:
+    """Seconds for one target decode of w rows with logits, for w = 1..max_width (index w)."""
+    keep = len(context.tokens)
+    if context.free_slots < max_width + 1:
+        raise SpecrunError("the context is too full to measure verify costs: raise --ctx-size")
+    filler = [context.model.bos if context.model.bos >= 0 else 0]
+    costs = [0.0] + [float("inf")] * max_width
+    context.eval(filler, 1)  # warm-up: first decode allocates buffers
+    context.truncate(keep)
+    for _ in range(repeats):
+        for width in range(1, max_width + 1):
+            started = time.perf_counter()
+            context.eval(filler * width, width)
+            costs[width] = min(costs[width], time.perf_counter() - started)
+            context.truncate(keep)
+    return costs
+
+
+@dataclass
+class SourceTrack:
+    """What auto has measured for one draft source (decayed, so it follows the text)."""
+
+    hits: list[float] = field(default_factory=lambda: [0.0] * K_MAX)
+    tries: list[float] = field(default_factory=lambda: [0.0] * K_MAX)
+    draft_token_s: float = 0.0
+    tokens_per_step: float = 0.0
+    seconds_per_step: float = 0.0
+    steps: int = 0
+    skipped: int = 0  # plain steps since this source was last tried
+    probe_interval: int = 8
+
+    def acceptance(self, position: int, prior: float = 0.7, strength: float = 2.0) -> float:
+        return (self.hits[position] + prior * strength) / (self.tries[position] + strength)
+
+    @property
+    def rate(self) -> float:
+        return self.tokens_per_step / self.seconds_per_step if self.seconds_per_step else 0.0
+
+
+def ema(old: float, new: float, weight: float, first: bool) -> float:
+    return new if first else (1 - weight) * old + weight * new
+
+
+class AutoK:
+    """Cost-aware k per step from measured verify costs and online acceptance estimates."""
+
+    wants_confidence = True
+
+    def __init__(self, verify_costs: list[float], max_k: int = K_MAX, decay: float = 0.97):
+        self.costs = list(verify_costs)
+        self.max_k = min(max_k, len(self.costs) - 2)
+        self.decay = decay
+        self.label = "auto"
+        self.sources: dict[str, SourceTrack] = {}
+        # Acceptance by draft confidence (10 bins); the prior trusts the confidence itself.
+        self.conf_hits = [0.0] * 10
+        self.conf_tries = [0.0] * 10
+        self._step_gain = 1.0  # expected tokens of the model draft being built
+        self._step_alive = 1.0
+        self._step_drafted_s = 0.0
+
+    # --- decisions ------------------------------------------------------------------
+    def cap(self, source: str, limit: int) -> int:
+        limit = min(limit, self.max_k)
+        track = self.sources.setdefault(source, SourceTrack())
+        self._step_gain, self._step_alive, self._step_drafted_s = 1.0, 1.0, 0.0
+        if limit < 1:
+            return 0
+        if track.steps >= 4 and track.rate < self.plain_rate:
+            track.skipped += 1
+            if track.skipped < track.probe_interval:
+                return 0  # plain is faster for now
+            track.skipped = 0
+            track.probe_interval = min(track.probe_interval * 2, 512)  # back off while it stays slow
+            return min(2, limit)
+        return self.best_k(track, limit)
+
+    def best_k(self, track: SourceTrack, limit: int) -> int:
+        best_k, best_rate, expected, alive = 0, 1.0 / self.costs[1], 1.0, 1.0
+        for k in range(1, limit + 1):
+            alive *= track.acceptance(k - 1)
+            expected += alive
+            rate = expected / (self.costs[k + 1] + k * track.draft_token_s)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def keep(self, source: str, position: int, confidence: float) -> bool:
+        """Add this model-drafted token only if it raises the step's expected tokens/s."""
+        track = self.sources[source]
+        alive = self._step_alive * self.confidence_acceptance(confidence)
+        width = position + 1  # rows verified before this token: last token + earlier drafts
+        before = self._step_gain / (self.costs[width] + self._step_drafted_s)
+        drafted_s = self._step_drafted_s + track.draft_token_s
+        after = (self._step_gain + alive) / (self.costs[width + 1] + drafted_s)
+        if after <= before:
+            return False
+        self._step_gain, self._step_alive, self._step_drafted_s = self._step_gain + alive, alive, drafted_s
+        return True
+
+    def confidence_acceptance(self, confidence: float) -> float:
+        b = min(int(confidence * 10), 9)
+        return (self.conf_hits[b] + 2.0 * confidence) / (self.conf_tries[b] + 2.0)
+
+    @property
+    def plain_rate(self) -> float:
+        return 1.0 / self.costs[1]
+
+    # --- learning -------------------------------------------------------------------
+    def observe(self, source: str, drafted: int, accepted: int, confidences: Sequence[float] | None,
+                draft_s: float, verify_s: float) -> None:
+        width = drafted + 1
+        if width < len(self.costs):
+            self.costs[width] = ema(self.costs[width], verify_s, 0.1, False)
+        if source not in self.sources or (not drafted and draft_s < 0.1 * verify_s):
+            return  # a plain step, or a lookup miss that cost nothing: only the verify cost was news
+        track = self.sources[source]
+        first = track.steps == 0
+        track.steps += 1
+        if drafted:
+            track.draft_token_s = ema(track.draft_token_s, draft_s / drafted, 0.2, first)
+        track.tokens_per_step = ema(track.tokens_per_step, accepted + 1, 0.1, first)
+        track.seconds_per_step = ema(track.seconds_per_step, draft_s + verify_s, 0.1, first)
+        if drafted and accepted:
+            track.probe_interval = 8  # a useful probe: speculate again soon
+        for i in range(min(drafted, accepted + 1)):  # positions reached by verification
+            track.hits[i] = track.hits[i] * self.decay + (i < accepted)
+            track.tries[i] = track.tries[i] * self.decay + 1
+            if confidences is not None:
+                b = min(int(confidences[i] * 10), 9)
+                self.conf_hits[b] += i < accepted
+                self.conf_tries[b] += 1

@@ -1,0 +1,108 @@
+"""Draft-length policies: the cost model's choices, the plain fallback, and exactness with auto."""
+
+import pytest
+
+from specrun.errors import SpecrunError
+from specrun.policy import AutoK, FixedK, PMinPolicy, parse_k
+from specrun.session import Session, SessionConfig
+from test_engine import PROMPT, assert_greedy_exact
+
+FLAT = [0.0] + [0.010] * 18  # a GPU-like target: verifying 17 rows costs what 1 does
+STEEP = [0.0] + [0.010 * w for w in range(1, 19)]  # every row costs a full decode
+
+
+def learn(policy, source, drafted, accepted, times=30, draft_s=0.0, verify_s=None, confidences=None):
+    """Report `times` identical steps; the verify time defaults to what the policy expects."""
+    for _ in range(times):
+        policy.cap(source, 16)
+        seconds = policy.costs[drafted + 1] if verify_s is None else verify_s
+        policy.observe(source, drafted, accepted, confidences, draft_s, seconds)
+
+
+def test_flat_costs_and_high_acceptance_draft_long():
+    policy = AutoK(FLAT)
+    learn(policy, "lookup", 16, 16)
+    assert policy.cap("lookup", 16) == 16
+    assert policy.cap("lookup", 5) == 5  # never past the step's limit
+
+
+def test_steep_costs_never_pay_so_k_is_zero():
+    policy = AutoK(STEEP)
+    learn(policy, "lookup", 4, 2, verify_s=0.05)
+    assert policy.best_k(policy.sources["lookup"], 16) == 0
+
+
+def test_low_acceptance_shortens_the_draft():
+    costs = [0.0] + [0.010 + 0.002 * w for w in range(1, 19)]
+    policy = AutoK(costs)
+    caps = []
+    for _ in range(60):  # the first guess is always right, the second always wrong
+        cap = policy.cap("lookup", 16)
+        caps.append(cap)
+        policy.observe("lookup", cap, min(cap, 1), None, 0.0, costs[cap + 1])
+    assert caps[0] >= 3  # the prior expects 70% acceptance
+    assert caps[-10:] == [1] * 10
+
+
+def test_slow_source_falls_back_to_plain_and_probes_with_backoff():
+    policy = AutoK(FLAT)
+    # Each step drafts 4 tokens at 50 ms and gets 1 token: far below plain's 100 tok/s.
+    learn(policy, "draft", 4, 0, times=10, draft_s=0.050)
+    caps = []
+    for _ in range(40):
+        cap = policy.cap("draft", 16)
+        caps.append(cap)
+        policy.observe("draft" if cap else "", 2 if cap else 0, 0, None, 0.05 if cap else 0.0, 0.010)
+    probes = [i for i, cap in enumerate(caps) if cap]
+    assert len(probes) >= 2 and caps.count(0) > 30
+    assert probes[1] - probes[0] > probes[0]  # the interval doubles while probes fail
+
+
+def test_confidence_stop_learns_which_confidences_pay():
+    policy = AutoK([0.0] + [0.010 + 0.004 * w for w in range(1, 19)])
+    policy.cap("draft", 16)
+    policy.observe("draft", 1, 1, [0.95], 0.001, 0.014)
+    # Tokens drafted at 0.3 confidence were never accepted; at 0.95 always.
+    for _ in range(200):
+        policy.observe("draft", 2, 1, [0.95, 0.3], 0.002, 0.018)
+    policy.cap("draft", 16)
+    assert policy.keep("draft", 0, 0.95)
+    assert not policy.keep("draft", 1, 0.3)
+
+
+def test_llama_cpp_rule_stops_below_p_min():
+    policy = PMinPolicy()
+    assert policy.cap("draft", 40) == 16
+    assert policy.keep("draft", 3, 0.75) and not policy.keep("draft", 3, 0.74)
+
+
+@pytest.mark.parametrize("text, value", [("4", 4), ("auto", "auto"), ("llama.cpp", "llama.cpp")])
+def test_parse_k(text, value):
+    assert parse_k(text) == value
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "fast", "2.5"])
+def test_parse_k_rejects_with_the_value(text):
+    with pytest.raises(SpecrunError, match=f"but is '{text}'"):
+        parse_k(text)
+    if text.lstrip("-").isdigit():
+        with pytest.raises(SpecrunError):
+            FixedK(int(text))
+
+
+@pytest.mark.parametrize("drafting", ["draft", "lookup", "hybrid"])
+@pytest.mark.parametrize("k", ["auto", "llama.cpp"])
+def test_policies_keep_greedy_output_exact(tiny, drafting, k):
+    config = SessionConfig(
+        target=tiny["target"],
+        draft=tiny["same"] if drafting != "lookup" else None,
+        lookup=drafting != "draft",
+        k=k,
+        n_ctx=256,
+    )
+    with Session(config) as session:
+        session.verify_costs()  # measured before the logits recorder is attached
+        tokens, sources, stats = assert_greedy_exact(session, PROMPT, max_tokens=48)
+    assert len(tokens) == 48
+    if drafting != "draft":  # random tiny models are never 75% confident; lookup always drafts
+        assert stats.drafted > 0
