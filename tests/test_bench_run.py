@@ -34,7 +34,7 @@ def prompts_file(tmp_path):
 
 def test_runs_interleave_and_reuse_contexts_with_emptied_caches(tiny):
     config = SessionConfig(target=tiny["target"], draft=tiny["same"], k=4, n_ctx=256)
-    variants = plan_variants(["lookup", "draft"], [2, 4])
+    variants = plan_variants(["lookup", "draft", "hybrid"], [2, 4])
     with Session(config) as session:
         contexts = (session.target, session.drafter.context)
         prompts = [session.tokenize(text) for text in PROMPTS[:2]]
@@ -48,7 +48,7 @@ def test_runs_interleave_and_reuse_contexts_with_emptied_caches(tiny):
         assert run.stats.tokens == 10 and run.stats.accepted <= run.stats.drafted
         assert run.matches_plain is (None if run.variant.method == "plain" else run.matches_plain)
         assert isinstance(run.matches_plain, bool) or run.variant.method == "plain"
-    draft_runs = [r.stats for r in runs if r.variant.method == "draft"]
+    draft_runs = [r.stats for r in runs if r.variant.method in ("draft", "hybrid")]
     # The draft has the target's weights: almost every guess is accepted (batched FP aside).
     assert sum(s.accepted for s in draft_runs) / sum(s.drafted for s in draft_runs) > 0.8
 
@@ -128,6 +128,8 @@ def assert_one_line_error(result, *fragments):
 def test_draft_method_asked_for_without_a_draft_model(tiny, prompts_file):
     result = specrun("bench", prompts_file, "--target", tiny["target"], "--methods", "plain,draft")
     assert_one_line_error(result, "--methods includes draft", "--draft")
+    result = specrun("bench", prompts_file, "--target", tiny["target"], "--methods", "hybrid")
+    assert_one_line_error(result, "--methods includes hybrid", "--draft")
 
 
 def test_default_methods_skip_draft_with_a_notice(tiny, prompts_file, tmp_path):

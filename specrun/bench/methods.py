@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from specrun.drafters import DraftModel, DraftSource, PromptLookup
+from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
 from specrun.errors import SpecrunError
 from specrun.session import Session
 
@@ -22,13 +22,18 @@ def _draft_model(session: Session) -> DraftSource:
     return session.drafter
 
 
+def _hybrid(session: Session) -> DraftSource:
+    return Hybrid(_lookup(session), _draft_model(session))  # lookup when the context matches, else the model
+
+
 # Method name -> drafter for one run. Plain decoding is the baseline, always measured.
 METHODS: dict[str, Callable[[Session], DraftSource | None]] = {
     PLAIN: lambda session: None,
     "lookup": _lookup,
     "draft": _draft_model,
+    "hybrid": _hybrid,
 }
-NEEDS_DRAFT_MODEL = {"draft"}
+NEEDS_DRAFT_MODEL = {"draft", "hybrid"}
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from specrun.bench.methods import METHODS, PLAIN, Variant
-from specrun.drafters import DraftModel, DraftSource
+from specrun.drafters import DraftModel, DraftSource, Hybrid
 from specrun.engine import Done, Generator, Stats, TokenEvent
 from specrun.errors import SpecrunError
 from specrun.sampling import SamplerSettings
@@ -98,5 +98,6 @@ def _generate(
 def _reset_caches(session: Session, drafter: DraftSource | None) -> None:
     """Empty the KV caches so no run reuses the previous run's prompt."""
     session.target.truncate(0)
-    if isinstance(drafter, DraftModel):
-        drafter.context.truncate(0)
+    model = drafter.model if isinstance(drafter, Hybrid) else drafter
+    if isinstance(model, DraftModel):
+        model.context.truncate(0)

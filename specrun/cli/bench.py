@@ -43,7 +43,7 @@ def bench(
     prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)}.")] = None,
     target: o.Target = None,
     draft: o.Draft = None,
-    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of plain, lookup, draft (default all; draft needs --draft).")] = None,
+    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of plain, lookup, draft, hybrid (default plain,lookup,draft; draft and hybrid need --draft).")] = None,
     k: KList = None,
     temp: o.Temp = 0.0,
     top_k: o.TopK = 40,
@@ -73,7 +73,7 @@ def bench(
     if temp > 0 and seed is None:
         seed = secrets.randbelow(2**31)  # one seed, shared by every method and recorded
     config = o.session_config(
-        target, draft if "draft" in method_names else None, False, max(ks), temp, top_k, top_p, min_p, seed,
+        target, draft if NEEDS_DRAFT_MODEL & set(method_names) else None, False, str(max(ks)), temp, top_k, top_p, min_p, seed,
         ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
     )
     variants = plan_variants(method_names, ks)
@@ -109,7 +109,8 @@ def _methods(text: str | None, draft: str | None) -> list[str]:
     names = parse_methods(text or DEFAULT_METHODS)
     if draft is None and NEEDS_DRAFT_MODEL & set(names):
         if text is not None:
-            raise SpecrunError("--methods includes draft but no --draft PATH was given: pass a draft GGUF or drop draft")
+            asked = ", ".join(sorted(NEEDS_DRAFT_MODEL & set(names)))
+            raise SpecrunError(f"--methods includes {asked} but no --draft was given: pass a draft model or drop {asked}")
         err_console.print("[dim]no --draft: skipping the draft method[/]")
         names = [name for name in names if name not in NEEDS_DRAFT_MODEL]
     return names
