@@ -83,13 +83,13 @@ def main() -> None:
     args = parser.parse_args()
     bin_dir, model = build_tools(args.build), embedded_model_path()
     n, t = str(args.tokens), str(args.threads)
-    common = ["-m", model, "-n", n, "-t", t, "-c", "2048", "--temp", "0", "--no-warmup"]
+    common = ["-m", model, "-n", n, "-t", t, "-c", "2048", "--temp", "0"]
     ours = ["--target", model, "-n", n, "-t", t, "-c", "2048"]
     pairs = {
         "plain": ([bin_dir / "llama-completion", *common], ours),
-        "lookup k8": ([bin_dir / "llama-lookup", *common, "--draft-max", "8"], [*ours, "--lookup", "--k", "8"]),
-        "lookup k16": ([bin_dir / "llama-lookup", *common, "--draft-max", "16"], [*ours, "--lookup", "--k", "16"]),
-        "lookup auto": ([bin_dir / "llama-lookup", *common, "--draft-max", "16"], [*ours, "--lookup", "--k", "auto"]),
+        "lookup k8": ([bin_dir / "llama-lookup", *common, "--spec-draft-n-max", "8"], [*ours, "--lookup", "--k", "8"]),
+        "lookup k16": ([bin_dir / "llama-lookup", *common, "--spec-draft-n-max", "16"], [*ours, "--lookup", "--k", "16"]),
+        "lookup auto": ([bin_dir / "llama-lookup", *common, "--spec-draft-n-max", "16"], [*ours, "--lookup", "--k", "auto"]),
     }
     if args.draft:
         pairs["draft"] = ([bin_dir / "llama-speculative-simple", *common, "-md", args.draft],

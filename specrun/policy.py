@@ -99,8 +99,17 @@ class SourceTrack:
     skipped: int = 0  # plain steps since this source was last tried
     probe_interval: int = 8
 
-    def acceptance(self, position: int, prior: float = 0.7, strength: float = 2.0) -> float:
-        return (self.hits[position] + prior * strength) / (self.tries[position] + strength)
+    def acceptances(self, n: int, prior: float = 0.7, strength: float = 2.0) -> list[float]:
+        """Acceptance at positions 0..n-1 given the earlier ones were accepted.
+
+        Each position's prior is the estimate of the one before: positions a short draft
+        never reached look like the deepest measured one, so auto can grow k again.
+        """
+        estimates = []
+        for position in range(n):
+            prior = (self.hits[position] + prior * strength) / (self.tries[position] + strength)
+            estimates.append(prior)
+        return estimates
 
     @property
     def rate(self) -> float:
@@ -147,8 +156,8 @@ class AutoK:
 
     def best_k(self, track: SourceTrack, limit: int) -> int:
         best_k, best_rate, expected, alive = 0, 1.0 / self.costs[1], 1.0, 1.0
-        for k in range(1, limit + 1):
-            alive *= track.acceptance(k - 1)
+        for k, acceptance in enumerate(track.acceptances(limit), start=1):
+            alive *= acceptance
             expected += alive
             rate = expected / (self.costs[k + 1] + k * track.draft_token_s)
             if rate > best_rate:

@@ -106,10 +106,12 @@ def test_k_values_and_methods():
         Variant("plain"), Variant("lookup", 2), Variant("lookup", 8), Variant("draft", 2), Variant("draft", 8),
     ]
     assert Variant("lookup", 8).key == "lookup_k8" and Variant("plain").key == "plain"
+    assert parse_k_values("2,auto,llama.cpp") == [2, "auto", "llama.cpp"]
+    assert Variant("lookup", "auto").key == "lookup_kauto" and Variant("draft", "llama.cpp").key == "draft_kllamacpp"
 
 
 @pytest.mark.parametrize(
-    "text, fragment", [("2,x", "'x' is not a whole number"), ("4,0", ">= 1, but one is 0"), (" , ", "--k is empty")]
+    "text, fragment", [("2,x", "but is 'x'"), ("4,0", "but is '0'"), (" , ", "--k is empty")]
 )
 def test_bad_k_values(text, fragment):
     with pytest.raises(SpecrunError, match=fragment):

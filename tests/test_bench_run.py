@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from specrun.policy import K_MAX
 from specrun.bench.methods import plan_variants
 from specrun.bench.runner import measure
 from specrun.cli.app import run_app
@@ -66,7 +67,7 @@ def test_json_csv_and_plot_from_a_tiny_run(tiny, prompts_file, tmp_path):
     pytest.importorskip("matplotlib")
     out = {kind: tmp_path / f"out.{kind}" for kind in ("json", "csv", "png")}
     result = specrun(
-        "bench", prompts_file, "--target", tiny["target"], "--draft", tiny["same"], "--k", "2,4",
+        "bench", prompts_file, "--target", tiny["target"], "--draft", tiny["same"], "--k", "2,auto",
         "-n", 10, "--repeat", 2, "--warmup", 0, "--ctx-size", 256,
         "--json", out["json"], "--csv", out["csv"], "--plot", out["png"],
     )
@@ -74,15 +75,15 @@ def test_json_csv_and_plot_from_a_tiny_run(tiny, prompts_file, tmp_path):
     assert "recommendation:" in result.stdout and "Summary" in result.stdout
     assert "bench: 3 prompts" in result.stderr and "greedy" in result.stderr
     document = json.loads(out["json"].read_text())
-    check_document(document, n_prompts=3, keys=["lookup_k2", "lookup_k4", "draft_k2", "draft_k4"], repeat=2)
+    check_document(document, n_prompts=3, keys=["lookup_k2", "lookup_kauto", "draft_k2", "draft_kauto"], repeat=2)
     rows = list(csv.DictReader(out["csv"].open()))
     assert len(rows) == 3 * 5
     assert {(r["prompt"], r["method"], r["k"]) for r in rows} == {
-        (str(p), m, str(k)) for p in range(3) for m, k in [("plain", 0), ("lookup", 2), ("lookup", 4), ("draft", 2), ("draft", 4)]
+        (str(p), m, str(k)) for p in range(3) for m, k in [("plain", 0), ("lookup", 2), ("lookup", "auto"), ("draft", 2), ("draft", "auto")]
     }
     for r in rows:
         prompt = document["prompts"][int(r["prompt"])]
-        source = prompt["plain"] if r["method"] == "plain" else prompt["results"][f"{r['method']}_k{r['k']}"]
+        source = prompt["plain"] if r["method"] == "plain" else prompt["results"][f"{r['method']}_k{r['k'].replace('.', '')}"]
         assert float(r["tokens_per_s"]) == pytest.approx(source["tokens_per_s"])
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*partial*"))
@@ -93,7 +94,7 @@ def check_document(document, n_prompts, keys, repeat):
     assert list(document["summary"]) == keys
     assert document["plain"]["tokens_per_s"] > 0
     for key, row in document["summary"].items():
-        assert key == f"{row['method']}_k{row['k']}"
+        assert key == f"{row['method']}_k{str(row['k']).replace('.', '')}"
         assert set(row) >= {"method", "k", "tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_length", "acceptance_by_position"}
         assert row["speedup"] == pytest.approx(row["tokens_per_s"] / document["plain"]["tokens_per_s"])
         check_counts(row, row["k"])
@@ -108,6 +109,7 @@ def check_document(document, n_prompts, keys, repeat):
 
 
 def check_counts(row, k):
+    k = k if isinstance(k, int) else K_MAX  # auto and llama.cpp draft at most K_MAX
     assert 0 <= row["accepted"] <= row["drafted"]
     assert row["acceptance_rate"] == pytest.approx(row["accepted"] / row["drafted"] if row["drafted"] else 0)
     assert row["mean_accepted_length"] == pytest.approx(row["tokens"] / row["steps"])
@@ -153,7 +155,7 @@ def test_prompt_too_long_for_the_context_names_the_line_and_writes_nothing(tiny,
     "args, fragments",
     [
         (["--json", "/nonexistent-folder/r.json"], ["--json", "does not exist"]),
-        (["--k", "2,zero"], ["'zero' is not a whole number"]),
+        (["--k", "2,zero"], ["but is 'zero'"]),
         (["--repeat", "0"], ["--repeat has to be >= 1"]),
         (["--set", "code"], ["either PROMPTS or --set"]),
     ],

@@ -7,6 +7,7 @@ from typing import Callable
 
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
 from specrun.errors import SpecrunError
+from specrun.policy import K_MAX, parse_k
 from specrun.session import Session
 
 PLAIN = "plain"
@@ -38,32 +39,33 @@ NEEDS_DRAFT_MODEL = {"draft", "hybrid"}
 
 @dataclass(frozen=True)
 class Variant:
-    """One thing measured on every prompt: a method at one k (k = 0 for plain)."""
+    """One thing measured on every prompt: a method at one k (k = 0 for plain).
+
+    k is a draft length, "auto" or "llama.cpp" (policies that choose k per step).
+    """
 
     method: str
-    k: int = 0
+    k: int | str = 0
 
     @property
     def key(self) -> str:
-        return PLAIN if self.method == PLAIN else f"{self.method}_k{self.k}"
+        return PLAIN if self.method == PLAIN else f"{self.method}_k{str(self.k).replace('.', '')}"
 
     @property
     def label(self) -> str:
         return PLAIN if self.method == PLAIN else f"{self.method} k{self.k}"
 
 
-def parse_k_value(text: str) -> int:
-    """One --k item; kept separate so non-numeric values (issue 7's `auto`) slot in here."""
-    try:
-        k = int(text)
-    except ValueError:
-        raise SpecrunError(f"--k: {text.strip()!r} is not a whole number (give a comma list like 2,4,8)") from None
-    if k < 1:
-        raise SpecrunError(f"--k values have to be >= 1, but one is {k}")
-    return k
+def k_order(k: int | str) -> int:
+    """Sort key for k values: draft lengths by size, then the policies (which reach K_MAX)."""
+    return k if isinstance(k, int) else K_MAX + 1 + ("auto", "llama.cpp").index(k)
 
 
-def parse_k_values(text: str) -> list[int]:
+def parse_k_value(text: str) -> int | str:
+    return parse_k(text.strip())
+
+
+def parse_k_values(text: str) -> list[int | str]:
     items = [item for item in text.split(",") if item.strip()]
     if not items:
         raise SpecrunError("--k is empty: give a comma list like 2,4,8")
@@ -80,7 +82,7 @@ def parse_methods(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def plan_variants(methods: list[str], ks: list[int]) -> list[Variant]:
+def plan_variants(methods: list[str], ks: list[int | str]) -> list[Variant]:
     """Plain first, then every speculative method at every k, in the order given."""
     variants = [Variant(PLAIN)]
     for method in methods:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specrun.bench.export import write_atomic
+from specrun.bench.methods import k_order
 from specrun.errors import SpecrunError
 
 
@@ -29,14 +30,16 @@ def save_plot(document: dict, path: Path) -> None:
         rates = row["acceptance_by_position"]
         by_position.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{row['method']} k{row['k']}")
     by_position.set(title="Acceptance by draft position", xlabel="draft position", ylabel="accepted fraction", ylim=(0, 1.05))
+    # k is categorical: draft lengths in order, then the policies (auto, llama.cpp).
+    ks = sorted({row["k"] for row in summary}, key=k_order)
     for method in dict.fromkeys(row["method"] for row in summary):
-        rows = sorted((r for r in summary if r["method"] == method), key=lambda r: r["k"])
-        by_k.plot([r["k"] for r in rows], [r["speedup"] for r in rows], marker="o", label=method)
+        rows = sorted((r for r in summary if r["method"] == method), key=lambda r: k_order(r["k"]))
+        by_k.plot([ks.index(r["k"]) for r in rows], [r["speedup"] for r in rows], marker="o", label=method)
     by_k.axhline(1.0, color="grey", linestyle="--", label="plain")
     speedups = [row["speedup"] for row in summary]
     if speedups:  # keep plain's 1.0 line in view, with room around the points
         by_k.set_ylim(min(0.9, min(speedups) - 0.05), max(1.1, max(speedups) + 0.05))
-        by_k.set_xticks(sorted({row["k"] for row in summary}))
+        by_k.set_xticks(range(len(ks)), [str(k) for k in ks])
     by_k.set(title="Speed-up vs k (summary throughput / plain)", xlabel="k (tokens drafted per step)", ylabel="speed-up")
     for axes in (by_position, by_k):
         if axes.lines:

@@ -85,7 +85,8 @@ def _generate(
     drafter = METHODS[variant.method](session)
     _reset_caches(session, drafter)
     # Same seed for every method, so at temperature > 0 all start from the same stream.
-    generator = Generator(session.target, drafter, settings, k=max(variant.k, 1), rng=np.random.default_rng(seed))
+    policy = session.policy(variant.k) if drafter else 1  # auto measures verify costs once per session
+    generator = Generator(session.target, drafter, settings, k=policy, rng=np.random.default_rng(seed))
     tokens: list[int] = []
     for event in generator.generate(prompt, max_tokens):
         if isinstance(event, TokenEvent):

@@ -6,6 +6,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specrun.bench.methods import k_order
 from specrun.bench.results import SPEEDUP_DEFINITION
 
 BAR_WIDTH = 40
@@ -63,11 +64,11 @@ def prompt_table(document: dict) -> Table | Text:
 
 
 def acceptance_chart(document: dict) -> Group:
-    """Per method at its largest k (which covers every position): accepted fraction by position."""
+    """Per method at its largest k (which covers the most positions): accepted fraction by position."""
     lines = [Text("Acceptance by draft position (each method at its largest k)", style="bold")]
     largest: dict[str, dict] = {}
     for row in document["summary"].values():
-        if row["k"] >= largest.get(row["method"], {"k": 0})["k"]:
+        if k_order(row["k"]) >= k_order(largest.get(row["method"], {"k": 0})["k"]):
             largest[row["method"]] = row
     for method, row in largest.items():
         lines.append(Text(f"{method} k{row['k']}"))

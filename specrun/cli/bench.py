@@ -30,11 +30,11 @@ class Defaults:
     repeat: int
 
 
-BUILTIN_DEFAULTS = Defaults(k="4,8", max_tokens=96, repeat=1)
-FILE_DEFAULTS = Defaults(k="2,4,8,16", max_tokens=128, repeat=1)
+BUILTIN_DEFAULTS = Defaults(k="4,8,auto", max_tokens=96, repeat=1)
+FILE_DEFAULTS = Defaults(k="2,4,8,16,auto", max_tokens=128, repeat=1)
 DEFAULT_METHODS = "plain,lookup,draft"
 
-KList = Annotated[Optional[str], typer.Option("--k", help="Comma list of draft lengths (default 4,8 on built-in sets, 2,4,8,16 on a file).")]
+KList = Annotated[Optional[str], typer.Option("--k", help="Comma list of draft lengths, 'auto' and 'llama.cpp' (default 4,8,auto on built-in sets, 2,4,8,16,auto on a file).")]
 
 
 @app.command()
@@ -73,7 +73,7 @@ def bench(
     if temp > 0 and seed is None:
         seed = secrets.randbelow(2**31)  # one seed, shared by every method and recorded
     config = o.session_config(
-        target, draft if NEEDS_DRAFT_MODEL & set(method_names) else None, False, str(max(ks)), temp, top_k, top_p, min_p, seed,
+        target, draft if NEEDS_DRAFT_MODEL & set(method_names) else None, False, "auto", temp, top_k, top_p, min_p, seed,
         ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
     )
     variants = plan_variants(method_names, ks)
