@@ -92,7 +92,7 @@ def main() -> None:
         "lookup auto": ([bin_dir / "llama-lookup", *common, "--spec-draft-n-max", "16"], [*ours, "--lookup", "--k", "auto"]),
     }
     if args.draft:
-        pairs["draft"] = ([bin_dir / "llama-speculative-simple", *common, "-md", args.draft],
+        pairs["draft"] = ([bin_dir / "llama-speculative-simple", *common, "--spec-type", "draft-simple", "-md", args.draft],
                           [*ours, "--draft", args.draft, "--k", "auto"])
     bench = subprocess.run([bin_dir / "llama-bench", "-m", model, "-p", "0", "-n", n, "-t", t, "-o", "json"],
                            capture_output=True, text=True, check=True)

@@ -97,7 +97,7 @@ class SourceTrack:
     seconds_per_step: float = 0.0
     steps: int = 0
     skipped: int = 0  # plain steps since this source was last tried
-    probe_interval: int = 8
+    probe_interval: int = 16
 
     def acceptances(self, n: int, prior: float = 0.7, strength: float = 2.0) -> list[float]:
         """Acceptance at positions 0..n-1 given the earlier ones were accepted.
@@ -145,7 +145,7 @@ class AutoK:
         self._step_gain, self._step_alive, self._step_drafted_s = 1.0, 1.0, 0.0
         if limit < 1:
             return 0
-        if track.steps >= 4 and track.rate < self.plain_rate:
+        if track.steps >= 2 and track.rate < self.plain_rate:
             track.skipped += 1
             if track.skipped < track.probe_interval:
                 return 0  # plain is faster for now
@@ -201,7 +201,7 @@ class AutoK:
         track.tokens_per_step = ema(track.tokens_per_step, accepted + 1, 0.1, first)
         track.seconds_per_step = ema(track.seconds_per_step, draft_s + verify_s, 0.1, first)
         if drafted and accepted:
-            track.probe_interval = 8  # a useful probe: speculate again soon
+            track.probe_interval = 16  # a useful probe: speculate again soon
         for i in range(min(drafted, accepted + 1)):  # positions reached by verification
             track.hits[i] = track.hits[i] * self.decay + (i < accepted)
             track.tries[i] = track.tries[i] * self.decay + 1
