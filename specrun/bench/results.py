@@ -23,37 +23,21 @@ NOISE = 0.05  # speed-up margins below this are within run-to-run noise on a sha
 
 
 @dataclass
-class Totals:
-    """Raw counters summed over runs; every rate is derived from these."""
+class Totals(Stats):
+    """The engine's raw counters summed over runs, plus how many runs and greedy matches."""
 
     runs: int = 0
-    tokens: int = 0
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    drafted_by_position: list[int] = field(default_factory=list)
-    accepted_by_position: list[int] = field(default_factory=list)
-    prefilled_tokens: int = 0
-    prefill_s: float = 0.0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    generate_s: float = 0.0
     matches: list[bool] = field(default_factory=list)
 
     def add(self, stats: Stats, match: bool | None) -> None:
         self.runs += 1
-        for name in ("tokens", "steps", "drafted", "accepted", "prefilled_tokens", "prefill_s", "draft_s", "verify_s", "generate_s"):
-            setattr(self, name, getattr(self, name) + getattr(stats, name))
-        self.drafted_by_position = _add_lists(self.drafted_by_position, stats.drafted_by_position)
-        self.accepted_by_position = _add_lists(self.accepted_by_position, stats.accepted_by_position)
+        self.accumulate(stats)
         if match is not None:
             self.matches.append(match)
 
     def merge(self, other: "Totals") -> None:
-        for name in ("runs", "tokens", "steps", "drafted", "accepted", "prefilled_tokens", "prefill_s", "draft_s", "verify_s", "generate_s"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.drafted_by_position = _add_lists(self.drafted_by_position, other.drafted_by_position)
-        self.accepted_by_position = _add_lists(self.accepted_by_position, other.accepted_by_position)
+        self.runs += other.runs
+        self.accumulate(other)
         self.matches += other.matches
 
     def rates(self) -> dict:
@@ -159,7 +143,3 @@ def recommend(summary: dict[str, dict]) -> str:
 def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
 
-
-def _add_lists(a: list[int], b: list[int]) -> list[int]:
-    longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
-    return [x + (shorter[i] if i < len(shorter) else 0) for i, x in enumerate(longer)]
