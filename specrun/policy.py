@@ -125,7 +125,7 @@ class AutoK:
 
     wants_confidence = True
 
-    def __init__(self, verify_costs: list[float], max_k: int = K_MAX, decay: float = 0.97):
+    def __init__(self, verify_costs: list[float], max_k: int = K_MAX, decay: float = 0.9):
         self.costs = list(verify_costs)
         self.max_k = min(max_k, len(self.costs) - 2)
         self.decay = decay
