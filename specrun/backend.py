@@ -46,8 +46,8 @@ L.llama_log_set(_log_callback, ctypes.c_void_p(0))
 L.llama_backend_init()
 
 
-class ContextFull(Exception):
-    """The KV cache has no room for the batch."""
+class ContextFull(SpecrunError):
+    """The KV cache has no room for the batch (the engine checks first; this is the backstop)."""
 
 
 @dataclass(frozen=True)
@@ -107,23 +107,6 @@ class Model:
     @property
     def n_ctx_train(self) -> int:
         return L.llama_model_n_ctx_train(self._model)
-
-    @property
-    def size_bytes(self) -> int:
-        return L.llama_model_size(self._model)
-
-    @property
-    def n_params(self) -> int:
-        return L.llama_model_n_params(self._model)
-
-    @property
-    def is_recurrent(self) -> bool:
-        return bool(L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
-
-    def metadata(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(4096)
-        n = L.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     @property
     def chat_template(self) -> str | None:
@@ -233,9 +216,6 @@ class Context:
     def free_slots(self) -> int:
         return self.n_ctx - len(self.tokens)
 
-    def set_threads(self, n_threads: int) -> None:
-        L.llama_set_n_threads(self._ctx, n_threads, n_threads)
-
     def eval(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray | None:
         """Append tokens to the cache; return logits for the last `logits_rows` of them.
 
@@ -246,7 +226,7 @@ class Context:
         if logits_rows > self.n_batch:
             raise ValueError(f"at most n_batch={self.n_batch} logits rows per eval")
         if len(tokens) > self.free_slots:
-            raise ContextFull(f"{len(tokens)} tokens do not fit in {self.free_slots} free slots")
+            raise ContextFull(f"{len(tokens)} tokens do not fit in the {self.free_slots} free context slots: raise --ctx-size")
         rows = min(logits_rows, len(tokens))
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
@@ -264,7 +244,7 @@ class Context:
         self._batch_logits[n - logits_rows : n] = 1
         status = L.llama_decode(self._ctx, self._batch)
         if status == 1:
-            raise ContextFull("llama.cpp found no KV slot for the batch")
+            raise ContextFull("llama.cpp found no KV cache slot for the batch: raise --ctx-size")
         if status != 0:
             raise SpecrunError(f"llama_decode failed with status {status} on the {self.model.role} model")
         self.tokens.extend(chunk)
