@@ -48,6 +48,7 @@ class Session:
         self.config = config
         self._closers: list = []
         self._verify_costs: list[float] | None = None
+        self._policies: dict[int | str, FixedK | PMinPolicy | AutoK] = {}
         try:
             self.target_model = self._own(Model(config.target, self._model_options(config.n_gpu_layers), "target"))
             self.target = self._own(Context(self.target_model, self._context_options()))
@@ -116,12 +117,17 @@ class Session:
         )
 
     def policy(self, k: int | str) -> FixedK | PMinPolicy | AutoK:
+        """One policy per k for the session's life: what auto has learned (costs, acceptance,
+        that a draft is too slow) carries over to the next generation, chat turn or bench prompt."""
         k = parse_k(str(k))
-        if k == "auto":
-            return AutoK(self.verify_costs())
-        if k == "llama.cpp":
-            return PMinPolicy()
-        return FixedK(k)
+        if k not in self._policies:
+            if k == "auto":
+                self._policies[k] = AutoK(self.verify_costs())
+            elif k == "llama.cpp":
+                self._policies[k] = PMinPolicy()
+            else:
+                self._policies[k] = FixedK(k)
+        return self._policies[k]
 
     def verify_costs(self) -> list[float]:
         """The target's decode time per batch width, measured once per session."""

@@ -125,6 +125,17 @@ def test_stops_at_end_of_generation_and_never_past_it(tiny):
     assert events[-1].stats.stop_reason == "eog"
 
 
+def test_auto_keeps_what_it_learned_across_generations(tiny):
+    """A second prompt (chat turn, bench prompt) must not pay again to learn a draft is slow."""
+    with Session(SessionConfig(target=tiny["target"], draft=tiny["draft"], k="auto", n_ctx=256)) as session:
+        first = session.generator()
+        list(first.generate(session.tokenize(PROMPT), 12))
+        learned = first.policy.sources["draft"].steps
+        second = session.generator()
+        assert second.policy is first.policy and learned > 0
+        assert session.generator(k=4).policy is not first.policy
+
+
 def test_max_tokens_and_context_full(tiny):
     with Session(SessionConfig(target=tiny["target"], lookup=True, k=8, n_ctx=64)) as session:
         prompt_len = len(session.tokenize(PROMPT))
