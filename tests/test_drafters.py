@@ -1,4 +1,4 @@
-"""Prompt lookup's incremental index against a brute-force scan."""
+"""Prompt lookup: its incremental index against a brute-force scan, and its match tracks."""
 
 import numpy as np
 import pytest
@@ -38,6 +38,16 @@ def test_copies_what_followed_the_longest_match():
     lookup = PromptLookup(1, 3)
     # "4 5" follows "1 2 3" at the start; "9" follows the more recent lone "3".
     assert lookup.propose([1, 2, 3, 4, 5, 3, 9, 1, 2, 3], 2, RNG, FixedK(2)).tokens == [4, 5]
+
+
+def test_matches_reaching_far_back_are_their_own_source():
+    """Text being copied is far likelier to be accepted: the policy tracks it apart."""
+    lookup = PromptLookup(2, 4)
+    copied = [10, 11, 12, 13, 14, 15, 16, 17]
+    assert lookup.propose(copied + [1] + copied[:6], 2, RNG, FixedK(2)).source == "lookup-long"
+    assert lookup.propose(copied + [1] + copied[:6], 2, RNG, FixedK(2)).tokens == [16, 17]
+    assert lookup.propose(copied + [1, 9, 9] + copied[3:5], 2, RNG, FixedK(2)).source == "lookup"
+    assert lookup.propose([1, 2, 3], 2, RNG, FixedK(2)).source == "lookup"  # no match at all
 
 
 def test_bad_ngram_range():
