@@ -98,6 +98,7 @@ class SourceTrack:
     steps: int = 0
     skipped: int = 0  # plain steps since this source was last tried
     probe_interval: int = 16
+    probing: bool = False  # the step in flight is a probe
 
     def acceptances(self, n: int, prior: float = 0.7, strength: float = 2.0) -> list[float]:
         """Acceptance at positions 0..n-1 given the earlier ones were accepted.
@@ -114,6 +115,11 @@ class SourceTrack:
     @property
     def rate(self) -> float:
         return self.tokens_per_step / self.seconds_per_step if self.seconds_per_step else 0.0
+
+    def forget(self, decay: float) -> None:
+        """Weigh all acceptance evidence so far down by one step of text."""
+        self.hits = [h * decay for h in self.hits]
+        self.tries = [t * decay for t in self.tries]
 
 
 def ema(old: float, new: float, weight: float, first: bool) -> float:
@@ -145,14 +151,21 @@ class AutoK:
         self._step_gain, self._step_alive, self._step_drafted_s = 1.0, 1.0, 0.0
         if limit < 1:
             return 0
-        if track.steps >= 2 and track.rate < self.plain_rate:
-            track.skipped += 1
-            if track.skipped < track.probe_interval:
-                return 0  # plain is faster for now
+        measured_slow = track.steps >= 2 and track.rate < self.plain_rate
+        k = 0 if measured_slow else self.best_k(track, limit)
+        if k:
             track.skipped = 0
-            track.probe_interval = min(track.probe_interval * 2, 512)  # back off while it stays slow
-            return min(2, limit)
-        return self.best_k(track, limit)
+            return k
+        # Plain is faster for now. Old evidence fades with the text that passes, and a probe
+        # now and then lets acceptance be seen to rise.
+        track.forget(self.decay)
+        track.skipped += 1
+        if track.skipped < track.probe_interval:
+            return 0
+        track.skipped = 0
+        track.probe_interval = min(track.probe_interval * 2, 512)  # back off while probes fail
+        track.probing = True
+        return min(2, limit)
 
     def best_k(self, track: SourceTrack, limit: int) -> int:
         best_k, best_rate, expected, alive = 0, 1.0 / self.costs[1], 1.0, 1.0
@@ -194,6 +207,9 @@ class AutoK:
         if source not in self.sources or (not drafted and draft_s < 0.1 * verify_s):
             return  # a plain step, or a lookup miss that cost nothing: only the verify cost was news
         track = self.sources[source]
+        if track.probing and accepted:
+            track.steps = 0  # a useful probe: judge the source afresh, from this step on
+        track.probing = False
         first = track.steps == 0
         track.steps += 1
         if drafted:
@@ -201,7 +217,7 @@ class AutoK:
         track.tokens_per_step = ema(track.tokens_per_step, accepted + 1, 0.1, first)
         track.seconds_per_step = ema(track.seconds_per_step, draft_s + verify_s, 0.1, first)
         if drafted and accepted:
-            track.probe_interval = 16  # a useful probe: speculate again soon
+            track.probe_interval = 16  # it paid: if it falls back to plain, probe again soon
         for i in range(min(drafted, accepted + 1)):  # positions reached by verification
             track.hits[i] = track.hits[i] * self.decay + (i < accepted)
             track.tries[i] = track.tries[i] * self.decay + 1

@@ -58,6 +58,18 @@ def test_slow_source_falls_back_to_plain_and_probes_with_backoff():
     assert probes[1] - probes[0] > probes[0]  # the interval doubles while probes fail
 
 
+def test_a_useful_probe_brings_speculation_back_at_once():
+    policy = AutoK(FLAT)
+    learn(policy, "draft", 4, 0, times=10, draft_s=0.050)  # slow and useless: plain from now on
+    caps = []
+    for _ in range(40):  # the text turns predictable and the draft cheap
+        cap = policy.cap("draft", 16)
+        caps.append(cap)
+        policy.observe("draft" if cap else "", cap, cap, None, 0.0001 * cap, 0.010)
+    probe = next(i for i, cap in enumerate(caps) if cap)
+    assert caps[probe] == 2 and all(cap > 2 for cap in caps[probe + 1 :])
+
+
 def test_confidence_stop_learns_which_confidences_pay():
     policy = AutoK([0.0] + [0.010 + 0.004 * w for w in range(1, 19)])
     policy.cap("draft", 16)
