@@ -3,8 +3,8 @@
 For each llama.cpp setting (flash attention, CPU weight repacking) on the same prompts:
 plain greedy decoding, prompt lookup at fixed k and auto, and a draft equal to the target,
 all in one Session. Reports tokens/s (after the prompt), speed-up vs plain, how many whole
-greedy outputs match plain decoding, the acceptance of the target drafting for itself, and
-the loop's own overhead per step.
+greedy outputs match plain decoding, the acceptance of the target drafting for itself, the
+loop's own overhead per step, and the time per step spent checking the verified rows.
 
     python scripts/engine_bench.py [--prompts scripts/prompts/copy_heavy.txt] [--max-tokens 128]
 """
@@ -58,15 +58,17 @@ def measure(model: Path, prompts: list[str], max_tokens: int, flash_attn: int, r
     report = {}
     for name, results in rows.items():
         stats = [s for _, s in results]
-        tokens = sum(s.tokens for s in stats)
-        seconds = sum(s.generate_s for s in stats)
-        steps = sum(s.steps for s in stats)
+        total = Stats()
+        for s in stats:
+            total.accumulate(s)
+        tokens, seconds, steps = total.tokens, total.generate_s, total.steps
         report[name] = {
             "tokens_per_s": tokens / seconds,
-            "prefill_tokens_per_s": sum(s.prefilled_tokens for s in stats) / sum(s.prefill_s for s in stats),
-            "acceptance_rate": sum(s.accepted for s in stats) / max(1, sum(s.drafted for s in stats)),
+            "prefill_tokens_per_s": total.prefilled_tokens / total.prefill_s,
+            "acceptance_rate": total.acceptance_rate,
             "tokens_per_step": tokens / steps,
-            "overhead_per_step_ms": 1000 * sum(s.generate_s - s.draft_s - s.verify_s for s in stats) / steps,
+            "overhead_per_step_ms": total.overhead_per_step_ms,
+            "check_per_step_ms": 1000 * total.check_s / steps,
             "matches_plain": sum(out == ref for (out, _), ref in zip(results, plain_outputs)),
             "per_prompt_tokens_per_s": [round(s.tokens_per_s, 1) for s in stats],
         }
@@ -90,11 +92,11 @@ def main() -> None:
         report = measure(model, prompts, args.max_tokens, int(fa[2:]), rp == "rp1", args.threads)
         results[setting] = report
         print(f"\n== flash_attn={fa[2:]} repack={rp == 'rp1'}  ({len(prompts)} prompts, {args.max_tokens} tokens)")
-        print(f"{'method':14} {'tok/s':>7} {'x plain':>8} {'accept':>7} {'tok/step':>8} {'ovh ms':>7} {'=plain':>7} {'prefill t/s':>11}")
+        print(f"{'method':14} {'tok/s':>7} {'x plain':>8} {'accept':>7} {'tok/step':>8} {'ovh ms':>7} {'check ms':>8} {'=plain':>7} {'prefill t/s':>11}")
         for name, r in report.items():
             print(
                 f"{name:14} {r['tokens_per_s']:7.1f} {r['speedup']:8.2f} {r['acceptance_rate']:7.2f} "
-                f"{r['tokens_per_step']:8.2f} {r['overhead_per_step_ms']:7.3f} {r['matches_plain']:>4}/{len(prompts)} "
+                f"{r['tokens_per_step']:8.2f} {r['overhead_per_step_ms']:7.3f} {r['check_per_step_ms']:8.3f} {r['matches_plain']:>4}/{len(prompts)} "
                 f"{r['prefill_tokens_per_s']:11.1f}"
             )
     if args.json:

@@ -49,7 +49,8 @@ class Stats:
     accepted_by_position: list[int] = field(default_factory=list)
     prefill_s: float = 0.0
     draft_s: float = 0.0
-    verify_s: float = 0.0
+    verify_s: float = 0.0  # the target's verify decodes
+    check_s: float = 0.0  # reading the verified logits rows (argmax or filtering) and accept/reject
     generate_s: float = 0.0  # wall time after the prompt was processed
     stop_reason: str = ""
 
@@ -72,8 +73,8 @@ class Stats:
 
     @property
     def overhead_per_step_ms(self) -> float:
-        """Loop time that is neither drafting nor the verify decode."""
-        rest = self.generate_s - self.draft_s - self.verify_s
+        """The loop's own time: neither drafting, the verify decode nor the check of its rows."""
+        rest = self.generate_s - self.draft_s - self.verify_s - self.check_s
         return 1000 * rest / self.steps if self.steps else 0.0
 
     def count_step(self, drafted: int, accepted: int) -> None:
@@ -92,7 +93,7 @@ class Stats:
     def accumulate(self, other: "Stats") -> None:
         """Add another run's counters to these (session totals)."""
         for name in ("prompt_tokens", "prefilled_tokens", "tokens", "steps", "drafted", "accepted",
-                     "prefill_s", "draft_s", "verify_s", "generate_s"):
+                     "prefill_s", "draft_s", "verify_s", "check_s", "generate_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("drafted_by_position", "accepted_by_position"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -116,6 +117,7 @@ class Stats:
             "prefill_s": self.prefill_s,
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
+            "check_s": self.check_s,
             "generate_s": self.generate_s,
             "overhead_per_step_ms": self.overhead_per_step_ms,
             "stop_reason": self.stop_reason,
@@ -218,10 +220,12 @@ class Generator:
             return filtered(logits[i], self.settings, self._scratch)
 
         accepted, next_token = verify(tokens, dists, target_dist, self.rng)
+        checked_at = time.perf_counter()
         stats.count_step(len(tokens), accepted)
         stats.draft_s += drafted_at - started
         stats.verify_s += verified_at - drafted_at
-        self.policy.observe(draft.source, len(tokens), accepted, draft.confidences, drafted_at - started, verified_at - drafted_at)
+        stats.check_s += checked_at - verified_at
+        self.policy.observe(draft.source, len(tokens), accepted, draft.confidences, drafted_at - started, checked_at - drafted_at)
         last_source = "bonus" if tokens and accepted == len(tokens) else "target"
         emitted = [(t, "draft") for t in tokens[:accepted]] + [(next_token, last_source)]
         self._rollback([*history, *tokens[:accepted], next_token])
