@@ -23,8 +23,11 @@ class Draft:
 
 
 class DraftPolicy(Protocol):
-    def cap(self, source: str, limit: int) -> int:
-        """How many tokens `source` may draft this step (0: do not draft)."""
+    def cap(self, source: str, limit: int, prior: float = 0.7) -> int:
+        """How many tokens `source` may draft this step (0: do not draft).
+
+        `prior`: the acceptance the drafter expects from this source before any is measured.
+        """
         ...
 
     def keep(self, source: str, position: int, confidence: float) -> bool:
@@ -56,6 +59,7 @@ class PromptLookup:
 
     name = "lookup"
     LONG_MATCH = 6
+    LONG_MATCH_PRIOR = 0.9  # acceptance per position expected of a long match before any is measured
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
         if not 1 <= n_min <= n_max:
@@ -69,8 +73,10 @@ class PromptLookup:
         end = self._match_end(history)
         if end is None:
             return Draft(self.name)
-        source = f"{self.name}-long" if self._match_length(history, end) >= self.LONG_MATCH else self.name
-        k = policy.cap(source, limit)
+        if self._match_length(history, end) >= self.LONG_MATCH:
+            source, k = f"{self.name}-long", policy.cap(f"{self.name}-long", limit, self.LONG_MATCH_PRIOR)
+        else:
+            source, k = self.name, policy.cap(self.name, limit)
         return Draft(source, list(history[end + 1 : end + 1 + k]))
 
     def _match_end(self, history: Sequence[int]) -> int | None:

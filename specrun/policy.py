@@ -43,7 +43,7 @@ class FixedK:
         self.max_k = k
         self.label = str(k)
 
-    def cap(self, source: str, limit: int) -> int:
+    def cap(self, source: str, limit: int, prior: float = 0.7) -> int:
         return min(self.k, limit)
 
     def keep(self, source: str, position: int, confidence: float) -> bool:
@@ -99,14 +99,15 @@ class SourceTrack:
     skipped: int = 0  # plain steps since this source was last tried
     probe_interval: int = 16
     probing: bool = False  # the step in flight is a probe
+    prior: float = 0.7  # the acceptance assumed before any is measured
 
-    def acceptances(self, n: int, prior: float = 0.7, strength: float = 2.0) -> list[float]:
+    def acceptances(self, n: int, strength: float = 2.0) -> list[float]:
         """Acceptance at positions 0..n-1 given the earlier ones were accepted.
 
         Each position's prior is the estimate of the one before: positions a short draft
         never reached look like the deepest measured one, so auto can grow k again.
         """
-        estimates = []
+        estimates, prior = [], self.prior
         for position in range(n):
             prior = (self.hits[position] + prior * strength) / (self.tries[position] + strength)
             estimates.append(prior)
@@ -145,9 +146,9 @@ class AutoK:
         self._step_drafted_s = 0.0
 
     # --- decisions ------------------------------------------------------------------
-    def cap(self, source: str, limit: int) -> int:
+    def cap(self, source: str, limit: int, prior: float = 0.7) -> int:
         limit = min(limit, self.max_k)
-        track = self.sources.setdefault(source, SourceTrack())
+        track = self.sources.setdefault(source, SourceTrack(prior=prior))
         self._step_gain, self._step_alive, self._step_drafted_s = 1.0, 1.0, 0.0
         if limit < 1:
             return 0
