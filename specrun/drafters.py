@@ -74,9 +74,11 @@ class PromptLookup:
         if end is None:
             return Draft(self.name)
         if self._match_length(history, end) >= self.LONG_MATCH:
-            source, k = f"{self.name}-long", policy.cap(f"{self.name}-long", limit, self.LONG_MATCH_PRIOR)
+            source = f"{self.name}-long"
+            k = policy.cap(source, limit, self.LONG_MATCH_PRIOR)
         else:
-            source, k = self.name, policy.cap(self.name, limit)
+            source = self.name
+            k = policy.cap(source, limit)
         return Draft(source, list(history[end + 1 : end + 1 + k]))
 
     def _match_end(self, history: Sequence[int]) -> int | None:
