@@ -113,6 +113,10 @@ def main() -> None:
     for name, r in results.items():
         theirs, ours_ = statistics.median(r["llama.cpp"]), statistics.median(r["specrun"])
         print(f"{name:12} {theirs:16.1f} {ours_:14.1f} {ours_ / theirs:6.2f} {ours_ / plain_ours:17.2f}")
+    print("per prompt, tok/s (llama.cpp | specrun):")
+    for name, r in results.items():
+        pairs_text = "  ".join(f"{theirs:.1f}|{ours_:.1f}" for theirs, ours_ in zip(r["llama.cpp"], r["specrun"]))
+        print(f"  {name:12} {pairs_text}")
     fastest_lookup = max(statistics.median(results[name]["llama.cpp"]) for name in ("lookup k8", "lookup k16"))
     auto = statistics.median(results["lookup auto"]["specrun"])
     print(f"specrun --lookup --k auto / llama-lookup at its faster of k8 and k16: {auto / fastest_lookup:.2f}")
