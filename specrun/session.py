@@ -108,11 +108,13 @@ class Session:
     def generator(self, plain: bool = False, k: int | str | None = None, seed: int | None = None) -> Generator:
         """A fresh generator; the same seed gives the same random stream for plain and speculative."""
         settings = self.config.sampler if seed is None else replace(self.config.sampler, seed=seed)
+        drafter = None if plain else self.drafter
         return Generator(
             self.target,
-            None if plain else self.drafter,
+            drafter,
             settings,
-            k=self.policy(self.config.k if k is None else k),
+            # Plain decoding needs no policy, nor auto's start-up measurement of verify costs.
+            k=self.policy(self.config.k if k is None else k) if drafter else 1,
             rng=np.random.default_rng(settings.seed),
         )
 

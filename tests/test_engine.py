@@ -136,6 +136,16 @@ def test_auto_keeps_what_it_learned_across_generations(tiny):
         assert session.generator(k=4).policy is not first.policy
 
 
+def test_plain_decoding_skips_the_verify_cost_measurement(tiny, monkeypatch):
+    def measure(*args):
+        raise AssertionError("plain decoding measured verify costs")
+
+    monkeypatch.setattr("specrun.session.measure_verify_costs", measure)
+    with Session(SessionConfig(target=tiny["target"], k="auto", n_ctx=256)) as session:
+        tokens, _, _, _ = run(session, PROMPT, 5)
+        assert len(tokens) == 5
+
+
 def test_max_tokens_and_context_full(tiny):
     with Session(SessionConfig(target=tiny["target"], lookup=True, k=8, n_ctx=64)) as session:
         prompt_len = len(session.tokenize(PROMPT))
