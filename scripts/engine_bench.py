@@ -61,14 +61,13 @@ def measure(model: Path, prompts: list[str], max_tokens: int, flash_attn: int, r
         total = Stats()
         for s in stats:
             total.accumulate(s)
-        tokens, seconds, steps = total.tokens, total.generate_s, total.steps
         report[name] = {
-            "tokens_per_s": tokens / seconds,
+            "tokens_per_s": total.tokens_per_s,
             "prefill_tokens_per_s": total.prefilled_tokens / total.prefill_s,
             "acceptance_rate": total.acceptance_rate,
-            "tokens_per_step": tokens / steps,
+            "tokens_per_step": total.mean_accepted_length,
             "overhead_per_step_ms": total.overhead_per_step_ms,
-            "check_per_step_ms": 1000 * total.check_s / steps,
+            "check_per_step_ms": 1000 * total.check_s / total.steps,
             "matches_plain": sum(out == ref for (out, _), ref in zip(results, plain_outputs)),
             "per_prompt_tokens_per_s": [round(s.tokens_per_s, 1) for s in stats],
         }
