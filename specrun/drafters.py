@@ -9,6 +9,7 @@ import numpy as np
 
 from specrun.backend import Context
 from specrun.errors import SpecrunError
+from specrun.policy import PRIOR
 from specrun.sampling import Distribution, SamplerSettings, filtered
 
 
@@ -23,7 +24,7 @@ class Draft:
 
 
 class DraftPolicy(Protocol):
-    def cap(self, source: str, limit: int, prior: float = 0.7) -> int:
+    def cap(self, source: str, limit: int, prior: float = PRIOR) -> int:
         """How many tokens `source` may draft this step (0: do not draft).
 
         `prior`: the acceptance the drafter expects from this source before any is measured.

@@ -18,6 +18,7 @@ from typing import Sequence
 from specrun.errors import SpecrunError
 
 K_MAX = 16  # llama.cpp's --draft-max default, and the longest draft auto considers
+PRIOR = 0.7  # acceptance per position assumed of a draft source before any is measured
 
 
 def parse_k(text: str) -> int | str:
@@ -43,7 +44,7 @@ class FixedK:
         self.max_k = k
         self.label = str(k)
 
-    def cap(self, source: str, limit: int, prior: float = 0.7) -> int:
+    def cap(self, source: str, limit: int, prior: float = PRIOR) -> int:
         return min(self.k, limit)
 
     def keep(self, source: str, position: int, confidence: float) -> bool:
@@ -99,7 +100,7 @@ class SourceTrack:
     skipped: int = 0  # plain steps since this source was last tried
     probe_interval: int = 16
     probing: bool = False  # the step in flight is a probe
-    prior: float = 0.7  # the acceptance assumed before any is measured
+    prior: float = PRIOR
 
     def acceptances(self, n: int, strength: float = 2.0) -> list[float]:
         """Acceptance at positions 0..n-1 given the earlier ones were accepted.
@@ -146,7 +147,7 @@ class AutoK:
         self._step_drafted_s = 0.0
 
     # --- decisions ------------------------------------------------------------------
-    def cap(self, source: str, limit: int, prior: float = 0.7) -> int:
+    def cap(self, source: str, limit: int, prior: float = PRIOR) -> int:
         limit = min(limit, self.max_k)
         track = self.sources.setdefault(source, SourceTrack(prior=prior))
         self._step_gain, self._step_alive, self._step_drafted_s = 1.0, 1.0, 0.0
