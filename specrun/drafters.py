@@ -52,9 +52,11 @@ class PromptLookup:
     """Copies what followed the most recent earlier occurrence of the longest matching n-gram.
 
     The index maps each n-gram to the end of its latest occurrence that has a follower,
-    and grows with the history, so a step never rescans it. Drafts from matches that reach
-    LONG_MATCH tokens back (the text is being copied) are reported as a source of their
-    own, "lookup-long": on the built-in sets 84-88% of their tokens were accepted against
+    and grows with the history, so a step never rescans it. The copy stops where the
+    history has seen its context go on in more than one way (one "return self." went on
+    with "items.pop()", another with "items[-1]"): there the copy would only guess.
+    Drafts from matches that reach LONG_MATCH tokens back (the text is being copied) are
+    reported as a source of their own, "lookup-long": on the built-in sets 84-88% of their tokens were accepted against
     25-39% after shorter matches, so the policy learns and sizes the two apart.
     """
 
@@ -67,6 +69,7 @@ class PromptLookup:
             raise SpecrunError(f"lookup n-gram range has to satisfy 1 <= min <= max, but is {n_min}..{n_max}")
         self.n_min, self.n_max = n_min, n_max
         self._index: dict[tuple[int, ...], int] = {}
+        self._ambiguous: set[tuple[int, ...]] = set()  # n-grams seen with more than one follower
         self._indexed: list[int] = []  # the history the index was built from
 
     def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
@@ -80,15 +83,28 @@ class PromptLookup:
         else:
             source = self.name
             k = policy.cap(source, limit)
-        return Draft(source, list(history[end + 1 : end + 1 + k]))
+        return Draft(source, self._unambiguous_prefix(history, history[end + 1 : end + 1 + k]))
 
     def _match_end(self, history: Sequence[int]) -> int | None:
         """Where the latest occurrence of the longest indexed suffix n-gram ends."""
-        for n in range(min(self.n_max, len(history) - 1), self.n_min - 1, -1):
-            end = self._index.get(tuple(history[-n:]))
-            if end is not None:
-                return end
+        ngram = self._longest_ngram(history)
+        return None if ngram is None else self._index[ngram]
+
+    def _longest_ngram(self, tokens: Sequence[int]) -> tuple[int, ...] | None:
+        for n in range(min(self.n_max, len(tokens)), self.n_min - 1, -1):
+            ngram = tuple(tokens[-n:])
+            if ngram in self._index:
+                return ngram
         return None
+
+    def _unambiguous_prefix(self, history: Sequence[int], copy: Sequence[int]) -> list[int]:
+        """The copy up to the first token whose context the history continued in several ways."""
+        context = list(history[-self.n_max :])
+        for i, token in enumerate(copy):
+            if self._longest_ngram(context) in self._ambiguous:
+                return list(copy[:i])
+            context.append(token)
+        return list(copy)
 
     def _match_length(self, history: Sequence[int], end: int) -> int:
         """How many tokens back (up to LONG_MATCH) the text before `end` equals the history's end."""
@@ -104,13 +120,18 @@ class PromptLookup:
         done = len(self._indexed)
         if done > len(history) or history[done - 1 : done] != self._indexed[done - 1 : done]:
             self._index.clear()  # a different conversation: start over
+            self._ambiguous.clear()
             self._indexed = []
             done = 0
         self._indexed.extend(history[done:])
         # Positions that now have a follower: n-grams ending at done-1 .. len-2.
         for end in range(max(done - 1, 0), len(history) - 1):
             for n in range(self.n_min, min(self.n_max, end + 1) + 1):
-                self._index[tuple(history[end - n + 1 : end + 1])] = end
+                ngram = tuple(history[end - n + 1 : end + 1])
+                earlier = self._index.get(ngram)
+                if earlier is not None and history[earlier + 1] != history[end + 1]:
+                    self._ambiguous.add(ngram)
+                self._index[ngram] = end
 
 
 class DraftModel:

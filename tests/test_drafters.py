@@ -10,13 +10,31 @@ from specrun.policy import FixedK
 RNG = np.random.default_rng(0)
 
 
+def followers(history, ngram):
+    n = len(ngram)
+    return [history[end + 1] for end in range(n - 1, len(history) - 1) if history[end - n + 1 : end + 1] == ngram]
+
+
+def longest_ngram(history, context, n_min, n_max):
+    for n in range(min(n_max, len(context)), n_min - 1, -1):
+        if followers(history, context[-n:]):
+            return context[-n:]
+    return None
+
+
 def brute_force(history, k, n_min, n_max):
-    for n in range(min(n_max, len(history) - 1), n_min - 1, -1):
-        suffix = history[-n:]
-        for end in range(len(history) - 2, n - 2, -1):  # latest occurrence with a follower
-            if history[end - n + 1 : end + 1] == suffix:
-                return history[end + 1 : end + 1 + k]
-    return []
+    """Scans the whole history: the copy after the latest longest match, cut where a context is ambiguous."""
+    ngram = longest_ngram(history, history, n_min, n_max)
+    if ngram is None:
+        return []
+    n = len(ngram)
+    end = max(e for e in range(n - 1, len(history) - 1) if history[e - n + 1 : e + 1] == ngram)
+    context = list(history)
+    for token in history[end + 1 : end + 1 + k]:
+        if len(set(followers(history, longest_ngram(history, context, n_min, n_max)))) > 1:
+            break
+        context.append(token)
+    return context[len(history) :]
 
 
 @pytest.mark.parametrize("n_min, n_max", [(1, 3), (2, 4), (3, 5)])
@@ -38,6 +56,13 @@ def test_copies_what_followed_the_longest_match():
     lookup = PromptLookup(1, 3)
     # "4 5" follows "1 2 3" at the start; "9" follows the more recent lone "3".
     assert lookup.propose([1, 2, 3, 4, 5, 3, 9, 1, 2, 3], 2, RNG, FixedK(2)).tokens == [4, 5]
+
+
+def test_the_copy_stops_where_the_history_went_on_in_two_ways():
+    lookup = PromptLookup(1, 2)
+    # "5 6" went on "1 2 3", but "1 2" went on with 3 once and with 4 once.
+    assert lookup.propose([5, 6, 1, 2, 3, 1, 2, 4, 5, 6], 4, RNG, FixedK(4)).tokens == [1, 2]
+    assert lookup.propose([5, 6, 1, 2, 3, 1, 2, 4, 1, 2], 4, RNG, FixedK(4)).tokens == []
 
 
 def test_matches_reaching_far_back_are_their_own_source():
