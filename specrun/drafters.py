@@ -77,13 +77,17 @@ class PromptLookup:
         end = self._match_end(history)
         if end is None:
             return Draft(self.name)
+        # The policy sizes what the copy can offer: a cost-aware one then sees the real choice.
+        copy = self._unambiguous_prefix(history, history[end + 1 : end + 1 + limit])
+        if not copy:
+            return Draft(self.name)
         if self._match_length(history, end) >= self.LONG_MATCH:
             source = f"{self.name}-long"
-            k = policy.cap(source, limit, self.LONG_MATCH_PRIOR)
+            k = policy.cap(source, len(copy), self.LONG_MATCH_PRIOR)
         else:
             source = self.name
-            k = policy.cap(source, limit)
-        return Draft(source, self._unambiguous_prefix(history, history[end + 1 : end + 1 + k]))
+            k = policy.cap(source, len(copy))
+        return Draft(source, copy[:k])
 
     def _match_end(self, history: Sequence[int]) -> int | None:
         """Where the latest occurrence of the longest indexed suffix n-gram ends."""
