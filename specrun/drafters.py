@@ -52,16 +52,19 @@ class PromptLookup:
     """Copies what followed the most recent earlier occurrence of the longest matching n-gram.
 
     The index maps each n-gram to the end of its latest occurrence that has a follower,
-    and grows with the history, so a step never rescans it. The copy stops where the
+    and grows with the history, so a step never rescans it. A copy stops where the
     history has seen its context go on in more than one way (one "return self." went on
-    with "items.pop()", another with "items[-1]"): there the copy would only guess.
-    Drafts from matches that reach LONG_MATCH tokens back (the text is being copied) are
-    reported as a source of their own, "lookup-long": on the built-in sets 84-88% of their tokens were accepted against
-    25-39% after shorter matches, so the policy learns and sizes the two apart.
+    with "items.pop()", another with "items[-1]"): there it would only guess. A copy
+    whose source has been in step with the text for TRUSTED_MATCH tokens goes on: the
+    text is being copied, and a 4-token context is too short to tell table rows or
+    repeated phrases apart. Matches reaching LONG_MATCH tokens back are reported as a
+    source of their own, "lookup-long", accepted far more often than shorter ones, so the
+    policy learns and sizes the two apart.
     """
 
     name = "lookup"
     LONG_MATCH = 6
+    TRUSTED_MATCH = 12  # a copy this far in step with the text goes on past ambiguous contexts
     LONG_MATCH_PRIOR = 0.9  # acceptance per position expected of a long match before any is measured
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
@@ -78,10 +81,11 @@ class PromptLookup:
         if end is None:
             return Draft(self.name)
         # The policy sizes what the copy can offer: a cost-aware one then sees the real choice.
-        copy = self._unambiguous_prefix(history, history[end + 1 : end + 1 + limit])
+        agreed = self._match_length(history, end)
+        copy = self._unambiguous_prefix(history, history[end + 1 : end + 1 + limit], agreed)
         if not copy:
             return Draft(self.name)
-        if self._match_length(history, end) >= self.LONG_MATCH:
+        if agreed >= self.LONG_MATCH:
             source = f"{self.name}-long"
             k = policy.cap(source, len(copy), self.LONG_MATCH_PRIOR)
         else:
@@ -101,19 +105,23 @@ class PromptLookup:
                 return ngram
         return None
 
-    def _unambiguous_prefix(self, history: Sequence[int], copy: Sequence[int]) -> list[int]:
-        """The copy up to the first token whose context the history continued in several ways."""
+    def _unambiguous_prefix(self, history: Sequence[int], copy: Sequence[int], agreed: int) -> list[int]:
+        """The copy up to the first token whose context the history continued in several ways.
+
+        `agreed`: how many tokens before the copy's source equal the history's end; each
+        copied token extends that, and from TRUSTED_MATCH on, the copy is the context.
+        """
         context = list(history[-self.n_max :])
         for i, token in enumerate(copy):
-            if self._longest_ngram(context) in self._ambiguous:
+            if agreed + i < self.TRUSTED_MATCH and self._longest_ngram(context) in self._ambiguous:
                 return list(copy[:i])
             context.append(token)
         return list(copy)
 
     def _match_length(self, history: Sequence[int], end: int) -> int:
-        """How many tokens back (up to LONG_MATCH) the text before `end` equals the history's end."""
+        """How many tokens back (up to TRUSTED_MATCH) the text before `end` equals the history's end."""
         length = 0
-        while length < self.LONG_MATCH and end - length >= 0 and history[end - length] == history[-1 - length]:
+        while length < self.TRUSTED_MATCH and end - length >= 0 and history[end - length] == history[-1 - length]:
             length += 1
         return length
 

@@ -31,7 +31,10 @@ def brute_force(history, k, n_min, n_max):
     end = max(e for e in range(n - 1, len(history) - 1) if history[e - n + 1 : e + 1] == ngram)
     context = list(history)
     for token in history[end + 1 : end + 1 + k]:
-        if len(set(followers(history, longest_ngram(history, context, n_min, n_max)))) > 1:
+        source = history[: end + 1 + len(context) - len(history)]
+        in_step = next((m for m in range(len(source)) if source[-1 - m] != context[-1 - m]), len(source))
+        ambiguous = len(set(followers(history, longest_ngram(history, context, n_min, n_max)))) > 1
+        if ambiguous and in_step < PromptLookup.TRUSTED_MATCH:
             break
         context.append(token)
     return context[len(history) :]
@@ -63,6 +66,16 @@ def test_the_copy_stops_where_the_history_went_on_in_two_ways():
     # "5 6" went on "1 2 3", but "1 2" went on with 3 once and with 4 once.
     assert lookup.propose([5, 6, 1, 2, 3, 1, 2, 4, 5, 6], 4, RNG, FixedK(4)).tokens == [1, 2]
     assert lookup.propose([5, 6, 1, 2, 3, 1, 2, 4, 1, 2], 4, RNG, FixedK(4)).tokens == []
+
+
+def test_a_copy_long_in_step_with_the_text_goes_on_past_ambiguous_contexts():
+    lookup = PromptLookup(1, 2)
+    copied = list(range(10, 10 + PromptLookup.TRUSTED_MATCH)) + [1, 2, 3]
+    # "1 2" went on with 4 elsewhere, but the copy's source has been in step for 12 tokens.
+    history = [1, 2, 4] + copied + [0] + copied[:-3]
+    assert lookup.propose(history, 3, RNG, FixedK(3)).tokens == [1, 2, 3]
+    # A source in step for one token ("7") is cut where "1 2" went on in two ways.
+    assert lookup.propose([1, 2, 4, 7, 1, 2, 3, 0, 7], 3, RNG, FixedK(3)).tokens == [1, 2]
 
 
 def test_matches_reaching_far_back_are_their_own_source():
