@@ -35,7 +35,7 @@ def parse_k(text: str) -> int | str:
 
 
 class FixedK:
-    """Draft exactly k tokens (fewer only at the end of the budget or context)."""
+    """Draft k tokens whenever the drafter offers them (a lookup copy may offer fewer)."""
 
     def __init__(self, k: int):
         if k < 1:

@@ -32,7 +32,7 @@ Lookup = Annotated[
     bool, typer.Option("--lookup", help="Draft by prompt lookup (n-grams copied from the context); with --draft: hybrid.")
 ]
 K = Annotated[
-    str, typer.Option("--k", help="Tokens drafted per step: a number, 'auto' (cost-aware), or 'llama.cpp' (draft-max 16, p-min 0.75).")
+    str, typer.Option("--k", help="Most tokens drafted per step: a number, 'auto' (cost-aware), or 'llama.cpp' (draft-max 16, p-min 0.75).")
 ]
 Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")]
 TopK = Annotated[int, typer.Option("--top-k", help="Top-k filter at temperature > 0 (0 disables).")]
