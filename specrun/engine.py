@@ -173,7 +173,7 @@ class Generator:
                 elif room < 1:
                     stats.stop_reason = "context_full"
                 else:
-                    limit = min(max_tokens - stats.tokens - 1, room - 1)
+                    limit = min(max_tokens - stats.tokens - 1, room - 1, self.policy.max_k)
                     source, drafted, accepted, emitted = self._step(history, limit, stats)
                     yield StepEvent(drafted, accepted, source)
                     for token, source in emitted:

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from specrun.drafters import PromptLookup
 from specrun.engine import Done, StepEvent, TokenEvent
 from specrun.errors import IncompatibleError, SpecrunError
 from specrun.sampling import SamplerSettings
@@ -144,6 +145,21 @@ def test_plain_decoding_skips_the_verify_cost_measurement(tiny, monkeypatch):
     with Session(SessionConfig(target=tiny["target"], k="auto", n_ctx=256)) as session:
         tokens, _, _, _ = run(session, PROMPT, 5)
         assert len(tokens) == 5
+
+
+def test_a_drafter_is_asked_for_no_more_than_the_policy_allows(tiny, monkeypatch):
+    """Lookup works on what it is offered: a long budget must not make each step scan it."""
+    asked = []
+    propose = PromptLookup.propose
+
+    def recording_propose(self, history, limit, rng, policy):
+        asked.append(limit)
+        return propose(self, history, limit, rng, policy)
+
+    monkeypatch.setattr(PromptLookup, "propose", recording_propose)
+    with Session(SessionConfig(target=tiny["target"], lookup=True, k=3, n_ctx=256)) as session:
+        run(session, PROMPT, 40)
+    assert asked and max(asked) == 3
 
 
 def test_max_tokens_and_context_full(tiny):
