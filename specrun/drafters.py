@@ -85,12 +85,9 @@ class PromptLookup:
         copy = self._unambiguous_prefix(history, history[end + 1 : end + 1 + limit], agreed)
         if not copy:
             return Draft(self.name)
-        if agreed >= self.LONG_MATCH:
-            source = f"{self.name}-long"
-            k = policy.cap(source, len(copy), self.LONG_MATCH_PRIOR)
-        else:
-            source = self.name
-            k = policy.cap(source, len(copy))
+        long = agreed >= self.LONG_MATCH
+        source = f"{self.name}-long" if long else self.name
+        k = policy.cap(source, len(copy), self.LONG_MATCH_PRIOR if long else PRIOR)
         return Draft(source, copy[:k])
 
     def _match_end(self, history: Sequence[int]) -> int | None:
