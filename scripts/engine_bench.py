@@ -38,14 +38,15 @@ def run(session: Session, tokens: list[int], max_tokens: int, plain: bool, k) ->
     raise AssertionError("no Done event")
 
 
-def measure(model: Path, prompts: list[str], max_tokens: int, flash_attn: int, repack: bool, threads: int) -> dict:
+def measure(model: Path, prompts: list[str], max_tokens: int, flash_attn: int, repack: bool, threads: int) -> tuple[dict, list]:
+    """Per method: rates and counts; and the verify cost per batch width (ms, index 0 = 1 row)."""
     rows: dict[str, list] = {"plain": [], "lookup_k8": [], "lookup_k16": [], "lookup_kauto": [], "self_k4": []}
     configs = {
         "lookup": SessionConfig(target=model, lookup=True, n_ctx=2048, flash_attn=flash_attn, repack=repack, threads=threads),
         "self": SessionConfig(target=model, draft=model, n_ctx=2048, flash_attn=flash_attn, repack=repack, threads=threads),
     }
     with Session(configs["lookup"]) as lookup, Session(configs["self"]) as self_draft:
-        lookup.verify_costs()
+        costs_ms = [round(1000 * c, 1) for c in lookup.verify_costs()[1:]]
         for text in prompts:
             tokens = lookup.tokenize(text)
             plain_out, plain = run(lookup, tokens, max_tokens, True, 1)
@@ -73,7 +74,7 @@ def measure(model: Path, prompts: list[str], max_tokens: int, flash_attn: int, r
         }
     for name in report:
         report[name]["speedup"] = report[name]["tokens_per_s"] / report["plain"]["tokens_per_s"]
-    return report
+    return report, costs_ms
 
 
 def main() -> None:
@@ -88,8 +89,8 @@ def main() -> None:
     results = {}
     for setting in args.settings.split(","):
         fa, rp = setting.split("/")
-        report = measure(model, prompts, args.max_tokens, int(fa[2:]), rp == "rp1", args.threads)
-        results[setting] = report
+        report, costs_ms = measure(model, prompts, args.max_tokens, int(fa[2:]), rp == "rp1", args.threads)
+        results[setting] = {"methods": report, "verify_costs_ms": costs_ms}
         print(f"\n== flash_attn={fa[2:]} repack={rp == 'rp1'}  ({len(prompts)} prompts, {args.max_tokens} tokens)")
         print(f"{'method':14} {'tok/s':>7} {'x plain':>8} {'accept':>7} {'tok/step':>8} {'ovh ms':>7} {'check ms':>8} {'=plain':>7} {'prefill t/s':>11}")
         for name, r in report.items():
@@ -98,9 +99,10 @@ def main() -> None:
                 f"{r['tokens_per_step']:8.2f} {r['overhead_per_step_ms']:7.3f} {r['check_per_step_ms']:8.3f} {r['matches_plain']:>4}/{len(prompts)} "
                 f"{r['prefill_tokens_per_s']:11.1f}"
             )
+        print("verify cost per batch width 1..N, ms:", " ".join(f"{c:.0f}" for c in costs_ms))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-    print("\nmedian plain tok/s over settings:", round(statistics.median(r["plain"]["tokens_per_s"] for r in results.values()), 1))
+    print("\nmedian plain tok/s over settings:", round(statistics.median(r["methods"]["plain"]["tokens_per_s"] for r in results.values()), 1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,104 @@
+"""Prompt lookup as it is now against a git revision's, in one process (benchmark, not CI).
+
+Both lookups share one session and one verify-cost table, and run interleaved per prompt
+with a fresh lookup and policy per generation, so the machine's drift between runs does
+not enter the ratio. Prints each one's speed-up over plain decoding (total tokens / total
+time), the median tok/s per prompt, and per prompt group and lookup source how many
+drafted tokens the target accepted.
+
+    python scripts/lookup_ab.py --baseline REV [--prompts F | --builtin] [--k auto,16] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from specrun.bench.prompts import load_builtin
+from specrun.default_model import embedded_model_path
+from specrun.drafters import PromptLookup
+from specrun.engine import Done, StepEvent
+from specrun.session import Session, SessionConfig
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from compare_llama_cpp import read_prompts  # noqa: E402
+
+
+def lookup_at(revision: str, tmp: Path) -> type:
+    """PromptLookup from specrun/drafters.py as it was at `revision`."""
+    source = subprocess.run(["git", "show", f"{revision}:specrun/drafters.py"], cwd=HERE.parent,
+                            capture_output=True, text=True, check=True).stdout
+    path = tmp / "baseline_drafters.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("baseline_drafters", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module.PromptLookup
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", required=True, help="git revision whose lookup to compare against")
+    parser.add_argument("--prompts", type=Path, default=HERE / "prompts" / "copy_heavy.txt")
+    parser.add_argument("--builtin", action="store_true", help="use the built-in bench sets instead of --prompts")
+    parser.add_argument("--k", default="auto,16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    if args.builtin:
+        prompts = [(p.group, p.text) for p in load_builtin()]
+    else:
+        prompts = [("prompts", text) for text in read_prompts(args.prompts)]
+    ks = [int(k) if k.isdigit() else k for k in args.k.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        lookups = {"now": PromptLookup, args.baseline: lookup_at(args.baseline, Path(tmp))}
+        runs = [("plain", None, 1)] + [(name, cls, k) for name, cls in lookups.items() for k in ks]
+        speed = collections.defaultdict(list)  # (name, k) -> (prompt index, tokens, seconds)
+        sources = collections.defaultdict(lambda: [0, 0])  # (name, k, group, source) -> drafted, accepted
+        config = SessionConfig(target=embedded_model_path(), lookup=True, n_ctx=2048, threads=args.threads)
+        with Session(config) as session:
+            session.verify_costs()
+            for _ in range(args.rounds):
+                for i, (group, text) in enumerate(prompts):
+                    tokens = session.tokenize(text)
+                    for name, cls, k in runs:
+                        session.target.truncate(0)
+                        session._policies.clear()  # each generation learns from nothing, like a fresh process
+                        session.drafter = cls() if cls else None
+                        for event in session.generator(plain=cls is None, k=k).generate(tokens, args.max_tokens):
+                            if isinstance(event, StepEvent) and event.drafted:
+                                counts = sources[(name, k, group, event.source)]
+                                counts[0] += event.drafted
+                                counts[1] += event.accepted
+                            elif isinstance(event, Done):
+                                speed[(name, k)].append((i, event.stats.tokens, event.stats.generate_s))
+    report(speed, sources)
+
+
+def report(speed: dict, sources: dict) -> None:
+    def rate(rows):
+        return sum(n for _, n, _ in rows) / sum(s for _, _, s in rows)
+
+    plain = rate(speed[("plain", 1)])
+    for (name, k), rows in speed.items():
+        per_prompt = collections.defaultdict(list)
+        for i, n, s in rows:
+            per_prompt[i].append(n / s)
+        medians = " ".join(f"{statistics.median(v):5.1f}" for v in per_prompt.values())
+        print(f"{name:12} k {str(k):5} {rate(rows) / plain:5.2f}x plain   median tok/s per prompt: {medians}")
+    print("accepted / drafted, per group and lookup source:")
+    for (name, k, group, source), (drafted, accepted) in sorted(sources.items(), key=str):
+        print(f"  {name:12} k {str(k):5} {group:11} {source:12} {accepted:5} / {drafted:5} = {accepted / drafted:4.0%}")
+
+
+if __name__ == "__main__":
+    main()
