@@ -52,6 +52,9 @@ def build_tools(build: Path) -> Path:
 
 
 def read_prompts(path: Path) -> list[str]:
+    """Prompts separated by lines of `---`; a missing file ends the script with one line."""
+    if not path.is_file():
+        sys.exit(f"{Path(sys.argv[0]).name}: prompts file not found: {path} (give --prompts FILE)")
     return [p.strip("\n") + "\n" for p in path.read_text().split("\n---\n") if p.strip()]
 
 
@@ -81,6 +84,7 @@ def main() -> None:
     parser.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "llama-tools")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
+    prompts = read_prompts(args.prompts)
     bin_dir, model = build_tools(args.build), embedded_model_path()
     n, t = str(args.tokens), str(args.threads)
     common = ["-m", model, "-n", n, "-t", t, "-c", "2048", "--temp", "0"]
@@ -100,7 +104,7 @@ def main() -> None:
     results: dict[str, dict[str, list]] = {name: {"llama.cpp": [], "specrun": [], "acc": []} for name in pairs}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.rounds):
-            for i, prompt in enumerate(read_prompts(args.prompts)):
+            for i, prompt in enumerate(prompts):
                 prompt_file = Path(tmp) / f"p{i}.txt"
                 prompt_file.write_text(prompt)
                 for name, (tool, spec) in pairs.items():

@@ -20,11 +20,9 @@ from specrun.default_model import embedded_model_path
 from specrun.engine import Done, Stats
 from specrun.session import Session, SessionConfig
 
+from compare_llama_cpp import read_prompts
+
 HERE = Path(__file__).parent
-
-
-def read_prompts(path: Path) -> list[str]:
-    return [p.strip("\n") + "\n" for p in path.read_text().split("\n---\n") if p.strip()]
 
 
 def run(session: Session, tokens: list[int], max_tokens: int, plain: bool, k) -> tuple[list[int], Stats]:

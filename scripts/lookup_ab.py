@@ -26,15 +26,18 @@ from specrun.drafters import PromptLookup
 from specrun.engine import Done, StepEvent
 from specrun.session import Session, SessionConfig
 
+from compare_llama_cpp import read_prompts
+
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-from compare_llama_cpp import read_prompts  # noqa: E402
 
 
 def lookup_at(revision: str, tmp: Path) -> type:
     """PromptLookup from specrun/drafters.py as it was at `revision`."""
-    source = subprocess.run(["git", "show", f"{revision}:specrun/drafters.py"], cwd=HERE.parent,
-                            capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(["git", "show", f"{revision}:specrun/drafters.py"], cwd=HERE.parent,
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        sys.exit(f"lookup_ab: no specrun/drafters.py at revision {revision!r} (give a commit of this repository)")
+    source = shown.stdout
     path = tmp / "baseline_drafters.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("baseline_drafters", path)
