@@ -1,8 +1,8 @@
-"""Prompt lookup as it is now against a git revision's, in one process (benchmark, not CI).
+"""Prompt lookup and its k policy as they are now against a git revision's, in one process (benchmark, not CI).
 
-Both lookups share one session and one verify-cost table, and run interleaved per prompt
-with a fresh lookup and policy per generation, so the machine's drift between runs does
-not enter the ratio. Prints each one's speed-up over plain decoding (total tokens / total
+Both share one session and one verify-cost table, and run interleaved per prompt with a
+fresh lookup and policy per generation, so the machine's drift between runs does not
+enter the ratio. Prints each one's speed-up over plain decoding (total tokens / total
 time), the median tok/s per prompt, and per prompt group and lookup source how many
 drafted tokens the target accepted.
 
@@ -20,10 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from specrun import drafters, policy
 from specrun.bench.prompts import load_builtin
 from specrun.default_model import embedded_model_path
-from specrun.drafters import PromptLookup
-from specrun.engine import Done, StepEvent
+from specrun.engine import Done, Generator, StepEvent
 from specrun.session import Session, SessionConfig
 
 from compare_llama_cpp import read_prompts
@@ -31,20 +31,23 @@ from compare_llama_cpp import read_prompts
 HERE = Path(__file__).parent
 
 
-def lookup_at(revision: str, tmp: Path) -> type:
-    """PromptLookup from specrun/drafters.py as it was at `revision`."""
-    shown = subprocess.run(["git", "show", f"{revision}:specrun/drafters.py"], cwd=HERE.parent,
+def module_at(revision: str, name: str, tmp: Path):
+    """specrun/NAME.py as it was at `revision`, loaded as a module of its own."""
+    shown = subprocess.run(["git", "show", f"{revision}:specrun/{name}.py"], cwd=HERE.parent,
                            capture_output=True, text=True)
     if shown.returncode != 0:
-        sys.exit(f"lookup_ab: no specrun/drafters.py at revision {revision!r} (give a commit of this repository)")
-    source = shown.stdout
-    path = tmp / "baseline_drafters.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("baseline_drafters", path)
+        sys.exit(f"lookup_ab: no specrun/{name}.py at revision {revision!r} (give a commit of this repository)")
+    path = tmp / f"baseline_{name}.py"
+    path.write_text(shown.stdout)
+    spec = importlib.util.spec_from_file_location(f"baseline_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
-    return module.PromptLookup
+    return module
+
+
+def make_policy(policies, k: int | str, costs: list[float]):
+    return policies.AutoK(costs) if k == "auto" else policies.FixedK(k)
 
 
 def main() -> None:
@@ -63,21 +66,26 @@ def main() -> None:
         prompts = [("prompts", text) for text in read_prompts(args.prompts)]
     ks = [int(k) if k.isdigit() else k for k in args.k.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        lookups = {"now": PromptLookup, args.baseline: lookup_at(args.baseline, Path(tmp))}
-        runs = [("plain", None, 1)] + [(name, cls, k) for name, cls in lookups.items() for k in ks]
+        baseline = (module_at(args.baseline, "drafters", Path(tmp)), module_at(args.baseline, "policy", Path(tmp)))
+        versions = {"now": (drafters, policy), args.baseline: baseline}
+        runs = [("plain", None, 1)] + [(name, modules, k) for name, modules in versions.items() for k in ks]
         speed = collections.defaultdict(list)  # (name, k) -> (prompt index, tokens, seconds)
         sources = collections.defaultdict(lambda: [0, 0])  # (name, k, group, source) -> drafted, accepted
         config = SessionConfig(target=embedded_model_path(), lookup=True, n_ctx=2048, threads=args.threads)
         with Session(config) as session:
-            session.verify_costs()
+            costs = session.verify_costs()
             for _ in range(args.rounds):
                 for i, (group, text) in enumerate(prompts):
                     tokens = session.tokenize(text)
-                    for name, cls, k in runs:
+                    for name, modules, k in runs:
                         session.target.truncate(0)
-                        session._policies.clear()  # each generation learns from nothing, like a fresh process
-                        session.drafter = cls() if cls else None
-                        for event in session.generator(plain=cls is None, k=k).generate(tokens, args.max_tokens):
+                        # Each generation learns from nothing, like a fresh process.
+                        if modules:
+                            generator = Generator(session.target, modules[0].PromptLookup(), config.sampler,
+                                                  k=make_policy(modules[1], k, costs))
+                        else:
+                            generator = Generator(session.target, None, config.sampler, k=1)
+                        for event in generator.generate(tokens, args.max_tokens):
                             if isinstance(event, StepEvent) and event.drafted:
                                 counts = sources[(name, k, group, event.source)]
                                 counts[0] += event.drafted

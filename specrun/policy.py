@@ -100,6 +100,7 @@ class SourceTrack:
     skipped: int = 0  # plain steps since this source was last tried
     probe_interval: int = 16
     probing: bool = False  # the step in flight is a probe
+    probed: bool = False  # ever probed: one declined before anything was measured is probed at once
     prior: float = PRIOR
 
     def acceptances(self, n: int, strength: float = 2.0) -> list[float]:
@@ -159,15 +160,22 @@ class AutoK:
             track.skipped = 0
             return k
         # Plain is faster for now. Old evidence fades with the text that passes, and a probe
-        # now and then lets acceptance be seen to rise.
+        # now and then lets acceptance be seen to rise. A source never probed gets one at
+        # once: a prior near the break-even point should not rule it out unmeasured.
         track.forget(self.decay)
         track.skipped += 1
-        if track.skipped < track.probe_interval:
+        unmeasured = track.steps == 0 and not track.probed
+        if track.skipped < track.probe_interval and not unmeasured:
             return 0
+        if not unmeasured:
+            track.probe_interval = min(track.probe_interval * 2, 512)  # back off while probes fail
         track.skipped = 0
-        track.probe_interval = min(track.probe_interval * 2, 512)  # back off while probes fail
-        track.probing = True
-        return min(2, limit)
+        track.probing = track.probed = True
+        return self.probe_k(limit)
+
+    def probe_k(self, limit: int) -> int:
+        """The probe's length: of 1..4 drafts, the cheapest per row if all are accepted."""
+        return max(range(1, min(limit, 4) + 1), key=lambda k: (k + 1) / self.costs[k + 1])
 
     def best_k(self, track: SourceTrack, limit: int) -> int:
         best_k, best_rate, expected, alive = 0, 1.0 / self.costs[1], 1.0, 1.0

@@ -67,7 +67,25 @@ def test_a_useful_probe_brings_speculation_back_at_once():
         caps.append(cap)
         policy.observe("draft" if cap else "", cap, cap, None, 0.0001 * cap, 0.010)
     probe = next(i for i, cap in enumerate(caps) if cap)
-    assert caps[probe] == 2 and all(cap > 2 for cap in caps[probe + 1 :])
+    assert caps[probe] == 4 and all(cap > 4 for cap in caps[probe + 1 :])
+
+
+# Widths 1..17 as measured on a 2-core AVX2 CPU: odd widths cost more than the even one above.
+CPU = [0.0] + [x / 1000 for x in (25, 58, 97, 65, 94, 66, 108, 86, 123, 104, 137, 116, 150, 133, 167, 145, 186)]
+
+
+def test_a_probe_drafts_the_cheapest_width_per_row():
+    assert AutoK(FLAT).probe_k(16) == 4
+    assert AutoK(CPU).probe_k(16) == 3  # 4 rows cost 65 ms, 3 rows 97
+    assert AutoK(CPU).probe_k(2) == 1
+
+
+def test_an_unmeasured_source_is_probed_once_before_plain():
+    policy = AutoK(CPU)
+    # A prior of 0.4 makes plain look faster, but nothing of this source was measured yet.
+    assert policy.cap("lookup", 16, prior=0.4) == 3
+    policy.observe("lookup", 3, 0, None, 0.0, CPU[4])
+    assert [policy.cap("lookup", 16, prior=0.4) for _ in range(10)] == [0] * 10
 
 
 def test_confidence_stop_learns_which_confidences_pay():
