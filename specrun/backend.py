@@ -193,6 +193,7 @@ class Context:
             )
         self.n_ctx = L.llama_n_ctx(self._ctx)
         self.n_batch = options.n_batch
+        self.n_threads = threads
         self._memory = L.llama_get_memory(self._ctx)
         self.tokens: list[int] = []
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from specrun import cost_cache
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.compat import check_vocab
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
@@ -84,6 +85,9 @@ class Session:
         return Hybrid(lookup, model) if lookup else model
 
     def close(self) -> None:
+        auto = self._policies.get("auto")
+        if auto is not None and self._closers:
+            cost_cache.save(self._costs_key(), auto.costs)  # what auto refined while running
         for resource in reversed(self._closers):
             resource.close()
         self._closers.clear()
@@ -132,10 +136,18 @@ class Session:
         return self._policies[k]
 
     def verify_costs(self) -> list[float]:
-        """The target's decode time per batch width, measured once per session."""
+        """The target's decode time per batch width: as an earlier run with this set-up left it, or measured now."""
+        if self._verify_costs is None:
+            self._verify_costs = cost_cache.load(self._costs_key(), K_MAX + 1)
         if self._verify_costs is None:
             self._verify_costs = measure_verify_costs(self.target, K_MAX + 1)
+            cost_cache.save(self._costs_key(), self._verify_costs)
         return self._verify_costs
+
+    def _costs_key(self) -> str:
+        c = self.config
+        return cost_cache.setup_key(c.target, threads=self.target.n_threads, n_gpu_layers=c.n_gpu_layers,
+                                    flash_attn=c.flash_attn, repack=c.repack, n_batch=self.target.n_batch)
 
     def stream(self, prompt: str | list[int], max_tokens: int, plain: bool = False) -> Iterator[Event]:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt

@@ -8,6 +8,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tinymodels import write_tiny_llama  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def verify_cost_cache(tmp_path, monkeypatch):
+    """Each test measures verify costs afresh and keeps them in its own folder, not the user's cache."""
+    path = tmp_path / "verify-costs.json"
+    monkeypatch.setattr("specrun.cost_cache.cache_file", lambda: path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """Paths of tiny llama GGUFs: target, a same-vocab draft, and incompatible drafts."""

@@ -1,0 +1,63 @@
+"""Verify costs kept across runs, per model file and set-up, in specrun's cache.
+
+Measuring every batch width takes seconds (3-4 s for Gemma 3 270M on 2 CPU cores), which
+each `specrun generate` with `--k auto` would otherwise pay before its first token. The
+table auto has refined while running is written back when the session closes, so the
+next run starts from what this machine measured last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import llama_cpp
+
+from specrun.default_model import cache_dir
+
+
+def cache_file() -> Path:
+    return cache_dir() / "verify-costs.json"
+
+
+def setup_key(model: Path, **settings) -> str:
+    """What the costs depend on: the model file as it is now, the llama.cpp build and `settings`."""
+    stat = model.stat()
+    parts = [str(model.resolve()), str(stat.st_size), str(stat.st_mtime_ns), llama_cpp.__version__]
+    parts += [f"{name}={value}" for name, value in sorted(settings.items())]
+    return "|".join(parts)
+
+
+def load(key: str, widths: int) -> list[float] | None:
+    """The kept costs for widths 1..`widths` (index = width), or None to measure them."""
+    costs = _read().get(key)
+    if not isinstance(costs, list) or len(costs) != widths + 1:
+        return None
+    if not all(isinstance(c, (int, float)) and c > 0 for c in costs[1:]):
+        return None
+    return [float(c) for c in costs]
+
+
+def save(key: str, costs: list[float]) -> None:
+    """Keep `costs` for `key`, replacing the file whole so a crash never leaves half of it."""
+    table = _read()
+    table[key] = list(costs)
+    path = cache_file()
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(table, indent=1))
+        os.replace(partial, path)
+    except OSError:
+        pass  # a read-only cache only means measuring again next time
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _read() -> dict:
+    try:
+        table = json.loads(cache_file().read_text())
+    except (OSError, ValueError):
+        return {}  # missing or damaged: measure again and write a whole new file
+    return table if isinstance(table, dict) else {}

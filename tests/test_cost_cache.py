@@ -1,0 +1,81 @@
+"""Verify costs are measured once per model and set-up, refined while running, and kept."""
+
+import json
+
+import pytest
+
+from specrun.policy import K_MAX
+from specrun.session import Session, SessionConfig
+from test_engine import PROMPT
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """Count the measurements; each returns a recognisable table."""
+    calls = []
+
+    def measure(context, max_width):
+        calls.append(context)
+        return [0.0] + [0.001 * w for w in range(1, max_width + 1)]
+
+    monkeypatch.setattr("specrun.session.measure_verify_costs", measure)
+    return calls
+
+
+def config(tiny, **changes):
+    return SessionConfig(target=tiny["target"], lookup=True, k="auto", n_ctx=256, **changes)
+
+
+def test_a_second_run_with_the_same_setup_measures_nothing(tiny, measured):
+    with Session(config(tiny, threads=1)) as session:
+        first = list(session.verify_costs())
+    with Session(config(tiny, threads=1)) as session:
+        assert session.verify_costs() == first
+    assert len(measured) == 1
+
+
+def test_another_setup_is_measured_apart(tiny, measured):
+    for threads in (1, 2, 1):
+        with Session(config(tiny, threads=threads)) as session:
+            session.verify_costs()
+    assert len(measured) == 2
+
+
+def test_what_auto_refines_while_running_is_kept(tiny, measured, verify_cost_cache):
+    with Session(config(tiny, threads=1)) as session:
+        list(session.stream(PROMPT, 20))
+        refined = list(session.policy("auto").costs)
+    assert refined != [0.0] + [0.001 * w for w in range(1, K_MAX + 2)]
+    assert list(json.loads(verify_cost_cache.read_text()).values()) == [refined]
+
+
+def test_a_changed_model_file_is_measured_again(tiny, measured, tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(tiny["target"].read_bytes())
+    with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
+        session.verify_costs()
+    model.write_bytes(model.read_bytes() + b"\0")  # same path, other file
+    with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
+        session.verify_costs()
+    assert len(measured) == 2
+
+
+DAMAGED = ["{not json", "[1, 2]", '{"KEY": [0, 0.1, 0.2]}', '{"KEY": [0' + ', -1' * (K_MAX + 1) + "]}"]
+
+
+@pytest.mark.parametrize("content", DAMAGED)
+def test_a_damaged_file_means_measuring_again_and_a_whole_new_file(tiny, measured, verify_cost_cache, content):
+    with Session(config(tiny, threads=1)) as session:
+        verify_cost_cache.write_text(content.replace("KEY", session._costs_key()))
+        costs = session.verify_costs()
+    assert len(measured) == 1
+    assert len(costs) == K_MAX + 2 and list(json.loads(verify_cost_cache.read_text()).values())
+    assert list(verify_cost_cache.parent.glob("*.partial")) == []
+
+
+def test_an_unwritable_cache_still_runs(tiny, measured, verify_cost_cache):
+    verify_cost_cache.mkdir()  # a folder where the file should be: writing it fails
+    with Session(config(tiny, threads=1)) as session:
+        tokens = [e for e in session.stream(PROMPT, 5)]
+    assert tokens and len(measured) == 1
+    assert list(verify_cost_cache.parent.glob("*.partial")) == []
