@@ -171,11 +171,11 @@ class AutoK:
             track.probe_interval = min(track.probe_interval * 2, 512)  # back off while probes fail
         track.skipped = 0
         track.probing = track.probed = True
-        return self.probe_k(limit)
+        return self.probe_k(track, limit)
 
-    def probe_k(self, limit: int) -> int:
-        """The probe's length: of 1..4 drafts, the cheapest per row if all are accepted."""
-        return max(range(1, min(limit, 4) + 1), key=lambda k: (k + 1) / self.costs[k + 1])
+    def probe_k(self, track: SourceTrack, limit: int) -> int:
+        """The probe's length: of 1..4 drafts, the cheapest per token if all are accepted."""
+        return max(range(1, min(limit, 4) + 1), key=lambda k: (k + 1) / (self.costs[k + 1] + k * track.draft_token_s))
 
     def best_k(self, track: SourceTrack, limit: int) -> int:
         best_k, best_rate, expected, alive = 0, 1.0 / self.costs[1], 1.0, 1.0

@@ -3,7 +3,7 @@
 import pytest
 
 from specrun.errors import SpecrunError
-from specrun.policy import AutoK, FixedK, PMinPolicy, parse_k
+from specrun.policy import AutoK, FixedK, PMinPolicy, SourceTrack, parse_k
 from specrun.session import Session, SessionConfig
 from test_engine import PROMPT, assert_greedy_exact
 
@@ -67,17 +67,20 @@ def test_a_useful_probe_brings_speculation_back_at_once():
         caps.append(cap)
         policy.observe("draft" if cap else "", cap, cap, None, 0.0001 * cap, 0.010)
     probe = next(i for i, cap in enumerate(caps) if cap)
-    assert caps[probe] == 4 and all(cap > 4 for cap in caps[probe + 1 :])
+    assert caps[probe] == 1  # with drafting at 12.5 ms a token, the shortest probe costs least per token
+    assert all(cap > 1 for cap in caps[probe + 1 :])
 
 
 # Widths 1..17 as measured on a 2-core AVX2 CPU: odd widths cost more than the even one above.
 CPU = [0.0] + [x / 1000 for x in (25, 58, 97, 65, 94, 66, 108, 86, 123, 104, 137, 116, 150, 133, 167, 145, 186)]
 
 
-def test_a_probe_drafts_the_cheapest_width_per_row():
-    assert AutoK(FLAT).probe_k(16) == 4
-    assert AutoK(CPU).probe_k(16) == 3  # 4 rows cost 65 ms, 3 rows 97
-    assert AutoK(CPU).probe_k(2) == 1
+def test_a_probe_drafts_the_cheapest_width_per_token():
+    new, slow_draft = SourceTrack(), SourceTrack(draft_token_s=0.100)
+    assert AutoK(FLAT).probe_k(new, 16) == 4
+    assert AutoK(CPU).probe_k(new, 16) == 3  # 4 rows cost 65 ms, 3 rows 97
+    assert AutoK(CPU).probe_k(new, 2) == 1
+    assert AutoK(CPU).probe_k(slow_draft, 16) == 1  # 2 tokens for 158 ms beat 4 for 365
 
 
 def test_an_unmeasured_source_is_probed_once_before_plain():
