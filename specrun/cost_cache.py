@@ -31,7 +31,8 @@ def setup_key(model: Path, **settings) -> str:
 
 def load(key: str, widths: int) -> list[float] | None:
     """The kept costs for widths 1..`widths` (index = width), or None to measure them."""
-    costs = _read().get(key)
+    entry = _read().get(key)
+    costs = entry.get("costs") if isinstance(entry, dict) else None
     if not isinstance(costs, list) or len(costs) != widths + 1:
         return None
     if not all(isinstance(c, (int, float)) and c > 0 for c in costs[1:]):
@@ -39,10 +40,13 @@ def load(key: str, widths: int) -> list[float] | None:
     return [float(c) for c in costs]
 
 
-def save(key: str, costs: list[float]) -> None:
-    """Keep `costs` for `key`, replacing the file whole so a crash never leaves half of it."""
-    table = _read()
-    table[key] = list(costs)
+def save(key: str, model: Path, costs: list[float]) -> None:
+    """Keep `costs` for `key`, replacing the file whole so a crash never leaves half of it.
+
+    Entries of model files that are gone are dropped, so the file holds only what can be used.
+    """
+    table = {k: v for k, v in _read().items() if isinstance(v, dict) and Path(str(v.get("model"))).exists()}
+    table[key] = {"model": str(model.resolve()), "costs": list(costs)}
     path = cache_file()
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:

@@ -87,7 +87,7 @@ class Session:
     def close(self) -> None:
         auto = self._policies.get("auto")
         if auto is not None and self._closers:
-            cost_cache.save(self._costs_key(), auto.costs)  # what auto refined while running
+            cost_cache.save(self._costs_key(), self.config.target, auto.costs)  # what auto refined while running
         for resource in reversed(self._closers):
             resource.close()
         self._closers.clear()
@@ -141,7 +141,7 @@ class Session:
             self._verify_costs = cost_cache.load(self._costs_key(), K_MAX + 1)
         if self._verify_costs is None:
             self._verify_costs = measure_verify_costs(self.target, K_MAX + 1)
-            cost_cache.save(self._costs_key(), self._verify_costs)
+            cost_cache.save(self._costs_key(), self.config.target, self._verify_costs)
         return self._verify_costs
 
     def _costs_key(self) -> str:

@@ -46,10 +46,12 @@ def test_what_auto_refines_while_running_is_kept(tiny, measured, verify_cost_cac
         list(session.stream(PROMPT, 20))
         refined = list(session.policy("auto").costs)
     assert refined != [0.0] + [0.001 * w for w in range(1, K_MAX + 2)]
-    assert list(json.loads(verify_cost_cache.read_text()).values()) == [refined]
+    kept = json.loads(verify_cost_cache.read_text())
+    assert [entry["costs"] for entry in kept.values()] == [refined]
 
 
-def test_a_changed_model_file_is_measured_again(tiny, measured, tmp_path):
+def test_a_changed_model_file_is_measured_again_and_a_deleted_one_forgotten(tiny, measured, tmp_path,
+                                                                           verify_cost_cache):
     model = tmp_path / "model.gguf"
     model.write_bytes(tiny["target"].read_bytes())
     with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
@@ -58,9 +60,15 @@ def test_a_changed_model_file_is_measured_again(tiny, measured, tmp_path):
     with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
         session.verify_costs()
     assert len(measured) == 2
+    model.unlink()
+    with Session(config(tiny)) as session:
+        session.verify_costs()
+    kept = json.loads(verify_cost_cache.read_text())
+    assert [entry["model"] for entry in kept.values()] == [str(tiny["target"].resolve())]
 
 
-DAMAGED = ["{not json", "[1, 2]", '{"KEY": [0, 0.1, 0.2]}', '{"KEY": [0' + ', -1' * (K_MAX + 1) + "]}"]
+DAMAGED = ["{not json", "[1, 2]", '{"KEY": [0, 0.1]}', '{"KEY": {"costs": [0, 0.1, 0.2]}}',
+           '{"KEY": {"costs": [0' + ', -1' * (K_MAX + 1) + "]}}"]
 
 
 @pytest.mark.parametrize("content", DAMAGED)
