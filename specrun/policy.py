@@ -71,20 +71,37 @@ class PMinPolicy(FixedK):
 
 def measure_verify_costs(context, max_width: int, repeats: int = 2) -> list[float]:
     """Seconds for one target decode of w rows with logits, for w = 1..max_width (index w)."""
+    timed = time_decodes(context, range(1, max_width + 1), repeats)
+    return [0.0] + [timed[width] for width in range(1, max_width + 1)]
+
+
+def verify_costs_hold(context, costs: list[float], tolerance: float = 0.35, repeats: int = 2) -> bool:
+    """Whether decodes of 1 row and of the widest batch still take about what `costs` says.
+
+    A few decodes check a table kept from an earlier run: one measured while the machine
+    was busy, or before the GPU or the llama.cpp build changed, must not stick.
+    """
+    widths = (1, len(costs) - 1)
+    timed = time_decodes(context, widths, repeats)
+    return all(abs(timed[width] / costs[width] - 1) <= tolerance for width in widths)
+
+
+def time_decodes(context, widths: Sequence[int], repeats: int) -> dict[int, float]:
+    """Best of `repeats` seconds for a decode of each width, leaving the cache as it was."""
     keep = len(context.tokens)
-    if context.free_slots < max_width + 1:
+    if context.free_slots < max(widths) + 1:
         raise SpecrunError("the context is too full to measure verify costs: raise --ctx-size")
     filler = [context.model.bos if context.model.bos >= 0 else 0]
-    costs = [0.0] + [float("inf")] * max_width
+    best = {width: float("inf") for width in widths}
     context.eval(filler, 1)  # warm-up: first decode allocates buffers
     context.truncate(keep)
     for _ in range(repeats):
-        for width in range(1, max_width + 1):
+        for width in widths:
             started = time.perf_counter()
             context.eval(filler * width, width)
-            costs[width] = min(costs[width], time.perf_counter() - started)
+            best[width] = min(best[width], time.perf_counter() - started)
             context.truncate(keep)
-    return costs
+    return best
 
 
 @dataclass

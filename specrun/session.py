@@ -18,7 +18,7 @@ from specrun.compat import check_vocab
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
 from specrun.engine import Event, Generator
 from specrun.errors import IncompatibleError, SpecrunError
-from specrun.policy import K_MAX, AutoK, FixedK, PMinPolicy, measure_verify_costs, parse_k
+from specrun.policy import K_MAX, AutoK, FixedK, PMinPolicy, measure_verify_costs, parse_k, verify_costs_hold
 from specrun.sampling import SamplerSettings
 
 
@@ -136,9 +136,11 @@ class Session:
         return self._policies[k]
 
     def verify_costs(self) -> list[float]:
-        """The target's decode time per batch width: as an earlier run with this set-up left it, or measured now."""
+        """The target's decode time per batch width: as an earlier run with this set-up left it
+        (if a spot check agrees), or measured now."""
         if self._verify_costs is None:
-            self._verify_costs = cost_cache.load(self._costs_key(), K_MAX + 1)
+            kept = cost_cache.load(self._costs_key(), K_MAX + 1)
+            self._verify_costs = kept if kept and verify_costs_hold(self.target, kept) else None
         if self._verify_costs is None:
             self._verify_costs = measure_verify_costs(self.target, K_MAX + 1)
             cost_cache.save(self._costs_key(), self.config.target, self._verify_costs)

@@ -1,17 +1,19 @@
-"""Verify costs are measured once per model and set-up, refined while running, and kept."""
+"""Verify costs are measured once per model and set-up, refined while running, kept, and spot-checked."""
 
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 
-from specrun.policy import K_MAX
+from specrun.policy import K_MAX, verify_costs_hold
 from specrun.session import Session, SessionConfig
 from test_engine import PROMPT
 
 
 @pytest.fixture
 def measured(monkeypatch):
-    """Count the measurements; each returns a recognisable table."""
+    """Count the measurements; each returns a recognisable table, and kept tables pass the spot check."""
     calls = []
 
     def measure(context, max_width):
@@ -19,7 +21,37 @@ def measured(monkeypatch):
         return [0.0] + [0.001 * w for w in range(1, max_width + 1)]
 
     monkeypatch.setattr("specrun.session.measure_verify_costs", measure)
+    monkeypatch.setattr("specrun.session.verify_costs_hold", lambda context, costs: True)
     return calls
+
+
+class SleepingContext:
+    """Stands in for a target whose decode of w rows takes 10 ms per row."""
+
+    def __init__(self):
+        self.tokens, self.free_slots, self.model = [], 100, SimpleNamespace(bos=1)
+
+    def eval(self, tokens, logits_rows):
+        time.sleep(0.010 * len(tokens))
+
+    def truncate(self, n):
+        pass
+
+
+def test_the_spot_check_passes_a_table_that_holds_and_fails_one_that_does_not():
+    right = [0.0] + [0.010 * w for w in range(1, K_MAX + 2)]
+    assert verify_costs_hold(SleepingContext(), right)
+    assert not verify_costs_hold(SleepingContext(), [c * 2 for c in right])  # a faster GPU, say
+    assert not verify_costs_hold(SleepingContext(), [c / 2 for c in right])  # measured on a busy machine
+
+
+def test_a_kept_table_the_spot_check_rejects_is_measured_again(tiny, measured, monkeypatch):
+    with Session(config(tiny, threads=1)) as session:
+        session.verify_costs()
+    monkeypatch.setattr("specrun.session.verify_costs_hold", lambda context, costs: False)
+    with Session(config(tiny, threads=1)) as session:
+        session.verify_costs()
+    assert len(measured) == 2
 
 
 def config(tiny, **changes):
