@@ -3,7 +3,8 @@
 Measuring every batch width takes seconds (3-4 s for Gemma 3 270M on 2 CPU cores), which
 each `specrun generate` with `--k auto` would otherwise pay before its first token. The
 table auto has refined while running is written back when the session closes, so the
-next run starts from what this machine measured last.
+next run starts from what this machine measured last, once a few decodes agree with it
+(`policy.verify_costs_hold`).
 """
 
 from __future__ import annotations
