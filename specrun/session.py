@@ -53,6 +53,7 @@ class Session:
         try:
             self.target_model = self._own(Model(config.target, self._model_options(config.n_gpu_layers), "target"))
             self.target = self._own(Context(self.target_model, self._context_options()))
+            self.costs_key = self._costs_key()  # taken now: the file may change or go while we run
             self.drafter = self._make_drafter()
         except BaseException:
             self.close()
@@ -87,7 +88,7 @@ class Session:
     def close(self) -> None:
         auto = self._policies.get("auto")
         if auto is not None and self._closers:
-            cost_cache.save(self._costs_key(), self.config.target, auto.costs)  # what auto refined while running
+            cost_cache.save(self.costs_key, self.config.target, auto.costs)  # what auto refined while running
         for resource in reversed(self._closers):
             resource.close()
         self._closers.clear()
@@ -139,11 +140,11 @@ class Session:
         """The target's decode time per batch width: as an earlier run with this set-up left it
         (if a spot check agrees), or measured now."""
         if self._verify_costs is None:
-            kept = cost_cache.load(self._costs_key(), K_MAX + 1)
+            kept = cost_cache.load(self.costs_key, K_MAX + 1)
             self._verify_costs = kept if kept and verify_costs_hold(self.target, kept) else None
         if self._verify_costs is None:
             self._verify_costs = measure_verify_costs(self.target, K_MAX + 1)
-            cost_cache.save(self._costs_key(), self.config.target, self._verify_costs)
+            cost_cache.save(self.costs_key, self.config.target, self._verify_costs)
         return self._verify_costs
 
     def _costs_key(self) -> str:

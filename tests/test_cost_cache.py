@@ -92,7 +92,9 @@ def test_a_changed_model_file_is_measured_again_and_a_deleted_one_forgotten(tiny
     with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
         session.verify_costs()
     assert len(measured) == 2
-    model.unlink()
+    with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
+        session.policy("auto")  # closing writes back what auto refined
+        model.unlink()  # gone while running: closing still works
     with Session(config(tiny)) as session:
         session.verify_costs()
     kept = json.loads(verify_cost_cache.read_text())
@@ -106,7 +108,7 @@ DAMAGED = ["{not json", "[1, 2]", '{"KEY": [0, 0.1]}', '{"KEY": {"costs": [0, 0.
 @pytest.mark.parametrize("content", DAMAGED)
 def test_a_damaged_file_means_measuring_again_and_a_whole_new_file(tiny, measured, verify_cost_cache, content):
     with Session(config(tiny, threads=1)) as session:
-        verify_cost_cache.write_text(content.replace("KEY", session._costs_key()))
+        verify_cost_cache.write_text(content.replace("KEY", session.costs_key))
         costs = session.verify_costs()
     assert len(measured) == 1
     assert len(costs) == K_MAX + 2 and list(json.loads(verify_cost_cache.read_text()).values())
