@@ -98,5 +98,6 @@ def test_doctor_reports_backends_and_versions():
     assert "CPU" in report["backends"]
     assert report["llama_cpp_python"].startswith("0.3.")
     assert isinstance(report["gpu_offload"], bool)
+    assert report["verify_costs"].endswith("verify-costs.json")
     if not report["gpu_offload"]:
         assert "GGML_CUDA=on" in report["gpu_build_hint"] or "GGML_METAL=on" in report["gpu_build_hint"]

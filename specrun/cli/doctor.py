@@ -20,7 +20,7 @@ GPU_BUILDS = {
 
 
 def diagnose() -> dict[str, object]:
-    from specrun import backend
+    from specrun import backend, cost_cache
 
     backends, devices = backend.compiled_devices()
     info = backend.system_info()
@@ -36,6 +36,7 @@ def diagnose() -> dict[str, object]:
         "cpu_threads": os.cpu_count(),
         "cpu_features": info["system_info"],
         "model_cache": str(cache_dir()),
+        "verify_costs": str(cost_cache.cache_file()),  # what --k auto measured, per model and set-up
         "hf_cache": os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface",
     }
     if not info["gpu_offload"]:
