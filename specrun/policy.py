@@ -192,14 +192,18 @@ class AutoK:
 
     def probe_k(self, track: SourceTrack, limit: int) -> int:
         """The probe's length: of 1..4 drafts, the cheapest per token if all are accepted."""
-        return max(range(1, min(limit, 4) + 1), key=lambda k: (k + 1) / (self.costs[k + 1] + k * track.draft_token_s))
+        return max(range(1, min(limit, 4) + 1), key=lambda k: (k + 1) / self.step_s(track, k))
+
+    def step_s(self, track: SourceTrack, k: int) -> float:
+        """Expected seconds of a step that drafts k tokens from `track`'s source and verifies them."""
+        return self.costs[k + 1] + k * track.draft_token_s
 
     def best_k(self, track: SourceTrack, limit: int) -> int:
         best_k, best_rate, expected, alive = 0, 1.0 / self.costs[1], 1.0, 1.0
         for k, acceptance in enumerate(track.acceptances(limit), start=1):
             alive *= acceptance
             expected += alive
-            rate = expected / (self.costs[k + 1] + k * track.draft_token_s)
+            rate = expected / self.step_s(track, k)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k

@@ -141,10 +141,11 @@ class Session:
         (if a spot check agrees), or measured now."""
         if self._verify_costs is None:
             kept = cost_cache.load(self.costs_key, K_MAX + 1)
-            self._verify_costs = kept if kept and verify_costs_hold(self.target, kept) else None
-        if self._verify_costs is None:
-            self._verify_costs = measure_verify_costs(self.target, K_MAX + 1)
-            cost_cache.save(self.costs_key, self.config.target, self._verify_costs)
+            if kept and verify_costs_hold(self.target, kept):
+                self._verify_costs = kept
+            else:
+                self._verify_costs = measure_verify_costs(self.target, K_MAX + 1)
+                cost_cache.save(self.costs_key, self.config.target, self._verify_costs)
         return self._verify_costs
 
     def _costs_key(self) -> str:
