@@ -25,6 +25,10 @@ def measured(monkeypatch):
     return calls
 
 
+def config(tiny, **changes):
+    return SessionConfig(target=tiny["target"], lookup=True, k="auto", n_ctx=256, **changes)
+
+
 class SleepingContext:
     """Stands in for a target whose decode of w rows takes 10 ms per row."""
 
@@ -52,10 +56,6 @@ def test_a_kept_table_the_spot_check_rejects_is_measured_again(tiny, measured, m
     with Session(config(tiny, threads=1)) as session:
         session.verify_costs()
     assert len(measured) == 2
-
-
-def config(tiny, **changes):
-    return SessionConfig(target=tiny["target"], lookup=True, k="auto", n_ctx=256, **changes)
 
 
 def test_a_second_run_with_the_same_setup_measures_nothing(tiny, measured):
