@@ -30,11 +30,11 @@ def setup_key(model: Path, **settings) -> str:
     return "|".join(parts)
 
 
-def load(key: str, widths: int) -> list[float] | None:
-    """The kept costs for widths 1..`widths` (index = width), or None to measure them."""
+def load(key: str) -> list[float] | None:
+    """The kept costs for widths 1..W (index = width), or None to measure them."""
     entry = _read().get(key)
     costs = entry.get("costs") if isinstance(entry, dict) else None
-    if not isinstance(costs, list) or len(costs) != widths + 1:
+    if not isinstance(costs, list) or len(costs) < 2:
         return None
     if not all(isinstance(c, (int, float)) and c > 0 for c in costs[1:]):
         return None

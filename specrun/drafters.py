@@ -52,20 +52,26 @@ class PromptLookup:
     """Copies what followed the most recent earlier occurrence of the longest matching n-gram.
 
     The index maps each n-gram to the end of its latest occurrence that has a follower,
-    and grows with the history, so a step never rescans it. A copy stops where the
-    history has seen its context go on in more than one way (one "return self." went on
-    with "items.pop()", another with "items[-1]"): there it would only guess. A copy
-    whose source has been in step with the text for TRUSTED_MATCH tokens goes on: the
-    text is being copied, and a 4-token context is too short to tell table rows or
-    repeated phrases apart. Matches reaching LONG_MATCH tokens back are reported as a
-    source of their own, "lookup-long", accepted far more often than shorter ones, so the
-    policy learns and sizes the two apart.
+    and grows with the history, so a step never rescans it: a step costs the same however
+    long the history is. A copy stops where the history has seen its context go on in
+    more than one way (one "return self." went on with "items.pop()", another with
+    "items[-1]"): there it would only guess. A copy whose source has been in step with the
+    text for TRUSTED_MATCH tokens goes on: the text is being copied, and a 4-token context
+    is too short to tell table rows or repeated phrases apart.
+
+    How far back the source agrees with the text predicts how much of the copy will be
+    accepted, so matches are reported as three sources the policy learns and sizes apart:
+    "lookup" (short matches), "lookup-long" (LONG_MATCH tokens or more) and "lookup-copy"
+    (COPY_MATCH or more: the text has been copying for a while, so a long draft pays; one
+    rejection drops the next match back to a short one).
     """
 
     name = "lookup"
     LONG_MATCH = 6
+    COPY_MATCH = 32
     TRUSTED_MATCH = 12  # a copy this far in step with the text goes on past ambiguous contexts
-    LONG_MATCH_PRIOR = 0.9  # acceptance per position expected of a long match before any is measured
+    # Acceptance per position expected before any is measured, by how far back the match reaches.
+    PRIORS = {"lookup": PRIOR, "lookup-long": 0.9, "lookup-copy": 0.97}
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
         if not 1 <= n_min <= n_max:
@@ -85,10 +91,13 @@ class PromptLookup:
         copy = self._unambiguous_prefix(history, history[end + 1 : end + 1 + limit], agreed)
         if not copy:
             return Draft(self.name)
-        long = agreed >= self.LONG_MATCH
-        source = f"{self.name}-long" if long else self.name
-        k = policy.cap(source, len(copy), self.LONG_MATCH_PRIOR if long else PRIOR)
-        return Draft(source, copy[:k])
+        source = self._source(agreed)
+        return Draft(source, copy[: policy.cap(source, len(copy), self.PRIORS[source])])
+
+    def _source(self, agreed: int) -> str:
+        if agreed >= self.COPY_MATCH:
+            return f"{self.name}-copy"
+        return f"{self.name}-long" if agreed >= self.LONG_MATCH else self.name
 
     def _match_end(self, history: Sequence[int]) -> int | None:
         """Where the latest occurrence of the longest indexed suffix n-gram ends."""
@@ -116,9 +125,9 @@ class PromptLookup:
         return list(copy)
 
     def _match_length(self, history: Sequence[int], end: int) -> int:
-        """How many tokens back (up to TRUSTED_MATCH) the text before `end` equals the history's end."""
+        """How many tokens back (up to COPY_MATCH) the text before `end` equals the history's end."""
         length = 0
-        while length < self.TRUSTED_MATCH and end - length >= 0 and history[end - length] == history[-1 - length]:
+        while length < self.COPY_MATCH and end - length >= 0 and history[end - length] == history[-1 - length]:
             length += 1
         return length
 

@@ -177,12 +177,10 @@ class Generator:
                     source, drafted, accepted, emitted = self._step(history, limit, stats)
                     yield StepEvent(drafted, accepted, source)
                     for token, source in emitted:
-                        history.append(token)
                         stats.tokens += 1
                         yield TokenEvent(token, text.decode(self.target.model.piece(token)), source)
-                        if token in self.eog:
-                            stats.stop_reason = "eog"
-                            break
+                    if emitted[-1][0] in self.eog:
+                        stats.stop_reason = "eog"
         finally:
             # Whatever happened (including an abandoned generator), caches hold only history.
             self._rollback(history)
@@ -226,9 +224,11 @@ class Generator:
         stats.verify_s += verified_at - drafted_at
         stats.check_s += checked_at - verified_at
         self.policy.observe(draft.source, len(tokens), accepted, draft.confidences, drafted_at - started, checked_at - drafted_at)
-        last_source = "bonus" if tokens and accepted == len(tokens) else "target"
-        emitted = [(t, "draft") for t in tokens[:accepted]] + [(next_token, last_source)]
-        self._rollback([*history, *tokens[:accepted], next_token])
+        emitted = [(t, "draft") for t in tokens[:accepted]]
+        if not (emitted and emitted[-1][0] in self.eog):  # nothing follows an accepted end of generation
+            emitted.append((next_token, "bonus" if tokens and accepted == len(tokens) else "target"))
+        history += [token for token, _ in emitted]
+        self._rollback(history)
         return draft.source, len(tokens), accepted, emitted
 
     def _rollback(self, history: list[int]) -> None:

@@ -15,10 +15,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
+
 from specrun.errors import SpecrunError
 
-K_MAX = 16  # llama.cpp's --draft-max default, and the longest draft auto considers
+LLAMA_CPP_DRAFT_MAX = 16  # llama.cpp's --draft-max default, for --k llama.cpp
 PRIOR = 0.7  # acceptance per position assumed of a draft source before any is measured
+# Verify widths timed one by one (odd widths can cost more than the even width above, as
+# on AVX2 CPUs), then a few wider ones; widths between are interpolated.
+EVERY_WIDTH_TO = 17
+WIDE_WIDTHS = (24, 32, 48, 64)
+WIDER_ROW_GAIN = 0.05  # keep doubling the widest width while a row gets at least this much cheaper
 
 
 def parse_k(text: str) -> int | str:
@@ -60,7 +67,7 @@ class PMinPolicy(FixedK):
 
     wants_confidence = True
 
-    def __init__(self, k: int = K_MAX, p_min: float = 0.75):
+    def __init__(self, k: int = LLAMA_CPP_DRAFT_MAX, p_min: float = 0.75):
         super().__init__(k)
         self.p_min = p_min
         self.label = "llama.cpp"
@@ -69,19 +76,47 @@ class PMinPolicy(FixedK):
         return confidence >= self.p_min
 
 
-def measure_verify_costs(context, max_width: int, repeats: int = 2) -> list[float]:
-    """Seconds for one target decode of w rows with logits, for w = 1..max_width (index w)."""
-    timed = time_decodes(context, range(1, max_width + 1), repeats)
-    return [0.0] + [timed[width] for width in range(1, max_width + 1)]
+def measure_verify_costs(context, repeats: int = 2) -> list[float]:
+    """Seconds for one target decode of w rows with logits, for w = 1..W (index w).
+
+    W follows the hardware: every width to EVERY_WIDTH_TO and WIDE_WIDTHS are timed, then
+    twice the widest while a row still gets WIDER_ROW_GAIN cheaper, up to the batch size
+    (where verifying is nearly free per row, as on a GPU, drafts may grow to n_batch - 1).
+    """
+    most = min(context.n_batch, context.free_slots - 1)
+    widths = [w for w in (*range(1, EVERY_WIDTH_TO + 1), *WIDE_WIDTHS) if w <= most]
+    timed = time_decodes(context, widths, repeats)
+    width = widths[-1]
+    while width * 2 <= most:
+        wider = time_decodes(context, [width * 2], repeats)[width * 2]
+        gain = 1 - (wider / (width * 2)) / (timed[width] / width)
+        if gain <= 0:
+            break  # a row costs more at the wider width: drafts stay within the narrower one
+        timed[width * 2] = wider
+        width *= 2
+        if gain < WIDER_ROW_GAIN:
+            break
+    return interpolated(timed)
+
+
+def interpolated(timed: dict[int, float]) -> list[float]:
+    """A cost for every width 1..max(timed) (index = width), linear between timed widths."""
+    widths = sorted(timed)
+    costs = np.interp(range(1, widths[-1] + 1), widths, [timed[w] for w in widths])
+    return [0.0, *map(float, costs)]
 
 
 def verify_costs_hold(context, costs: list[float], tolerance: float = 0.35, repeats: int = 2) -> bool:
-    """Whether decodes of 1 row and of the widest batch still take about what `costs` says.
+    """Whether decodes of 1 row, of EVERY_WIDTH_TO rows and of the widest batch still take
+    about what `costs` says.
 
     A few decodes check a table kept from an earlier run: one measured while the machine
     was busy, or before the GPU or the llama.cpp build changed, must not stick.
     """
-    widths = (1, len(costs) - 1)
+    widest = len(costs) - 1
+    widths = sorted({1, min(EVERY_WIDTH_TO, widest), widest})
+    if widest > min(context.n_batch, context.free_slots - 1):
+        return False  # kept for a bigger batch or emptier context than this one has
     timed = time_decodes(context, widths, repeats)
     return all(abs(timed[width] / costs[width] - 1) <= tolerance for width in widths)
 
@@ -108,8 +143,8 @@ def time_decodes(context, widths: Sequence[int], repeats: int) -> dict[int, floa
 class SourceTrack:
     """What auto has measured for one draft source (decayed, so it follows the text)."""
 
-    hits: list[float] = field(default_factory=lambda: [0.0] * K_MAX)
-    tries: list[float] = field(default_factory=lambda: [0.0] * K_MAX)
+    hits: list[float] = field(default_factory=list)  # per draft position, grown as drafts reach it
+    tries: list[float] = field(default_factory=list)
     draft_token_s: float = 0.0
     tokens_per_step: float = 0.0
     seconds_per_step: float = 0.0
@@ -127,10 +162,10 @@ class SourceTrack:
         never reached look like the deepest measured one, so auto can grow k again.
         """
         estimates, prior = [], self.prior
-        for position in range(n):
-            prior = (self.hits[position] + prior * strength) / (self.tries[position] + strength)
+        for hits, tries in zip(self.hits[:n], self.tries[:n]):
+            prior = (hits + prior * strength) / (tries + strength)
             estimates.append(prior)
-        return estimates
+        return estimates + [prior] * (n - len(estimates))
 
     @property
     def rate(self) -> float:
@@ -151,9 +186,10 @@ class AutoK:
 
     wants_confidence = True
 
-    def __init__(self, verify_costs: list[float], max_k: int = K_MAX, decay: float = 0.9):
+    def __init__(self, verify_costs: list[float], decay: float = 0.9):
+        """`verify_costs[w]`: seconds to verify w rows; the widest sets the longest draft."""
         self.costs = list(verify_costs)
-        self.max_k = min(max_k, len(self.costs) - 2)
+        self.max_k = len(self.costs) - 2
         self.decay = decay
         self.label = "auto"
         self.sources: dict[str, SourceTrack] = {}
@@ -249,7 +285,12 @@ class AutoK:
         track.seconds_per_step = ema(track.seconds_per_step, draft_s + verify_s, 0.1, first)
         if drafted and accepted:
             track.probe_interval = 16  # it paid: if it falls back to plain, probe again soon
-        for i in range(min(drafted, accepted + 1)):  # positions reached by verification
+        reached = min(drafted, accepted + 1)  # positions reached by verification
+        grow = reached - len(track.hits)
+        if grow > 0:
+            track.hits += [0.0] * grow
+            track.tries += [0.0] * grow
+        for i in range(reached):
             track.hits[i] = track.hits[i] * self.decay + (i < accepted)
             track.tries[i] = track.tries[i] * self.decay + 1
             if confidences is not None:

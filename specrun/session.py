@@ -18,7 +18,7 @@ from specrun.compat import check_vocab
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
 from specrun.engine import Event, Generator
 from specrun.errors import IncompatibleError, SpecrunError
-from specrun.policy import K_MAX, AutoK, FixedK, PMinPolicy, measure_verify_costs, parse_k, verify_costs_hold
+from specrun.policy import AutoK, FixedK, PMinPolicy, measure_verify_costs, parse_k, verify_costs_hold
 from specrun.sampling import SamplerSettings
 
 
@@ -140,18 +140,19 @@ class Session:
         """The target's decode time per batch width: as an earlier run with this set-up left it
         (if a spot check agrees), or measured now."""
         if self._verify_costs is None:
-            kept = cost_cache.load(self.costs_key, K_MAX + 1)
+            kept = cost_cache.load(self.costs_key)
             if kept and verify_costs_hold(self.target, kept):
                 self._verify_costs = kept
             else:
-                self._verify_costs = measure_verify_costs(self.target, K_MAX + 1)
+                self._verify_costs = measure_verify_costs(self.target)
                 cost_cache.save(self.costs_key, self.config.target, self._verify_costs)
         return self._verify_costs
 
     def _costs_key(self) -> str:
         c = self.config
         return cost_cache.setup_key(c.target, threads=self.target.n_threads, n_gpu_layers=c.n_gpu_layers,
-                                    flash_attn=c.flash_attn, repack=c.repack, n_batch=self.target.n_batch)
+                                    flash_attn=c.flash_attn, repack=c.repack, n_batch=self.target.n_batch,
+                                    n_ctx=self.target.n_ctx)  # a small context caps the widths measured
 
     def stream(self, prompt: str | list[int], max_tokens: int, plain: bool = False) -> Iterator[Event]:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt

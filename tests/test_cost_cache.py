@@ -6,7 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from specrun.policy import K_MAX, verify_costs_hold
+from specrun.policy import verify_costs_hold
+
+WIDEST = 64  # the widest width the fake measurement times
 from specrun.session import Session, SessionConfig
 from test_engine import PROMPT
 
@@ -16,9 +18,9 @@ def measured(monkeypatch):
     """Count the measurements; each returns a recognisable table, and kept tables pass the spot check."""
     calls = []
 
-    def measure(context, max_width):
+    def measure(context):
         calls.append(context)
-        return [0.0] + [0.001 * w for w in range(1, max_width + 1)]
+        return [0.0] + [0.001 * w for w in range(1, WIDEST + 1)]
 
     monkeypatch.setattr("specrun.session.measure_verify_costs", measure)
     monkeypatch.setattr("specrun.session.verify_costs_hold", lambda context, costs: True)
@@ -33,7 +35,7 @@ class SleepingContext:
     """Stands in for a target whose decode of w rows takes 10 ms per row."""
 
     def __init__(self):
-        self.tokens, self.free_slots, self.model = [], 100, SimpleNamespace(bos=1)
+        self.tokens, self.free_slots, self.n_batch, self.model = [], 100, 512, SimpleNamespace(bos=1)
 
     def eval(self, tokens, logits_rows):
         time.sleep(0.010 * len(tokens))
@@ -43,7 +45,7 @@ class SleepingContext:
 
 
 def test_the_spot_check_passes_a_table_that_holds_and_fails_one_that_does_not():
-    right = [0.0] + [0.010 * w for w in range(1, K_MAX + 2)]
+    right = [0.0] + [0.010 * w for w in range(1, 21)]  # spot-checked at 1, 17 and 20 rows
     assert verify_costs_hold(SleepingContext(), right)
     assert not verify_costs_hold(SleepingContext(), [c * 2 for c in right])  # a faster GPU, say
     assert not verify_costs_hold(SleepingContext(), [c / 2 for c in right])  # measured on a busy machine
@@ -77,7 +79,7 @@ def test_what_auto_refines_while_running_is_kept(tiny, measured, verify_cost_cac
     with Session(config(tiny, threads=1)) as session:
         list(session.stream(PROMPT, 20))
         refined = list(session.policy("auto").costs)
-    assert refined != [0.0] + [0.001 * w for w in range(1, K_MAX + 2)]
+    assert refined != [0.0] + [0.001 * w for w in range(1, WIDEST + 1)]
     kept = json.loads(verify_cost_cache.read_text())
     assert [entry["costs"] for entry in kept.values()] == [refined]
 
@@ -101,8 +103,8 @@ def test_a_changed_model_file_is_measured_again_and_a_deleted_one_forgotten(tiny
     assert [entry["model"] for entry in kept.values()] == [str(tiny["target"].resolve())]
 
 
-DAMAGED = ["{not json", "[1, 2]", '{"KEY": [0, 0.1]}', '{"KEY": {"costs": [0, 0.1, 0.2]}}',
-           '{"KEY": {"costs": [0' + ', -1' * (K_MAX + 1) + "]}}"]
+DAMAGED = ["{not json", "[1, 2]", '{"KEY": [0, 0.1]}', '{"KEY": {"costs": [0]}}', '{"KEY": {"costs": [0, 0.1, "x"]}}',
+           '{"KEY": {"costs": [0' + ', -1' * WIDEST + "]}}"]
 
 
 @pytest.mark.parametrize("content", DAMAGED)
@@ -111,7 +113,7 @@ def test_a_damaged_file_means_measuring_again_and_a_whole_new_file(tiny, measure
         verify_cost_cache.write_text(content.replace("KEY", session.costs_key))
         costs = session.verify_costs()
     assert len(measured) == 1
-    assert len(costs) == K_MAX + 2 and list(json.loads(verify_cost_cache.read_text()).values())
+    assert len(costs) == WIDEST + 1 and list(json.loads(verify_cost_cache.read_text()).values())
     assert list(verify_cost_cache.parent.glob("*.partial")) == []
 
 

@@ -88,6 +88,16 @@ def test_matches_reaching_far_back_are_their_own_source():
     assert lookup.propose([1, 2, 3], 2, RNG, FixedK(2)).source == "lookup"  # no match at all
 
 
+def test_a_copy_in_step_for_copy_match_tokens_is_offered_whole_as_its_own_source():
+    lookup = PromptLookup(2, 4)
+    source = list(range(100, 300))  # 200 distinct tokens, copied after a separator
+    in_step = source[: PromptLookup.COPY_MATCH]
+    draft = lookup.propose(source + [1] + in_step, 150, RNG, FixedK(150))
+    assert draft.source == "lookup-copy"
+    assert draft.tokens == source[PromptLookup.COPY_MATCH :][:150]  # as much as the policy asks for
+    assert lookup.propose(source + [1] + in_step[:-1], 4, RNG, FixedK(4)).source == "lookup-long"
+
+
 def test_bad_ngram_range():
     with pytest.raises(SpecrunError, match="but is 3..2"):
         PromptLookup(3, 2)

@@ -3,7 +3,7 @@
 import pytest
 
 from specrun.errors import SpecrunError
-from specrun.policy import AutoK, FixedK, PMinPolicy, SourceTrack, parse_k
+from specrun.policy import AutoK, FixedK, PMinPolicy, SourceTrack, measure_verify_costs, parse_k
 from specrun.session import Session, SessionConfig
 from test_engine import PROMPT, assert_greedy_exact
 
@@ -139,3 +139,55 @@ def test_policies_keep_greedy_output_exact(tiny, drafting, k):
     assert len(tokens) == 48
     if drafting != "draft":  # random tiny models are never 75% confident; lookup always drafts
         assert stats.drafted > 0
+
+
+class FakeTarget:
+    """A context whose decode of w rows costs `cost(w)` seconds, without a model."""
+
+    def __init__(self, cost, n_batch=512, free_slots=4096):
+        self.cost, self.n_batch, self.free_slots = cost, n_batch, free_slots
+
+
+@pytest.fixture
+def fake_timing(monkeypatch):
+    timed = []
+
+    def time_decodes(context, widths, repeats):
+        timed.extend(widths)
+        return {width: context.cost(width) for width in widths}
+
+    monkeypatch.setattr("specrun.policy.time_decodes", time_decodes)
+    return timed
+
+
+@pytest.mark.parametrize("cost, widest", [
+    (lambda w: 0.010 + 0.0001 * w, 512),  # GPU-like: a row costs little, drafts may fill the batch
+    (lambda w: 0.010 + 0.004 * w, 128),  # a row gets 2% cheaper from 64 to 128 rows: kept, then stop
+    (lambda w: 0.010 + 0.004 * w + 0.00002 * w * w, 64),  # rows cost more past 64: never wider
+])
+def test_the_widest_verify_width_follows_the_cost_curve(fake_timing, cost, widest):
+    costs = measure_verify_costs(FakeTarget(cost))
+    assert len(costs) == widest + 1
+    assert fake_timing[:21] == [*range(1, 18), 24, 32, 48, 64]  # every width to 17, then a few
+    assert costs[40] == pytest.approx((cost(32) + cost(48)) / 2)  # interpolated between timed widths
+    assert AutoK(costs).max_k == widest - 1
+
+
+def test_a_small_batch_or_context_caps_the_widths(fake_timing):
+    assert len(measure_verify_costs(FakeTarget(lambda w: 0.01, n_batch=32))) == 33
+    assert len(measure_verify_costs(FakeTarget(lambda w: 0.01, free_slots=21))) == 18
+
+
+def test_a_long_copy_accepted_in_full_earns_a_long_draft_and_a_rejection_shortens_it():
+    costs = [0.0] + [0.010 + 0.004 * w for w in range(1, 129)]  # this CPU's shape: 14 ms at 1, 4.1 a row at 64
+    policy = AutoK(costs)
+    caps = []
+    for _ in range(12):  # every copied token accepted
+        cap = policy.cap("lookup-copy", 127, prior=0.97)
+        caps.append(cap)
+        policy.observe("lookup-copy", cap, cap, None, 0.0, costs[cap + 1])
+    assert caps[0] < 64 and caps[-1] >= 64
+    for _ in range(12):  # now every copy breaks after 8 tokens
+        cap = policy.cap("lookup-copy", 127, prior=0.97)
+        policy.observe("lookup-copy", cap, min(cap, 8), None, 0.0, costs[cap + 1])
+    assert policy.cap("lookup-copy", 127, prior=0.97) <= 16

@@ -7,7 +7,7 @@ from typing import Callable
 
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
 from specrun.errors import SpecrunError
-from specrun.policy import K_MAX, parse_k
+from specrun.policy import parse_k
 from specrun.session import Session
 
 PLAIN = "plain"
@@ -57,8 +57,8 @@ class Variant:
 
 
 def k_order(k: int | str) -> int:
-    """Sort key for k values: draft lengths by size, then the policies (which reach K_MAX)."""
-    return k if isinstance(k, int) else K_MAX + 1 + ("auto", "llama.cpp").index(k)
+    """Sort key for k values: draft lengths by size, then the policies (which may draft longer)."""
+    return k if isinstance(k, int) else 1_000_000 + ("auto", "llama.cpp").index(k)
 
 
 def parse_k_value(text: str) -> int | str:
