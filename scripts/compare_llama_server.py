@@ -135,12 +135,12 @@ def report(prompts: list[tuple[str, str]], runs: dict, tokens: int) -> None:
     methods = list(dict.fromkeys(name for _, name in runs))
     ngram = [m for m in methods if m.startswith("server ngram")]
     median = {key: statistics.median(r["tps"] for r in rows) for key, rows in runs.items()}
-    print(f"{'prompt':16}" + "".join(f"{m.replace('server ', ''):>15}" for m in methods) + "  same text as (servers)")
+    print(f"{'prompt':16}" + "".join(f"{m.replace('server ', ''):>18}" for m in methods) + "  same text as (servers)")
     for i, (group, _) in enumerate(prompts):
         auto_text = runs[(i, "specrun auto")][0]["text"]
         same = [m.replace("server ", "") for m in methods if m.startswith("server")
                 and runs[(i, m)][0]["text"] == auto_text]
-        print(f"{group[:12] + ' ' + str(i):16}" + "".join(f"{median[(i, m)]:15.1f}" for m in methods)
+        print(f"{group[:12] + ' ' + str(i):16}" + "".join(f"{median[(i, m)]:18.1f}" for m in methods)
               + "  " + (",".join(same) or "-"))
     print("\ndrafts accepted / drafted (first round):")
     for i, (group, _) in enumerate(prompts):
