@@ -154,5 +154,7 @@ class Session:
                                     flash_attn=c.flash_attn, repack=c.repack, n_batch=self.target.n_batch)
 
     def stream(self, prompt: str | list[int], max_tokens: int, plain: bool = False) -> Iterator[Event]:
+        if isinstance(prompt, str) and not prompt.strip():
+            raise SpecrunError("the prompt is empty: give some text to continue")  # not "continue the start token"
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt
         return self.generator(plain=plain).generate(tokens, max_tokens)
