@@ -160,8 +160,10 @@ class PlainArrayReader(GGUFReader):
 def open_reader(path: str | os.PathLike[str]) -> GGUFReader:
     try:
         return PlainArrayReader(path)
-    except (ValueError, KeyError, IndexError, OSError) as exc:
-        raise SpecrunError(f"{path}: not a readable GGUF file ({exc})") from None
+    except (ValueError, KeyError, IndexError, struct.error) as exc:  # a cut or damaged header
+        raise SpecrunError(f"{path}: not a readable GGUF file ({exc or type(exc).__name__})") from None
+    except OSError as exc:
+        raise SpecrunError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def read_local(path: str | os.PathLike[str]) -> ModelFacts:
