@@ -156,7 +156,7 @@ def test_prompt_too_long_for_the_context_names_the_line_and_writes_nothing(tiny,
     [
         (["--json", "/nonexistent-folder/r.json"], ["--json", "does not exist"]),
         (["--k", "2,zero"], ["but is 'zero'"]),
-        (["--repeat", "0"], ["--repeat has to be >= 1"]),
+        (["--repeat", "0"], ["--repeat has to be an integer >= 1"]),
         (["--set", "code"], ["either PROMPTS or --set"]),
     ],
 )

@@ -71,9 +71,9 @@ def bench(
     max_tokens = defaults.max_tokens if max_tokens is None else max_tokens
     repeat = defaults.repeat if repeat is None else repeat
     ks = parse_k_values(k or defaults.k)
-    method_names = _methods(methods, draft)
     loaded, source_name = _load_prompts(prompts, prompt_set)
     _check_outputs(json_out, csv_out, plot_out)
+    method_names = _methods(methods, draft)
     if temp > 0 and seed is None:
         seed = secrets.randbelow(2**31)  # one seed, shared by every method and recorded
     config = o.session_config(

@@ -46,9 +46,9 @@ def generate(
         target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
         quant=quant, draft_quant=draft_quant, offline=offline,
     )
-    if config.draft is None and not config.lookup:
-        err_console.print("[dim]no --draft or --lookup: plain decoding[/]")
     with Session(config) as session:
+        if config.draft is None and not config.lookup:
+            err_console.print("[dim]no --draft or --lookup: plain decoding[/]")
         tokens = session.tokenize(text)
         spec_tokens, spec_stats = _run(session.stream(tokens, max_tokens), echo=not as_json)
         result = {"text": session.target_model.detokenize(spec_tokens), "tokens": spec_tokens, "stats": spec_stats.to_dict()}
