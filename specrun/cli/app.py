@@ -18,6 +18,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
+
 # Results go to stdout, everything else (progress, stats, errors) to stderr.
 err_console = Console(stderr=True)
 
@@ -33,13 +35,10 @@ def run_app(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Abort:
         print("aborted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # e.g. `specrun generate ... | head -1`: the reader left
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-        return 141
+        return INTERRUPTED
     except Exception as exc:
         if not isinstance(exc, (SpecrunError, OSError, UnicodeError)) and not _is_click_error(exc):
             raise  # a bug: the traceback is what helps
@@ -50,6 +49,8 @@ def run_app(argv: list[str] | None = None) -> int:
             return 2
         print(f"error: {one_line(exc, argv)}", file=sys.stderr)
         return exc.exit_code if isinstance(getattr(exc, "exit_code", None), int) else 2
+    if result == INTERRUPTED:  # typer turns Ctrl-C inside a command into this exit code
+        print("interrupted", file=sys.stderr)
     return result if isinstance(result, int) else 0
 
 
