@@ -123,6 +123,31 @@ def chi_square_p(counts: Mapping, probs: Mapping, min_expected: float = 5.0) -> 
     return chi_square_sf(statistic, len(buckets) - 1)
 
 
+def chi_square_two_sample_p(a: Mapping, b: Mapping, min_expected: float = 5.0) -> float:
+    """p-value that two samples come from one distribution (chi-square test of homogeneity).
+
+    Outcomes either sample is expected to show fewer than `min_expected` times are pooled.
+    """
+    n_a, n_b = sum(a.values()), sum(b.values())
+    share_a = n_a / (n_a + n_b)
+    buckets, pooled = [], [0, 0]
+    for outcome in set(a) | set(b):
+        count_a, count_b = a.get(outcome, 0), b.get(outcome, 0)
+        total = count_a + count_b
+        if min(total * share_a, total * (1 - share_a)) >= min_expected:
+            buckets.append((count_a, count_b))
+        else:
+            pooled = [pooled[0] + count_a, pooled[1] + count_b]
+    if sum(pooled):
+        buckets.append(tuple(pooled))
+    statistic = 0.0
+    for count_a, count_b in buckets:
+        total = count_a + count_b
+        expected_a, expected_b = total * share_a, total * (1 - share_a)
+        statistic += (count_a - expected_a) ** 2 / expected_a + (count_b - expected_b) ** 2 / expected_b
+    return chi_square_sf(statistic, len(buckets) - 1)
+
+
 def chi_square_sf(x: float, df: int) -> float:
     """P(X >= x) for X ~ chi-square(df): Q(df/2, x/2), the regularized upper gamma function."""
     if df < 1:
