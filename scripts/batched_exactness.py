@@ -14,7 +14,7 @@ pointing LLAMA_CPP_LIB_PATH at its lib folder; the library used is printed.
 Speed figures need an idle machine: the exactness columns do not depend on load.
 
     python scripts/batched_exactness.py                       # Gemma 3 270M, k = 4
-    python scripts/batched_exactness.py --model M.gguf --k 8 --tokens 96 --json out.json
+    python scripts/batched_exactness.py --model M.gguf --k 8 --tokens 96 --ubatch 0,1,4 --json out.json
 """
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=60, help="generated tokens compared after the prompt")
     parser.add_argument("--k", type=int, default=4, help="drafts per verify step (batches of k+1)")
     parser.add_argument("--threads", type=int, default=0, help="0 = all cores")
-    parser.add_argument("--ubatch", default="0,1,2", help="n_ubatch values; 0 = the batch size (specrun's default)")
+    parser.add_argument("--n-batch", type=int, default=512, help="n_batch (specrun's sessions use 512)")
+    parser.add_argument("--ubatch", default="0,1,2", help="n_ubatch values; 0 = n_batch (specrun's default)")
+    parser.add_argument("--repack", default="off,on", help="weight repacking settings to try")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = parser.parse_args()
     if args.model is None:
@@ -118,13 +120,13 @@ def main() -> int:
     print(f"{args.model.name}: {args.tokens} tokens after the prompt, verify batches of {args.k + 1}", file=sys.stderr)
 
     results: list[Row] = []
-    for repack in (False, True):
+    for repack in (value == "on" for value in args.repack.split(",")):
         model = Model(args.model, ModelOptions(n_gpu_layers=0, repack=repack))
         try:
             tokens = history(model, args.prompt, args.tokens, args.threads) if not results else tokens
             n_prompt = len(model.tokenize(args.prompt))
             for flash, ubatch in itertools.product(FLASH, ubatches):
-                options = ContextOptions(n_ctx=len(tokens) + 64, n_batch=max(args.k + 1, 8), n_ubatch=ubatch,
+                options = ContextOptions(n_ctx=len(tokens) + 64, n_batch=max(args.n_batch, args.k + 1), n_ubatch=ubatch,
                                          n_threads=args.threads, flash_attn=flash)
                 rows, worst, mismatches, single_s, batch_s = compare(model, tokens, n_prompt, args.k, options)
                 row = Row(FLASH[flash], repack, ubatch or options.n_batch, rows, worst, mismatches / rows,
