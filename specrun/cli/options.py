@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
 
 from specrun.cli.app import err_console
@@ -22,7 +21,7 @@ INT32_MAX = 2**31 - 1  # llama.cpp's context fields are 32-bit: larger values wo
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
 
 
-def option_name(param: click.Parameter) -> str:
+def option_name(param: typer.CallbackParam) -> str:
     """The option as users write it: its longest spelling (--max-tokens, not -n)."""
     return max(param.opts, key=len) if param.opts else param.human_readable_name
 
