@@ -88,7 +88,7 @@ COMMAND_ROWS = [
     (["bench", "--csv", "{dir}", "-m", "{tiny}"], ["--csv", "is a directory"]),
     (["bench", "--plot", "{dir}/chart.xyz", "-m", "{tiny}"], ["--plot", "unknown image type"]),
     # pair check
-    (["pair", "check", "{missing}", "{tiny}"], ["missing.txt"]),
+    (["pair", "check", "{missing}", "{tiny}"], ["no such model file", "missing.txt"]),
     (["pair", "check", "{cut}", "{tiny}"], ["cut.gguf", "not a readable GGUF file"]),
     (["pair", "check", "{dir}", "{tiny}"], ["is a directory"]),
     (["pair", "check", "{tiny}", "{tiny}", "--ctx", "0"], ["--ctx", "but is 0"]),
@@ -105,7 +105,6 @@ COMMAND_ROWS = [
     # pair suggest, pull, models, doctor
     (["pair", "suggest", "-m", "{tiny}", "--top", "0"], ["--top", "but is 0"]),
     (["pull"], ["missing argument"]),
-    (["models", "--aliases"], ["profile", "bad.yaml", "not UTF-8"]),
     (["doctor", "--yaml"], ["no such option", "--yaml"]),
 ]
 
@@ -123,9 +122,6 @@ def inputs(tmp_path, tiny, monkeypatch):
         b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"name" + struct.pack("<IQ", 8, 1) + b"x"
     )
     # Config and caches live beside the folder: matplotlib keeps its font list there.
-    profiles = tmp_path / "config" / "specrun" / "profiles"
-    profiles.mkdir(parents=True)
-    (profiles / "bad.yaml").write_bytes(b"family: caf\xe9\n")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(folder)
@@ -165,6 +161,14 @@ def test_shared_options_refuse_bad_values(argv, fragments, inputs, capsys, monke
 @pytest.mark.parametrize("argv, fragments", COMMAND_ROWS, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_commands_refuse_bad_input(argv, fragments, inputs, capsys, monkeypatch):
     assert_refused(argv, fragments, inputs, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("argv", [["models", "--aliases"], ["generate", "hi", "-m", "llama-1b"]])
+def test_a_profile_that_is_not_utf8_is_one_line(argv, inputs, tmp_path, capsys, monkeypatch):
+    profiles = tmp_path / "config" / "specrun" / "profiles"
+    profiles.mkdir(parents=True)
+    (profiles / "mine.yaml").write_bytes(b"family: caf\xe9\n")
+    assert_refused(argv, ["profile", "mine.yaml line 1", "not UTF-8"], inputs, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("stdin, fragment", [("", "standard input is empty"), ("  \n", "standard input is empty")])
