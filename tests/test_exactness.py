@@ -156,11 +156,12 @@ def gemma_without_layer_16(gemma, tmp_path_factory):
 
 @pytest.mark.gemma
 def test_gemma_with_a_derived_draft_samples_like_plain(gemma, gemma_without_layer_16):
-    """Fewer seeds than on the tiny models (a Gemma step costs 20-60 ms on 2 cores): enough to
-    catch a rule that is off by a few percent on the first token, in about a minute."""
+    """Fewer seeds than on the tiny models (a Gemma step costs 25-100 ms on one thread): enough
+    to catch a rule that is off by ten percent on the first token, in about 90 seconds. One
+    thread: ggml's spinning thread pool slows tenfold when other processes share the cores."""
     prompt_text = "My favourite colour is blue. Your favourite colour is"  # ~14 likely colours
-    config = SessionConfig(target=gemma, draft=gemma_without_layer_16, k=1, n_ctx=256, sampler=SETTINGS)
-    seeds = range(600)
+    config = SessionConfig(target=gemma, draft=gemma_without_layer_16, k=1, n_ctx=256, threads=1, sampler=SETTINGS)
+    seeds = range(400)
     with Session(config) as session:
         prompt = session.tokenize(prompt_text)
         plain, _, _ = first_tokens(lambda seed: session.generator(plain=True, seed=seed), prompt, seeds, n=1)
@@ -169,8 +170,8 @@ def test_gemma_with_a_derived_draft_samples_like_plain(gemma, gemma_without_laye
     assert chi_square_two_sample_p(Counter(plain.values()), Counter(drafted_run.values())) > MIN_P
     for name, drafting in (("lookup", {"lookup": True, "draft": None}), ("hybrid", {"lookup": True})):
         with Session(replace(config, **drafting)) as session:
-            sampled, drafted, _ = first_tokens(lambda seed: session.generator(seed=seed), prompt, range(200), n=1)
+            sampled, drafted, _ = first_tokens(lambda seed: session.generator(seed=seed), prompt, range(150), n=1)
         assert drafted > 0, name
         assert chi_square_two_sample_p(Counter(plain.values()), Counter(sampled.values())) > MIN_P, name
         # Sample-and-match: plain's tokens, up to batched rounding moving a token across top-p.
-        assert sum(sampled[seed] == plain[seed] for seed in range(200)) >= 0.97 * 200, name
+        assert sum(sampled[seed] == plain[seed] for seed in range(150)) >= 0.97 * 150, name
