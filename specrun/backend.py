@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -18,18 +20,38 @@ import numpy as np
 from specrun.compat import VocabFacts
 from specrun.errors import SpecrunError
 
+INSTALL_HINT = "run `pip install 'llama-cpp-python>=0.3.36,<0.4'`"
+MIN_VERSION = (0, 3, 36)  # the first release with the llama_memory_* calls used here
+# Every raw call this module makes: a release that renamed one fails here, in one line,
+# instead of with an AttributeError halfway through a generation.
+RAW_API = (
+    "llama_backend_init", "llama_batch_free", "llama_batch_init", "llama_context_default_params",
+    "llama_decode", "llama_free", "llama_get_logits", "llama_get_memory", "llama_init_from_model",
+    "llama_log_callback", "llama_log_set", "llama_max_devices", "llama_memory_seq_rm",
+    "llama_model_chat_template", "llama_model_default_params", "llama_model_free", "llama_model_get_vocab",
+    "llama_model_load_from_file", "llama_model_n_ctx_train", "llama_n_ctx", "llama_print_system_info",
+    "llama_supports_gpu_offload", "llama_supports_mmap", "llama_token", "llama_token_to_piece",
+    "llama_tokenize", "llama_vocab_bos", "llama_vocab_eos", "llama_vocab_get_add_bos",
+    "llama_vocab_get_add_eos", "llama_vocab_get_text", "llama_vocab_is_eog", "llama_vocab_n_tokens",
+    "llama_vocab_type",
+)
+
 try:
     import llama_cpp as L
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise SpecrunError(
-        f"llama-cpp-python is not importable ({exc}): run `pip install 'llama-cpp-python>=0.3.36,<0.4'`"
-    ) from None
+except Exception as exc:  # ImportError, or the loader's error when libllama itself fails to load
+    raise SpecrunError(f"llama-cpp-python is not importable ({exc}): {INSTALL_HINT}") from None
 
-if not hasattr(L, "llama_memory_seq_rm"):  # pragma: no cover - depends on the install
-    raise SpecrunError(
-        f"llama-cpp-python {getattr(L, '__version__', '?')} lacks the llama_memory_* API: "
-        "run `pip install 'llama-cpp-python>=0.3.36,<0.4'`"
-    )
+LLAMA_CPP_VERSION = str(getattr(L, "__version__", "unknown"))
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+_missing = [name for name in RAW_API if not hasattr(L, name)]
+if _missing or _release(LLAMA_CPP_VERSION) < MIN_VERSION:
+    lacks = f" (it lacks {_missing[0]})" if _missing else ""
+    raise SpecrunError(f"llama-cpp-python {LLAMA_CPP_VERSION} is older than specrun needs{lacks}: {INSTALL_HINT}")
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 GGUF_MAGIC = b"GGUF"
@@ -44,6 +66,10 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 
 L.llama_log_set(_log_callback, ctypes.c_void_p(0))
 L.llama_backend_init()
+
+
+class Closed(SpecrunError):
+    """A model or context used after close(): llama.cpp has freed its memory, so it refuses."""
 
 
 class ContextFull(SpecrunError):
@@ -61,6 +87,7 @@ class ModelOptions:
 class ContextOptions:
     n_ctx: int = 4096  # 0 means the model's training context
     n_batch: int = 512  # largest single decode; verify batches are k + 1 rows
+    n_ubatch: int = 0  # rows llama.cpp computes at once (0: n_batch); changes batched numerics
     n_threads: int = 0  # 0 means every core
     flash_attn: int = -1  # -1 auto, 0 off, 1 on
 
@@ -83,26 +110,46 @@ class Model:
     def __init__(self, path: str | Path, options: ModelOptions = ModelOptions(), role: str = "target"):
         self.path = Path(path)
         self.role = role
+        self._model_ptr = self._vocab_ptr = None
+        self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()  # closed before the weights
         check_gguf_file(self.path, role)
         params = L.llama_model_default_params()
         params.n_gpu_layers = options.n_gpu_layers
         params.use_mmap = options.use_mmap
         params.use_extra_bufts = options.repack
-        self._model = L.llama_model_load_from_file(str(self.path).encode(), params)
-        if not self._model:
+        self._model_ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._model_ptr:
             raise SpecrunError(
                 f"llama.cpp could not load the {role} model {self.path} "
                 "(truncated or unsupported GGUF? re-download it; SPECRUN_DEBUG=1 shows llama.cpp's log)"
             )
-        self._vocab = L.llama_model_get_vocab(self._model)
+        self._vocab_ptr = L.llama_model_get_vocab(self._model_ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
 
     def close(self) -> None:
-        if self._model:
-            L.llama_model_free(self._model)
-            self._model = None
+        """Free the weights (and first every context over them); later calls raise Closed."""
+        for context in list(self._contexts):
+            context.close()
+        if self._model_ptr:
+            L.llama_model_free(self._model_ptr)
+            self._model_ptr = self._vocab_ptr = None
+
+    @property
+    def closed(self) -> bool:
+        return self._model_ptr is None
+
+    @property
+    def _model(self):
+        if self._model_ptr is None:
+            raise Closed(f"the {self.role} model {self.path.name} was closed: load it again to use it")
+        return self._model_ptr
+
+    @property
+    def _vocab(self):
+        self._model  # noqa: B018  (raises Closed once the model is freed)
+        return self._vocab_ptr
 
     @property
     def n_ctx_train(self) -> int:
@@ -177,24 +224,26 @@ class Context:
 
     def __init__(self, model: Model, options: ContextOptions = ContextOptions()):
         self.model = model
+        self._ctx_ptr = None
         params = L.llama_context_default_params()
         params.n_ctx = options.n_ctx or model.n_ctx_train
-        params.n_batch = params.n_ubatch = options.n_batch
+        params.n_batch = options.n_batch
+        params.n_ubatch = options.n_ubatch or options.n_batch
         threads = options.n_threads or os.cpu_count() or 1
         params.n_threads = params.n_threads_batch = threads
         params.flash_attn_type = options.flash_attn
         params.swa_full = True  # rollback inside the sliding window must stay possible
         params.no_perf = True
-        self._ctx = L.llama_init_from_model(model._model, params)
-        if not self._ctx:
+        self._ctx_ptr = L.llama_init_from_model(model._model, params)
+        if not self._ctx_ptr:
             raise SpecrunError(
                 f"llama.cpp could not create a {params.n_ctx}-token context for {model.path}: "
                 "lower --ctx-size or offload fewer layers"
             )
-        self.n_ctx = L.llama_n_ctx(self._ctx)
+        model._contexts.add(self)
+        self.n_ctx = L.llama_n_ctx(self._ctx_ptr)
         self.n_batch = options.n_batch
         self.n_threads = threads
-        self._memory = L.llama_get_memory(self._ctx)
         self.tokens: list[int] = []
         self._batch = L.llama_batch_init(self.n_batch, 0, 1)
         # Zero-copy views of the batch arrays; seq ids never change, so set them once.
@@ -208,10 +257,21 @@ class Context:
             self._batch.seq_id[i][0] = 0
 
     def close(self) -> None:
-        if self._ctx:
+        """Free the cache; later calls raise Closed instead of touching freed memory."""
+        if self._ctx_ptr:
             L.llama_batch_free(self._batch)
-            L.llama_free(self._ctx)
-            self._ctx = None
+            L.llama_free(self._ctx_ptr)
+            self._ctx_ptr = None
+
+    @property
+    def closed(self) -> bool:
+        return self._ctx_ptr is None
+
+    @property
+    def _ctx(self):
+        if self._ctx_ptr is None:
+            raise Closed(f"the {self.model.role} model's context was closed: its KV cache is gone")
+        return self._ctx_ptr
 
     @property
     def free_slots(self) -> int:
@@ -236,6 +296,7 @@ class Context:
         return self.logits(rows) if rows else None
 
     def _decode(self, chunk: Sequence[int], logits_rows: int) -> None:
+        ctx = self._ctx  # before writing into the batch: a closed context has freed it
         n = len(chunk)
         pos0 = len(self.tokens)
         self._batch.n_tokens = n
@@ -243,7 +304,7 @@ class Context:
         self._batch_pos[:n] = np.arange(pos0, pos0 + n)
         self._batch_logits[:n] = 0
         self._batch_logits[n - logits_rows : n] = 1
-        status = L.llama_decode(self._ctx, self._batch)
+        status = L.llama_decode(ctx, self._batch)
         if status == 1:
             raise ContextFull("llama.cpp found no KV cache slot for the batch: raise --ctx-size")
         if status != 0:
@@ -257,7 +318,7 @@ class Context:
     def truncate(self, n_keep: int) -> None:
         """Roll the cache back to its first n_keep tokens."""
         if n_keep < len(self.tokens):
-            if not L.llama_memory_seq_rm(self._memory, 0, n_keep, -1):
+            if not L.llama_memory_seq_rm(L.llama_get_memory(self._ctx), 0, n_keep, -1):
                 raise SpecrunError(
                     f"the {self.model.role} model cannot roll back its cache "
                     "(recurrent or hybrid architecture): speculative decoding is not supported for it"
@@ -282,7 +343,7 @@ def system_info() -> dict[str, object]:
     # The shared libraries carry llama.cpp's and ggml's versions in their file names.
     versions = sorted(p.name.split(".so.", 1)[0] + " " + p.name.split(".so.", 1)[1] for p in libs.glob("lib*.so.*.*.*"))
     return {
-        "llama_cpp_python": getattr(L, "__version__", "unknown"),
+        "llama_cpp_python": LLAMA_CPP_VERSION,
         "libraries": versions,
         "gpu_offload": bool(L.llama_supports_gpu_offload()),
         "mmap": bool(L.llama_supports_mmap()),

@@ -10,12 +10,11 @@ next run starts from what this machine measured last, once a few decodes agree w
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import llama_cpp
-
+from specrun.backend import LLAMA_CPP_VERSION
 from specrun.default_model import cache_dir
+from specrun.files import WriteError, write_text_atomic
 
 
 def cache_file() -> Path:
@@ -25,7 +24,7 @@ def cache_file() -> Path:
 def setup_key(model: Path, **settings) -> str:
     """What the costs depend on: the model file as it is now, the llama.cpp build and `settings`."""
     stat = model.stat()
-    parts = [str(model.resolve()), str(stat.st_size), str(stat.st_mtime_ns), llama_cpp.__version__]
+    parts = [str(model.resolve()), str(stat.st_size), str(stat.st_mtime_ns), LLAMA_CPP_VERSION]
     parts += [f"{name}={value}" for name, value in sorted(settings.items())]
     return "|".join(parts)
 
@@ -49,15 +48,11 @@ def save(key: str, model: Path, costs: list[float]) -> None:
     table = {k: v for k, v in _read().items() if isinstance(v, dict) and Path(str(v.get("model"))).exists()}
     table[key] = {"model": str(model.resolve()), "costs": list(costs)}
     path = cache_file()
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(table, indent=1))
-        os.replace(partial, path)
-    except OSError:
+        write_text_atomic(path, json.dumps(table, indent=1))
+    except (OSError, WriteError):
         pass  # a read-only cache only means measuring again next time
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def _read() -> dict:

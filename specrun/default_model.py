@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from specrun.errors import SpecrunError
+from specrun.files import atomic_path
 
 DEFAULT_ALIAS = "gemma-3-270m"
 
@@ -28,11 +29,6 @@ def embedded_model_path() -> Path:
     if final.exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(f"{final.name}.{os.getpid()}.partial")
-    try:
-        # assemble() verifies the sha256; a crash leaves only the .partial, removed here.
-        package.assemble(partial, overwrite=True)
-        os.replace(partial, final)
-    finally:
-        partial.unlink(missing_ok=True)
+    with atomic_path(final, "the default model") as partial:
+        package.assemble(partial, overwrite=True)  # verifies the sha256
     return final

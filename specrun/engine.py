@@ -182,8 +182,10 @@ class Generator:
                     if emitted[-1][0] in self.eog:
                         stats.stop_reason = "eog"
         finally:
-            # Whatever happened (including an abandoned generator), caches hold only history.
-            self._rollback(history)
+            # Whatever happened (including an abandoned generator), caches hold only history;
+            # a generator closed after its session has no caches left to roll back.
+            if not self.target.closed:
+                self._rollback(history)
             stats.generate_s = time.perf_counter() - started
         yield Done(stats)
 

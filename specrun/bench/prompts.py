@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from specrun.errors import SpecrunError
+from specrun.files import read_text
 
 if TYPE_CHECKING:
     from specrun.chat.formats import ChatFormat
@@ -35,7 +36,7 @@ def load_prompt_file(path: Path) -> list[Prompt]:
         raise SpecrunError(f"prompts file not found: {path}")
     if path.suffix not in (".txt", ".jsonl"):
         raise SpecrunError(f"prompts file {path} has to end in .txt (one prompt per line) or .jsonl")
-    text = _read_text(path)
+    text = read_text(path, "prompts file").replace("\r\n", "\n")
     prompts = _parse_jsonl(text, path.name) if path.suffix == ".jsonl" else parse_txt(text, path.name)
     if not prompts:
         raise SpecrunError(f"prompts file {path} holds no prompts")
@@ -50,18 +51,6 @@ def load_builtin(names: Sequence[str] = BUILTIN_SETS) -> list[Prompt]:
         text = resources.files("specrun").joinpath("prompts", f"{name}.txt").read_text(encoding="utf-8")
         prompts += parse_txt(text, f"{name}.txt", group=name)
     return prompts
-
-
-def _read_text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SpecrunError(f"cannot read prompts file {path}: {exc.strerror}") from None
-    try:
-        return data.decode("utf-8").replace("\r\n", "\n")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise SpecrunError(f"{path.name} line {line}: not UTF-8 text") from None
 
 
 def parse_txt(text: str, name: str, group: str | None = None) -> list[Prompt]:

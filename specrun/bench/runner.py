@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import resource
 import sys
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -88,11 +89,13 @@ def _generate(
     policy = session.policy(variant.k) if drafter else 1  # auto measures verify costs once per session
     generator = Generator(session.target, drafter, settings, k=policy, rng=np.random.default_rng(seed))
     tokens: list[int] = []
-    for event in generator.generate(prompt, max_tokens):
-        if isinstance(event, TokenEvent):
-            tokens.append(event.token)
-        elif isinstance(event, Done):
-            return tokens, event.stats
+    # Closed here, even on Ctrl-C: its rollback must run before the session frees the caches.
+    with closing(generator.generate(prompt, max_tokens)) as events:
+        for event in events:
+            if isinstance(event, TokenEvent):
+                tokens.append(event.token)
+            elif isinstance(event, Done):
+                return tokens, event.stats
     raise AssertionError("the event stream ended without Done")
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 
 from llama_cpp import llama_chat_format as lcf
 
-from specrun.backend import Model
+from specrun.backend import LLAMA_CPP_VERSION, Model
 from specrun.errors import SpecrunError
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
@@ -63,13 +63,22 @@ def registered_formats() -> dict[str, Formatter]:
 
     The registry holds completion handlers that need a `Llama`; each wraps the formatter
     we need in its closure (`chat_formatter_to_chat_completion_handler`). Function-calling
-    handlers have none and are left out.
+    handlers have none and are left out. Neither the list of names nor a handler's
+    formatter is public in llama-cpp-python 0.3.x, so both are read here alone, an
+    unexpected shape is one line, and tests/test_pinned_apis.py pins what 0.3.36 holds.
     """
+    handlers = getattr(lcf.LlamaChatCompletionHandlerRegistry(), "_chat_handlers", None)
     formats = {}
-    for name, handler in lcf.LlamaChatCompletionHandlerRegistry()._chat_handlers.items():
+    for name, handler in (handlers or {}).items():
         code = getattr(handler, "__code__", None)
         if code is not None and "chat_formatter" in code.co_freevars:
             formats[name] = handler.__closure__[code.co_freevars.index("chat_formatter")].cell_contents
+    if not formats:
+        raise SpecrunError(
+            f"llama-cpp-python {LLAMA_CPP_VERSION} keeps its chat formats "
+            "in a way specrun does not know: leave out --chat-format to use the model's template, "
+            "or run `pip install 'llama-cpp-python>=0.3.36,<0.4'`"
+        )
     return formats
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -16,6 +14,7 @@ from specrun.chat.formats import ChatFormat
 from specrun.chat.reply import Reply, ReplyView, SessionStats, stream_reply
 from specrun.engine import Stats, StepEvent
 from specrun.errors import SpecrunError
+from specrun.files import check_writable, write_text_atomic
 from specrun.policy import parse_k
 from specrun.session import Session
 
@@ -98,17 +97,8 @@ class ChatRunner:
         """Write the transcript with stats atomically: JSON for *.json, Markdown otherwise."""
         text = json.dumps(self.transcript(), indent=2) if path.suffix == ".json" else self._markdown()
         path = path.expanduser()
-        try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        except OSError as exc:
-            raise SpecrunError(f"cannot write {path}: {exc.strerror}") from None
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        check_writable(path, "/save")
+        write_text_atomic(path, text, "/save")
 
     def transcript(self) -> dict:
         turns = []

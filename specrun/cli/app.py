@@ -18,33 +18,90 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
+
 # Results go to stdout, everything else (progress, stats, errors) to stderr.
 err_console = Console(stderr=True)
 
 
 def run_app(argv: list[str] | None = None) -> int:
-    """Run the CLI; user errors become one line on stderr and a non-zero exit."""
+    """Run the CLI; every problem the user can fix becomes one line on stderr and a non-zero exit."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        _register_commands()
         # Without standalone mode click returns a typer.Exit's code instead of raising it.
-        result = app(args=argv, standalone_mode=False)
-    except SpecrunError as exc:
-        if os.environ.get("SPECRUN_DEBUG"):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        result = app(args=argv, prog_name="specrun", standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code
     except typer.Abort:
         print("aborted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+        return INTERRUPTED
+    except Exception as exc:
+        if not isinstance(exc, (SpecrunError, OSError, UnicodeError)) and not _is_click_error(exc):
+            raise  # a bug: the traceback is what helps
+        if os.environ.get("SPECRUN_DEBUG"):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `specrun` or `specrun pair`
+            print(exc.format_message(), file=sys.stderr)
+            return 2
+        print(f"error: {one_line(exc, argv)}", file=sys.stderr)
+        return exc.exit_code if isinstance(getattr(exc, "exit_code", None), int) else 2
+    if result == INTERRUPTED:  # typer turns Ctrl-C inside a command into this exit code
+        print("interrupted", file=sys.stderr)
     return result if isinstance(result, int) else 0
+
+
+def _register_commands() -> None:
+    """Import the command modules (each registers on `app`) inside the error boundary, so a
+    missing or too old llama-cpp-python is one line, not an import traceback."""
+    import specrun.backend  # noqa: F401  (first: its checks of llama-cpp-python say what to install)
+    from specrun.cli import bench, chat, doctor, generate, models, pair, pull  # noqa: F401
+
+
+def _is_click_error(exc: Exception) -> bool:
+    """click's usage errors. Typer 0.2x ships its own copy of click, so they are known by shape."""
+    return isinstance(getattr(exc, "exit_code", None), int) and callable(getattr(exc, "format_message", None))
+
+
+def one_line(exc: Exception, argv: list[str]) -> str:
+    """The message for an exception that reached the CLI boundary."""
+    if _is_click_error(exc):
+        return _usage_line(exc, argv)
+    if isinstance(exc, UnicodeDecodeError):
+        return f"input is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    if isinstance(exc, UnicodeError):
+        return "text holds bytes that are not UTF-8: give UTF-8 text"
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}"
+    return str(exc)
+
+
+def _usage_line(exc, argv: list[str]) -> str:
+    """click's message in one line; a value it could not convert is shown as given."""
+    param, ctx = getattr(exc, "param", None), getattr(exc, "ctx", None)
+    hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    opts = getattr(param, "opts", None)
+    given = _given_value(argv, opts) if opts and getattr(param, "param_type_name", "") == "option" else None
+    if given is not None:
+        detail = str(getattr(exc, "message", "") or exc.format_message())
+        return f"{max(opts, key=len)} {given!r}: {detail[:1].lower()}{detail[1:]}{hint}"
+    message = exc.format_message().rstrip(".")
+    return f"{message[:1].lower()}{message[1:]}{hint}"
+
+
+def _given_value(argv: list[str], opts: list[str]) -> str | None:
+    """The last value given for an option on the command line (--temp x, --temp=x or -nx)."""
+    found = None
+    for i, arg in enumerate(argv):
+        if arg in opts and i + 1 < len(argv):
+            found = argv[i + 1]
+        for opt in opts:
+            if opt.startswith("--") and arg.startswith(opt + "="):
+                found = arg[len(opt) + 1 :]
+            elif not opt.startswith("--") and arg.startswith(opt) and arg != opt and not arg.startswith("--"):
+                found = arg[len(opt) :]
+    return found

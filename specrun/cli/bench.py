@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
@@ -18,6 +19,7 @@ from specrun.bench.runner import measure, tokenize_all
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
 from specrun.errors import SpecrunError
+from specrun.files import check_writable, write_text_atomic
 from specrun.session import Session
 
 
@@ -50,9 +52,12 @@ def bench(
     top_p: o.TopP = 0.95,
     min_p: o.MinP = 0.05,
     seed: o.Seed = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens per run (default 96 on built-in sets, 128 on a file).")] = None,
-    repeat: Annotated[Optional[int], typer.Option("--repeat", help="Timed runs per prompt and method; tok/s is their median (default 1).")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds of every method on the first prompt.")] = 1,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"),
+                                                      help="Tokens per run (default 96 on built-in sets, 128 on a file).")] = None,
+    repeat: Annotated[Optional[int], typer.Option("--repeat", callback=o.in_range(1, allowed="an integer >= 1"),
+                                                  help="Timed runs per prompt and method; tok/s is their median (default 1).")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", callback=o.in_range(0, allowed="an integer >= 0"),
+                                        help="Untimed rounds of every method on the first prompt.")] = 1,
     ctx_size: o.CtxSize = 4096,
     threads: o.Threads = 0,
     n_gpu_layers: o.GpuLayers = -1,
@@ -65,11 +70,10 @@ def bench(
     defaults = FILE_DEFAULTS if prompts else BUILTIN_DEFAULTS
     max_tokens = defaults.max_tokens if max_tokens is None else max_tokens
     repeat = defaults.repeat if repeat is None else repeat
-    _check_counts(max_tokens, repeat, warmup)
     ks = parse_k_values(k or defaults.k)
-    method_names = _methods(methods, draft)
     loaded, source_name = _load_prompts(prompts, prompt_set)
     _check_outputs(json_out, csv_out, plot_out)
+    method_names = _methods(methods, draft)
     if temp > 0 and seed is None:
         seed = secrets.randbelow(2**31)  # one seed, shared by every method and recorded
     config = o.session_config(
@@ -86,22 +90,13 @@ def bench(
         texts = _render_all(loaded, session)
         token_lists = tokenize_all(session, texts, [p.source for p in loaded])
         results = Results(variants, len(loaded))
-        runs = measure(session, token_lists, variants, config.sampler, max_tokens, repeat, warmup)
-        _run_with_progress(runs, results, len(loaded) * repeat * len(variants), loaded, warmup)
+        with closing(measure(session, token_lists, variants, config.sampler, max_tokens, repeat, warmup)) as runs:
+            _run_with_progress(runs, results, len(loaded) * repeat * len(variants), loaded, warmup)
     meta = [{"source": p.source, "group": p.group, "prompt_tokens": len(t)} for p, t in zip(loaded, token_lists)]
     settings = _config_record(config, method_names, ks, max_tokens, repeat, warmup, source_name, len(loaded))
     document = export.build_document(results, settings, meta)
     _show(document)
     _write_outputs(document, json_out, csv_out, plot_out)
-
-
-def _check_counts(max_tokens: int, repeat: int, warmup: int) -> None:
-    if max_tokens < 1:
-        raise SpecrunError(f"--max-tokens has to be >= 1, but is {max_tokens}")
-    if repeat < 1:
-        raise SpecrunError(f"--repeat has to be >= 1, but is {repeat}")
-    if warmup < 0:
-        raise SpecrunError(f"--warmup has to be >= 0, but is {warmup}")
 
 
 def _methods(text: str | None, draft: str | None) -> list[str]:
@@ -128,7 +123,7 @@ def _load_prompts(path: Path | None, prompt_set: str | None) -> tuple[list[promp
 def _check_outputs(json_out: Path | None, csv_out: Path | None, plot_out: Path | None) -> None:
     for path, option in ((json_out, "--json"), (csv_out, "--csv"), (plot_out, "--plot")):
         if path is not None:
-            export.check_output(path, option)
+            check_writable(path, option)
     if plot_out is not None:
         from specrun.bench.plot import check_plot_path
 
@@ -191,9 +186,9 @@ def _show(document: dict) -> None:
 
 def _write_outputs(document: dict, json_out: Path | None, csv_out: Path | None, plot_out: Path | None) -> None:
     if json_out is not None:
-        export.write_text_atomic(json_out, export.json_text(document))
+        write_text_atomic(json_out, export.json_text(document), "--json")
     if csv_out is not None:
-        export.write_text_atomic(csv_out, export.csv_text(document))
+        write_text_atomic(csv_out, export.csv_text(document), "--csv")
     if plot_out is not None:
         from specrun.bench.plot import save_plot
 

@@ -56,7 +56,8 @@ def chat(
     chat_format: Annotated[
         Optional[str], typer.Option("--chat-format", help="llama-cpp-python chat format (e.g. chatml, gemma, llama-3) or 'plain'; default: the model's template.")
     ] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens per reply.")] = 512,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"),
+                                            help="Most tokens per reply.")] = 512,
     ctx_size: o.CtxSize = 4096,
     threads: o.Threads = 0,
     n_gpu_layers: o.GpuLayers = -1,

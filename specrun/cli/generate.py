@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,7 +13,6 @@ import typer
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
 from specrun.engine import Done, Stats, TokenEvent
-from specrun.errors import SpecrunError
 from specrun.session import Session
 
 
@@ -41,16 +41,14 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
     """Continue PROMPT with the target, drafting by --draft model or --lookup."""
-    if max_tokens < 1:
-        raise SpecrunError(f"--max-tokens has to be >= 1, but is {max_tokens}")
     text = o.read_prompt(prompt, prompt_file)
     config = o.session_config(
         target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
         quant=quant, draft_quant=draft_quant, offline=offline,
     )
-    if config.draft is None and not config.lookup:
-        err_console.print("[dim]no --draft or --lookup: plain decoding[/]")
     with Session(config) as session:
+        if config.draft is None and not config.lookup:
+            err_console.print("[dim]no --draft or --lookup: plain decoding[/]")
         tokens = session.tokenize(text)
         spec_tokens, spec_stats = _run(session.stream(tokens, max_tokens), echo=not as_json)
         result = {"text": session.target_model.detokenize(spec_tokens), "tokens": spec_tokens, "stats": spec_stats.to_dict()}
@@ -71,16 +69,18 @@ def generate(
 
 def _run(events, echo: bool) -> tuple[list[int], Stats]:
     tokens: list[int] = []
-    for event in events:
-        if isinstance(event, TokenEvent):
-            tokens.append(event.token)
-            if echo:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-        elif isinstance(event, Done):
-            if echo:
-                sys.stdout.write("\n")
-            return tokens, event.stats
+    # Closed here, even on Ctrl-C: its rollback must run before the session frees the caches.
+    with closing(events):
+        for event in events:
+            if isinstance(event, TokenEvent):
+                tokens.append(event.token)
+                if echo:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+            elif isinstance(event, Done):
+                if echo:
+                    sys.stdout.write("\n")
+                return tokens, event.stats
     raise AssertionError("the event stream ended without Done")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,10 +11,41 @@ import typer
 
 from specrun.cli.app import err_console
 from specrun.errors import SpecrunError
+from specrun.files import decode_utf8, read_text
 from specrun.hub import resolve_pair
 from specrun.policy import parse_k
 from specrun.sampling import SamplerSettings
 from specrun.session import SessionConfig
+
+INT32_MAX = 2**31 - 1  # llama.cpp's context fields are 32-bit: larger values would wrap silently
+MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
+
+
+def option_name(param: typer.CallbackParam) -> str:
+    """The option as users write it: its longest spelling (--max-tokens, not -n)."""
+    return max(param.opts, key=len) if param.opts else param.human_readable_name
+
+
+def in_range(low: float | None = None, high: float | None = None, allowed: str = "", low_open: bool = False):
+    """A callback refusing values outside [low, high] ((low, high] when `low_open`), and
+    NaN or infinite ones, with one line naming the option, the value and what is allowed."""
+
+    def check(param: typer.CallbackParam, value: float | None) -> float | None:
+        if value is None:
+            return value
+        above = low is None or (value > low if low_open else value >= low)
+        if not (math.isfinite(value) and above and (high is None or value <= high)):
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
+            raise SpecrunError(f"{option_name(param)} has to be {allowed}, but is {shown}")
+        return value
+
+    return check
+
+
+def checked_k(param: typer.CallbackParam, value: str) -> str:
+    parse_k(value)  # its message names --k, the value and the choices
+    return value
+
 
 MODEL_FORMS = "alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf or a path"
 Target = Annotated[
@@ -32,19 +64,30 @@ Lookup = Annotated[
     bool, typer.Option("--lookup", help="Draft by prompt lookup (n-grams copied from the context); with --draft: hybrid.")
 ]
 K = Annotated[
-    str, typer.Option("--k", help="Most tokens drafted per step: a number, 'auto' (cost-aware), or 'llama.cpp' (draft-max 16, p-min 0.75).")
+    str,
+    typer.Option("--k", callback=checked_k,
+                 help="Most tokens drafted per step: a number, 'auto' (cost-aware), or 'llama.cpp' (draft-max 16, p-min 0.75)."),
 ]
-Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")]
-TopK = Annotated[int, typer.Option("--top-k", help="Top-k filter at temperature > 0 (0 disables).")]
-TopP = Annotated[float, typer.Option("--top-p", help="Top-p filter at temperature > 0 (1 disables).")]
-MinP = Annotated[float, typer.Option("--min-p", help="Min-p filter at temperature > 0 (0 disables).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for reproducible sampling.")]
-MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
-CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens for target and draft.")]
-Threads = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0 = all cores).")]
-GpuLayers = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", help="Target layers to offload (-1 = all).")]
+Temp = Annotated[float, typer.Option("--temp", callback=in_range(0, allowed="a number >= 0 (0 is greedy)"),
+                                     help="Sampling temperature; 0 is greedy.")]
+TopK = Annotated[int, typer.Option("--top-k", callback=in_range(0, allowed="an integer >= 0 (0 disables it)"),
+                                   help="Top-k filter at temperature > 0 (0 disables).")]
+TopP = Annotated[float, typer.Option("--top-p", callback=in_range(0, 1, "a number in (0, 1] (1 disables it)", low_open=True),
+                                     help="Top-p filter at temperature > 0 (1 disables).")]
+MinP = Annotated[float, typer.Option("--min-p", callback=in_range(0, 1, "a number in [0, 1] (0 disables it)"),
+                                     help="Min-p filter at temperature > 0 (0 disables).")]
+Seed = Annotated[Optional[int], typer.Option("--seed", callback=in_range(0, allowed="an integer >= 0 (leave it out for a random seed)"),
+                                             help="Seed for reproducible sampling.")]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", callback=in_range(1, allowed="an integer >= 1"),
+                                        help="Most tokens to generate.")]
+CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", callback=in_range(8, INT32_MAX, f"an integer from 8 to {INT32_MAX}"),
+                                      help="Context size in tokens for target and draft.")]
+Threads = Annotated[int, typer.Option("--threads", "-t", callback=in_range(0, MAX_THREADS, f"an integer from 0 to {MAX_THREADS} (0 = all cores)"),
+                                      help="CPU threads (0 = all cores).")]
+_LAYERS = in_range(-1, INT32_MAX, "an integer >= -1 (-1 = all)")
+GpuLayers = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", callback=_LAYERS, help="Target layers to offload (-1 = all).")]
 DraftGpuLayers = Annotated[
-    int, typer.Option("--draft-n-gpu-layers", "-ngld", help="Draft layers to offload (-1 = all).")
+    int, typer.Option("--draft-n-gpu-layers", "-ngld", callback=_LAYERS, help="Draft layers to offload (-1 = all).")
 ]
 
 
@@ -89,20 +132,26 @@ def _report_model(reason: str) -> None:
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
-    """The prompt from the argument, --prompt-file, or piped stdin, in that order."""
+    """The prompt from the argument, --prompt-file, or piped stdin, in that order; never empty."""
     if prompt is not None and prompt_file is not None:
         raise SpecrunError("give the prompt either as an argument or with --prompt-file, not both")
     if prompt is not None:
-        return prompt
-    if prompt_file is not None:
-        try:
-            return prompt_file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SpecrunError(f"cannot read --prompt-file {prompt_file}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise SpecrunError(f"--prompt-file {prompt_file} is not UTF-8 text") from None
-    if not sys.stdin.isatty():
-        text = sys.stdin.read()
-        if text:
-            return text
-    raise SpecrunError("no prompt: give PROMPT, --prompt-file PATH, or pipe text on stdin")
+        text, where = prompt, "PROMPT"
+    elif prompt_file is not None:
+        text, where = read_text(prompt_file, "--prompt-file"), f"--prompt-file {prompt_file}"
+    elif not sys.stdin.isatty():
+        text, where = _read_stdin(), "standard input"
+    else:
+        raise SpecrunError("no prompt: give PROMPT, --prompt-file PATH, or pipe text on stdin")
+    if not text.strip():
+        raise SpecrunError(f"no prompt: {where} is empty; give some text to continue")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes from the command line arrive as surrogates
+        raise SpecrunError(f"{where} is not UTF-8 text") from None
+    return text
+
+
+def _read_stdin() -> str:
+    stream = getattr(sys.stdin, "buffer", None)
+    return decode_utf8(stream.read(), "standard input") if stream is not None else sys.stdin.read()

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from specrun.cli.app import app
+from specrun.cli.options import INT32_MAX, MAX_THREADS, in_range
 from specrun.errors import SpecrunError
 
 pair_app = typer.Typer(help="Check, find and derive draft models for a target.",
@@ -16,14 +17,11 @@ app.add_typer(pair_app, name="pair")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 OfflineOpt = Annotated[bool, typer.Option("--offline", help="Use only local files and the cache.")]
-CtxOpt = Annotated[int, typer.Option("--ctx", help="Context length for the memory estimate.")]
+CtxOpt = Annotated[int, typer.Option("--ctx", callback=in_range(1, INT32_MAX, f"an integer from 1 to {INT32_MAX}"),
+                                     help="Context length for the memory estimate.")]
 AcceptOpt = Annotated[Optional[float], typer.Option(
-    "--acceptance", help="Per-token acceptance rate to assume instead of the family prior.")]
-
-
-def _check_acceptance(value: float | None) -> None:
-    if value is not None and not 0.0 <= value <= 1.0:
-        raise SpecrunError(f"--acceptance must be in [0, 1], got {value}")
+    "--acceptance", callback=in_range(0, 1, "a number in [0, 1]"),
+    help="Per-token acceptance rate to assume instead of the family prior.")]
 
 
 @pair_app.command("check")
@@ -40,9 +38,6 @@ def check(
     from specrun.pair.report import check_lines
     from specrun.pair.sources import load_facts
 
-    _check_acceptance(acceptance)
-    if n_ctx <= 0:
-        raise SpecrunError(f"--ctx must be positive, got {n_ctx}")
     result = check_pair(load_facts(target, offline), load_facts(draft, offline), n_ctx, acceptance)
     if json_out:
         typer.echo(json.dumps(result.as_json(), indent=2))
@@ -60,7 +55,8 @@ def derive(
         "--layers", help="Target layers to keep, e.g. 0-5 or 0-2,15-17.")] = None,
     auto: Annotated[bool, typer.Option(
         "--auto", help="Choose the layers by measuring acceptance and cost on sample prompts.")] = False,
-    threads: Annotated[int, typer.Option("--threads", "-t", help="CPU threads for --auto (0 = all).")] = 0,
+    threads: Annotated[int, typer.Option("--threads", "-t", callback=in_range(0, MAX_THREADS, f"an integer from 0 to {MAX_THREADS} (0 = all cores)"),
+                                         help="CPU threads for --auto (0 = all).")] = 0,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -69,7 +65,8 @@ def derive(
 
     from specrun.cli.app import err_console
     from specrun.pair.check import check_pair
-    from specrun.pair.derive import derive_draft, parse_layers
+    from specrun.files import check_writable
+    from specrun.pair.derive import check_derivable, derive_draft, parse_layers
     from specrun.pair.header import read_local
     from specrun.pair.report import auto_lines, derive_lines
     from specrun.pair.sources import local_path
@@ -77,11 +74,13 @@ def derive(
     target_path, out = local_path(target), Path(output)
     if (layers is None) == (not auto):
         raise SpecrunError("give either --layers (e.g. --layers 0-2,15-17) or --auto")
+    check_writable(out, "--output")
     if out.exists() and not force:
         raise SpecrunError(f"{out} exists: pass --force to overwrite it")
     if out.resolve() == target_path.resolve():
         raise SpecrunError("--output must differ from the target file")
     target_facts = read_local(target_path)
+    check_derivable(target_facts)
     measured = []
     if auto:
         from specrun.pair.autoderive import measure
@@ -105,7 +104,7 @@ def derive(
 @pair_app.command("suggest")
 def suggest(
     target: Annotated[str, typer.Option("--target", "-m", help="Target: path, alias or hub repo.")],
-    top: Annotated[int, typer.Option("--top", help="How many drafts to list.")] = 5,
+    top: Annotated[int, typer.Option("--top", callback=in_range(1, allowed="an integer >= 1"), help="How many drafts to list.")] = 5,
     offline: OfflineOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -114,8 +113,6 @@ def suggest(
     from specrun.pair.report import suggest_lines
     from specrun.pair.suggest import suggest as find_drafts
 
-    if top < 1:
-        raise SpecrunError(f"--top must be >= 1, got {top}")
     facts, found = find_drafts(target, offline, top, report=lambda line: err_console.print(line, markup=False))
     if json_out:
         typer.echo(json.dumps({"target": facts.source, "drafts": [s.as_json() for s in found]}, indent=2))

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import yaml
 
 from specrun.errors import SpecrunError
+from specrun.files import read_text
 
 REPO_RE = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([MB])", re.IGNORECASE)
@@ -115,7 +116,7 @@ def load_profiles(dirs: Iterable[Path] | None = None) -> dict[str, ModelProfile]
 
 def load_profile_file(path: Path) -> list[ModelProfile]:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_LineLoader)
+        data = yaml.load(read_text(path, "profile"), Loader=_LineLoader)
         return _family_profiles(data, path)
     except _ProfileError as exc:
         raise SpecrunError(f"bad profile {path}:{exc.line}: {exc.field}: {exc.problem}") from None
@@ -124,8 +125,6 @@ def load_profile_file(path: Path) -> list[ModelProfile]:
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecrunError(f"bad profile {path}{where}: not valid YAML: {problem}") from None
-    except OSError as exc:
-        raise SpecrunError(f"cannot read profile {path}: {exc.strerror}") from None
 
 
 def _family_profiles(data: Any, path: Path) -> list[ModelProfile]:

@@ -8,7 +8,6 @@ and only then renamed into place.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,8 @@ from typing import Any
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from specrun.errors import SpecrunError
-from specrun.pair.header import open_reader
+from specrun.files import atomic_path
+from specrun.pair.header import ModelFacts, open_reader, read_local
 
 BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
 # Sliding-window layouts llama.cpp applies when a file has no per-layer pattern array:
@@ -54,18 +54,25 @@ def parse_layers(spec: str, n_layers: int) -> list[int]:
     return sorted(layers)
 
 
+def check_derivable(target: ModelFacts) -> None:
+    """A draft is cut from the layers of a model llama.cpp can load: say so when this is not one."""
+    if "general.architecture" not in target.meta:
+        raise SpecrunError(f"{target.source} has no general.architecture in its header: "
+                           "not a model llama.cpp can load, so no draft can be cut from it")
+    if target.n_layers < 2:
+        raise SpecrunError(f"{target.source} has {target.n_layers} layers ({target.arch}.block_count): "
+                           "a derived draft needs a target with 2 or more")
+
+
 def derive_draft(target: Path, layers: list[int], out: Path, verify: bool = True) -> DerivedDraft:
+    facts = read_local(target)
+    check_derivable(facts)
+    arch, n_layers = facts.arch, facts.n_layers
     reader = open_reader(target)
-    arch = str(reader.fields["general.architecture"].contents())
-    n_layers = int(reader.fields[f"{arch}.block_count"].contents())
-    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
-    try:
+    with atomic_path(out, "--output") as partial:
         write_subset(reader, arch, n_layers, layers, target.name, partial)
         if verify:
             check_loads(partial, out)
-        os.replace(partial, out)
-    finally:
-        partial.unlink(missing_ok=True)
     return DerivedDraft(out, tuple(layers), n_layers)
 
 

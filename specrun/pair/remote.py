@@ -10,6 +10,7 @@ byte it read is then real, not a hole.
 from __future__ import annotations
 
 import re
+import struct
 import tempfile
 from pathlib import Path
 from urllib.parse import quote
@@ -63,7 +64,7 @@ def _parse_prefix(sparse: Path, fetched: int, total: int) -> GGUFReader | None:
         out.truncate(total)  # holes, not bytes on disk
     try:
         reader = PlainArrayReader(sparse)
-    except (ValueError, KeyError, IndexError, OverflowError):
+    except (ValueError, KeyError, IndexError, OverflowError, struct.error):
         return None  # ran into the zero-filled holes; fetch more
     # data_offset is the header's end rounded up to the alignment; a file without
     # tensors may end before that rounding.

@@ -105,12 +105,15 @@ def hub_candidates(target: ModelFacts, limit: int = HUB_HEADERS_MAX) -> list[Can
 
 def suggest(target_spec: str, offline: bool, top: int,
             report: Callable[[str], None] = lambda line: None) -> tuple[ModelFacts, list[Suggestion]]:
+    from specrun.hub.download import NetworkUnavailable, offline_mode
+
+    offline = offline or offline_mode()  # HF_HUB_OFFLINE=1 means --offline
     target = load_facts(target_spec, offline)
     candidates = profile_candidates(target_spec, target) + cache_candidates()
     if not offline:
         try:
             candidates += hub_candidates(target)
-        except SpecrunError as exc:
+        except (SpecrunError, NetworkUnavailable) as exc:  # unreachable: the local candidates remain
             report(f"hub search skipped: {exc}")
     suggestions = judged(target, dedupe(candidates), offline, report)
     suggestions.sort(key=lambda s: (-s.speedup, s.check.draft.file_size))

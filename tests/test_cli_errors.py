@@ -1,0 +1,222 @@
+"""Bad input to every command, as a table: one line naming the problem, exit 2, nothing written.
+
+Each row is a command line and the fragments its one error line must hold (the option
+and the value, or the file). Rows run in-process through the CLI boundary (`run_app`),
+inside a folder whose contents must be the same afterwards; the faults only a real
+process shows (stdin bytes, a broken llama-cpp-python) run as subprocesses.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specrun.cli.app import run_app
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLING_COMMANDS = ("generate", "chat", "bench")
+
+# (option, bad value, fragments of the error line) for options generate, chat and bench share.
+SHARED_OPTIONS = [
+    ("--temp", "-1", ["--temp", "-1", ">= 0"]),
+    ("--temp", "nan", ["--temp", "nan"]),
+    ("--temp", "inf", ["--temp", "inf"]),
+    ("--temp", "warm", ["--temp", "'warm'", "number"]),
+    ("--top-k", "-1", ["--top-k", "-1", ">= 0"]),
+    ("--top-k", "1.5", ["--top-k", "'1.5'", "integer"]),
+    ("--top-p", "0", ["--top-p", "(0, 1]", "but is 0"]),
+    ("--top-p", "1.5", ["--top-p", "1.5"]),
+    ("--min-p", "-0.1", ["--min-p", "-0.1", "[0, 1]"]),
+    ("--min-p", "2", ["--min-p", "but is 2"]),
+    ("--seed", "-1", ["--seed", "-1", ">= 0"]),
+    ("--seed", "abc", ["--seed", "'abc'"]),
+    ("--ctx-size", "4", ["--ctx-size", "but is 4", "from 8"]),
+    ("--ctx-size", str(2**40), ["--ctx-size", str(2**40)]),
+    ("--ctx-size", "1e3", ["--ctx-size", "'1e3'"]),
+    ("--threads", "-1", ["--threads", "-1", "0 = all cores"]),
+    ("--threads", "100000", ["--threads", "100000"]),
+    ("--n-gpu-layers", "-2", ["--n-gpu-layers", "-2", ">= -1"]),
+    ("-ngld", "-5", ["--draft-n-gpu-layers", "-5"]),
+    ("--max-tokens", "0", ["--max-tokens", "but is 0", ">= 1"]),
+    ("-n", "many", ["--max-tokens", "'many'"]),
+    ("--no-such-option", "1", ["no such option", "--no-such-option"]),
+]
+
+
+def shared_rows():
+    for command in SAMPLING_COMMANDS:
+        for option, value, fragments in SHARED_OPTIONS:
+            yield pytest.param([command, option, value], fragments, id=f"{command} {option} {value}")
+
+
+# Command lines with {tiny} (the tiny target), {dir}, {missing}, {binary}, {empty}, {cut},
+# and {noarch} filled in by the `inputs` fixture.
+COMMAND_ROWS = [
+    # prompts
+    (["generate", "", "-m", "{tiny}", "--lookup"], ["no prompt", "PROMPT is empty"]),
+    (["generate", " \n ", "-m", "{tiny}", "--lookup"], ["no prompt", "PROMPT is empty"]),
+    (["generate", "hi\udcff", "-m", "{tiny}", "--lookup"], ["PROMPT is not UTF-8"]),
+    (["generate", "-f", "{empty}", "-m", "{tiny}"], ["no prompt", "--prompt-file", "is empty"]),
+    (["generate", "-f", "{binary}", "-m", "{tiny}"], ["--prompt-file", "not UTF-8", "line 2"]),
+    (["generate", "-f", "{missing}", "-m", "{tiny}"], ["--prompt-file", "missing.txt", "No such file"]),
+    (["generate", "-f", "{dir}", "-m", "{tiny}"], ["--prompt-file", "Is a directory"]),
+    (["generate", "hi", "-f", "{empty}"], ["either as an argument or with --prompt-file"]),
+    (["generate", "hi", "--k", "0"], ["--k", "'0'", "'auto'"]),
+    (["generate", "hi", "--k", "fast"], ["--k", "'fast'"]),
+    (["generate", "hi", "extra"], ["unexpected extra argument", "extra"]),
+    # chat
+    (["chat", "-m", "{tiny}", "--k", "-2"], ["--k", "'-2'"]),
+    (["chat", "-m", "{tiny}", "--chat-format", "nope"], ["--chat-format", "'nope'", "chatml"]),
+    (["chat", "-m", "{tiny}", "-n", "3000"], ["--max-tokens", "half of --ctx-size"]),
+    # bench
+    (["bench", "{missing}", "-m", "{tiny}"], ["prompts file not found", "missing.txt"]),
+    (["bench", "{binary}", "-m", "{tiny}"], ["binary.txt line 2", "not UTF-8"]),
+    (["bench", "{empty}", "-m", "{tiny}"], ["empty.txt holds no prompts"]),
+    (["bench", "--set", "poems", "-m", "{tiny}"], ["--set", "'poems'", "code"]),
+    (["bench", "--methods", "plain,magic", "-m", "{tiny}"], ["--methods", "'magic'"]),
+    (["bench", "--k", "2,0", "-m", "{tiny}"], ["--k", "'0'"]),
+    (["bench", "--k", ",", "-m", "{tiny}"], ["--k is empty"]),
+    (["bench", "--repeat", "0", "-m", "{tiny}"], ["--repeat", "but is 0"]),
+    (["bench", "--warmup", "-1", "-m", "{tiny}"], ["--warmup", "-1"]),
+    (["bench", "--json", "{missing_dir}/r.json", "-m", "{tiny}"], ["--json", "does not exist"]),
+    (["bench", "--csv", "{dir}", "-m", "{tiny}"], ["--csv", "is a directory"]),
+    (["bench", "--plot", "{dir}/chart.xyz", "-m", "{tiny}"], ["--plot", "unknown image type"]),
+    # pair check
+    (["pair", "check", "{missing}", "{tiny}"], ["no such model file", "missing.txt"]),
+    (["pair", "check", "{cut}", "{tiny}"], ["cut.gguf", "not a readable GGUF file"]),
+    (["pair", "check", "{dir}", "{tiny}"], ["is a directory"]),
+    (["pair", "check", "{tiny}", "{tiny}", "--ctx", "0"], ["--ctx", "but is 0"]),
+    (["pair", "check", "{tiny}", "{tiny}", "--acceptance", "2"], ["--acceptance", "[0, 1]", "but is 2"]),
+    (["pair", "check", "{tiny}"], ["missing argument", "draft"]),
+    # pair derive
+    (["pair", "derive", "-m", "{tiny}", "-o", "{missing_dir}/d.gguf", "--layers", "0"], ["--output", "does not exist"]),
+    (["pair", "derive", "-m", "{tiny}", "-o", "{dir}", "--layers", "0"], ["--output", "is a directory"]),
+    (["pair", "derive", "-m", "{noarch}", "-o", "{dir}/d.gguf", "--layers", "0"], ["noarch.gguf", "general.architecture"]),
+    (["pair", "derive", "-m", "{tiny}", "-o", "{dir}/d.gguf", "--layers", "0-x"], ["--layers", "'0-x'"]),
+    (["pair", "derive", "-m", "{tiny}", "-o", "{dir}/d.gguf", "--layers", "0-5"], ["--layers", "layers 0-1"]),
+    (["pair", "derive", "-m", "{tiny}", "-o", "{dir}/d.gguf", "--layers", "0", "-t", "-1"], ["--threads", "-1"]),
+    (["pair", "derive", "-m", "{missing}", "-o", "{dir}/d.gguf", "--layers", "0"], ["missing.txt"]),
+    # pair suggest, pull, models, doctor
+    (["pair", "suggest", "-m", "{tiny}", "--top", "0"], ["--top", "but is 0"]),
+    (["pull"], ["missing argument"]),
+    (["doctor", "--yaml"], ["no such option", "--yaml"]),
+]
+
+
+@pytest.fixture
+def inputs(tmp_path, tiny, monkeypatch):
+    """Bad inputs in a folder; the test runs there and checks nothing new appears."""
+    folder = tmp_path / "work"
+    (folder / "dir").mkdir(parents=True)
+    (folder / "binary.txt").write_bytes(b"fine\nbroken \xff\xfe here\n")
+    (folder / "empty.txt").write_text("")
+    (folder / "cut.gguf").write_bytes(Path(tiny["target"]).read_bytes()[:200])  # inside the header
+    # A GGUF whose header holds one key and no general.architecture.
+    (folder / "noarch.gguf").write_bytes(
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"name" + struct.pack("<IQ", 8, 1) + b"x"
+    )
+    # Config and caches live beside the folder: matplotlib keeps its font list there.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(folder)
+    return {
+        "tiny": str(tiny["target"]), "dir": str(folder / "dir"), "missing": str(folder / "missing.txt"),
+        "missing_dir": str(folder / "no" / "such"), "binary": str(folder / "binary.txt"),
+        "empty": str(folder / "empty.txt"), "cut": str(folder / "cut.gguf"), "noarch": str(folder / "noarch.gguf"),
+        "root": folder,
+    }
+
+
+def tree(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*")}
+
+
+def assert_refused(argv, fragments, inputs, capsys, monkeypatch, stdin=""):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+    before = tree(inputs["root"])
+    code = run_app([arg.format(**inputs) for arg in argv])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert out == ""
+    assert tree(inputs["root"]) == before  # nothing written, not even a partial file
+
+
+@pytest.mark.parametrize("argv, fragments", list(shared_rows()))
+def test_shared_options_refuse_bad_values(argv, fragments, inputs, capsys, monkeypatch):
+    prompt = ["hi"] if argv[0] == "generate" else []
+    assert_refused([*argv[:1], *prompt, "-m", "{tiny}", "--lookup", *argv[1:]] if argv[0] != "bench"
+                   else [*argv, "-m", "{tiny}"], fragments, inputs, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("argv, fragments", COMMAND_ROWS, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_commands_refuse_bad_input(argv, fragments, inputs, capsys, monkeypatch):
+    assert_refused(argv, fragments, inputs, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("argv", [["models", "--aliases"], ["generate", "hi", "-m", "llama-1b"]])
+def test_a_profile_that_is_not_utf8_is_one_line(argv, inputs, tmp_path, capsys, monkeypatch):
+    profiles = tmp_path / "config" / "specrun" / "profiles"
+    profiles.mkdir(parents=True)
+    (profiles / "mine.yaml").write_bytes(b"family: caf\xe9\n")
+    assert_refused(argv, ["profile", "mine.yaml line 1", "not UTF-8"], inputs, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("stdin, fragment", [("", "standard input is empty"), ("  \n", "standard input is empty")])
+def test_an_empty_prompt_on_stdin_is_refused(stdin, fragment, inputs, capsys, monkeypatch):
+    assert_refused(["generate", "-m", "{tiny}", "--lookup"], [fragment], inputs, capsys, monkeypatch, stdin=stdin)
+
+
+def specrun(*args, stdin: bytes = b"", env: dict | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "specrun", *map(str, args)], input=stdin, capture_output=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
+
+
+def assert_one_line(result, *fragments):
+    err = result.stderr.decode()
+    assert result.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize("locale", ["C.UTF-8", "C"])
+def test_bytes_that_are_not_utf8_on_stdin(tiny, locale):
+    """Under the C locale Python reads stdin with surrogateescape: the bytes must still be refused."""
+    result = specrun("generate", "-m", tiny["target"], "--lookup", stdin=b"the cat \xff\xfe sat",
+                     env={"LC_ALL": locale, "PYTHONUTF8": "0"})
+    assert_one_line(result, "standard input", "not UTF-8")
+
+
+def test_chat_save_onto_a_directory_is_one_line_and_nothing_is_left(tiny, tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    result = specrun("chat", "-m", tiny["target"], "-n", 4, "--ctx-size", 256, "--threads", 1,
+                     stdin=f"the cat\n/save {folder}\n".encode())
+    err = result.stderr.decode()
+    assert result.returncode == 2 and err.strip().splitlines()[-1] == f"error: /save {folder} is a directory: give a file name"
+    assert list(folder.iterdir()) == [] and list(tmp_path.iterdir()) == [folder]
+
+
+@pytest.mark.parametrize("module, fragments", [
+    ('raise ImportError("libllama.so: cannot open shared object file")', ["not importable", "libllama.so", "pip install"]),
+    ('__version__ = "0.2.90"', ["0.2.90 is older than specrun needs", "pip install"]),
+])
+def test_a_missing_or_old_llama_cpp_python_is_one_line(tmp_path, module, fragments):
+    fake = tmp_path / "llama_cpp"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(module)
+    result = specrun("generate", "hi", env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    assert_one_line(result, *fragments)

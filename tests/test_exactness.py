@@ -1,0 +1,177 @@
+"""End to end at temperature > 0: speculative output follows the target's own distribution.
+
+Over thousands of seeds, the first two tokens emitted while drafting with a model (the
+p/q rule), by prompt lookup, or both are tested with chi-square against the exact
+distribution, computed from fresh contexts; drafters that never sample (lookup, a greedy
+draft model) must give plain decoding's very tokens for the same seed.
+
+The tiny rig decodes one row at a time inside each batch (n_ubatch 1): batched
+verification then gives bit for bit the logits of one-token decoding, so these tests
+see the speculative rule, not floating-point luck. (With bigger micro-batches a logit
+moving by 0.002 can move a token across the top-p cut and change the sample for a few
+seeds in a hundred; scripts/batched_exactness.py measures that.) One test runs a plain
+Session as users do, without filters, where such rounding cannot change the support.
+The tiny draft is the target's first layer alone (same embeddings and head), accepted
+about 1 time in 4. On Gemma 3 270M the draft is the target without layer 16, run as
+users run it, so its samples are compared with plain decoding's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from reference import FreshContexts, chi_square_p, chi_square_two_sample_p
+from specrun.backend import Context, ContextOptions, Model
+from specrun.drafters import DraftModel, Hybrid, PromptLookup
+from specrun.engine import Generator, TokenEvent
+from specrun.sampling import SamplerSettings, filtered
+from specrun.session import Session, SessionConfig
+from tinymodels import write_tiny_llama
+
+SETTINGS = SamplerSettings(temperature=1.0)  # llama.cpp's default filters: top-k 40, top-p 0.95, min-p 0.05
+UNFILTERED = SamplerSettings(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0)
+MIN_P = 1e-4  # a correct sampler fails a check this strict once in 10,000
+SEEDS = 2000
+TINY_TEXT = "when the water was long after"
+DRAFTINGS = ("lookup", "draft", "hybrid")
+
+
+@pytest.fixture(scope="module")
+def first_layer_draft(tmp_path_factory):
+    """The tiny target's first layer alone: its drafts are accepted part of the time."""
+    return write_tiny_llama(tmp_path_factory.mktemp("exact") / "first-layer.gguf", seed=0, n_layer=1)
+
+
+class Rig:
+    """Target and draft contexts that decode batches one row at a time (n_ubatch 1)."""
+
+    def __init__(self, target, draft):
+        self.models = [Model(target), Model(draft, role="draft")]
+        options = ContextOptions(n_ctx=128, n_batch=8, n_ubatch=1, n_threads=1)
+        self.target, self.draft = (Context(model, options) for model in self.models)
+
+    def generator(self, drafting: str, settings: SamplerSettings, seed: int, draft_sampling: bool = True) -> Generator:
+        model = DraftModel(self.draft, settings, sample=draft_sampling)
+        drafter = {"plain": None, "lookup": PromptLookup(), "draft": model, "hybrid": Hybrid(PromptLookup(), model)}
+        return Generator(self.target, drafter[drafting], settings, k=2, rng=np.random.default_rng(seed))
+
+    def close(self):
+        for model in self.models:
+            model.close()
+
+
+@pytest.fixture(scope="module")
+def rig(tiny, first_layer_draft):
+    rig = Rig(tiny["target"], first_layer_draft)
+    yield rig
+    rig.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_prompt(rig):
+    """TEXT, the target's greedy continuation of it, and TEXT again: prompt lookup then
+    proposes that continuation, which the target accepts about half the time."""
+    text = rig.models[0].tokenize(TINY_TEXT)
+    events = rig.generator("plain", SamplerSettings(), 0).generate(text, 4)
+    return text + [e.token for e in events if isinstance(e, TokenEvent)] + text[1:]  # no second start token
+
+
+def first_tokens(make_generator, prompt: list[int], seeds: range, n: int = 2):
+    """The first `n` tokens of one generation per seed, and the drafted and accepted totals.
+
+    Each generation may emit one token more, so that even the n-th token's step drafts."""
+    outcomes, drafted, accepted = {}, 0, 0
+    for seed in seeds:
+        generator = make_generator(seed)
+        max_tokens = n + (generator.drafter is not None)
+        tokens = [e.token for e in generator.generate(prompt, max_tokens) if isinstance(e, TokenEvent)]
+        outcomes[seed] = tuple(tokens[:n])
+        drafted, accepted = drafted + generator.stats.drafted, accepted + generator.stats.accepted
+    return outcomes, drafted, accepted
+
+
+def exact_pairs(model, prompt: list[int], settings: SamplerSettings, n_ctx: int) -> dict[tuple[int, int], float]:
+    """P(first token, second token) from fresh contexts and the sampler's own filter chain."""
+    with FreshContexts(model, n_ctx) as fresh:
+        first = filtered(fresh.logits(prompt), settings)
+        fresh.prefetch([prompt + [t] for t in first.ids.tolist()])
+        pairs = {}
+        for t1, p1 in zip(first.ids.tolist(), first.probs.tolist()):
+            second = filtered(fresh.logits(prompt + [t1]), settings)
+            pairs.update({(t1, t2): p1 * p2 for t2, p2 in zip(second.ids.tolist(), second.probs.tolist())})
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def exact(tiny, tiny_prompt):
+    return exact_pairs(tiny["target"], tiny_prompt, SETTINGS, 128)
+
+
+@pytest.mark.parametrize("drafting", ["plain", *DRAFTINGS])
+def test_tiny_first_two_tokens_follow_the_targets_distribution(rig, tiny_prompt, exact, drafting):
+    sampled, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, SETTINGS, seed), tiny_prompt,
+                                              range(SEEDS))
+    if drafting != "plain":  # plain checks the test itself
+        assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)  # both accept and reject are taken
+    assert chi_square_p(Counter(sampled.values()), exact) > MIN_P
+
+
+@pytest.mark.parametrize("drafting", DRAFTINGS)
+def test_tiny_deterministic_drafters_give_plain_decodings_tokens_per_seed(rig, tiny_prompt, drafting):
+    """Sample-and-match draws one number per emitted token, as plain decoding does."""
+    seeds = range(300)
+    plain, _, _ = first_tokens(lambda seed: rig.generator("plain", SETTINGS, seed), tiny_prompt, seeds, n=6)
+    matched, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, SETTINGS, seed, draft_sampling=False),
+                                              tiny_prompt, seeds, n=6)
+    assert drafted > 0 and accepted > 0
+    assert matched == plain
+
+
+def test_the_chi_square_check_sees_a_small_distortion(rig, tiny_prompt, exact):
+    """The same number of seeds sampled at temperature 0.8 instead of 1 must fail the check."""
+    sharpened, _, _ = first_tokens(lambda seed: rig.generator("plain", replace(SETTINGS, temperature=0.8), seed),
+                                   tiny_prompt, range(SEEDS))
+    assert chi_square_p(Counter(sharpened.values()), exact) < MIN_P
+
+
+def test_a_session_as_users_run_it_samples_like_its_target(tiny, first_layer_draft, tiny_prompt):
+    config = SessionConfig(target=tiny["target"], draft=first_layer_draft, lookup=True, k=2, n_ctx=128, threads=1,
+                           sampler=UNFILTERED)
+    with Session(config) as session:
+        sampled, drafted, accepted = first_tokens(lambda seed: session.generator(seed=seed), tiny_prompt, range(SEEDS))
+    assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)
+    assert chi_square_p(Counter(sampled.values()), exact_pairs(tiny["target"], tiny_prompt, UNFILTERED, 128)) > MIN_P
+
+
+@pytest.fixture(scope="module")
+def gemma_without_layer_16(gemma, tmp_path_factory):
+    from specrun.pair.derive import derive_draft
+
+    return derive_draft(gemma, [*range(16), 17], tmp_path_factory.mktemp("gemma") / "draft.gguf").path
+
+
+@pytest.mark.gemma
+def test_gemma_with_a_derived_draft_samples_like_plain(gemma, gemma_without_layer_16):
+    """Fewer seeds than on the tiny models (a Gemma step costs 25-100 ms on one thread): enough
+    to catch a rule that is off by ten percent on the first token, in about 90 seconds. One
+    thread: ggml's spinning thread pool slows tenfold when other processes share the cores."""
+    prompt_text = "My favourite colour is blue. Your favourite colour is"  # ~14 likely colours
+    config = SessionConfig(target=gemma, draft=gemma_without_layer_16, k=1, n_ctx=256, threads=1, sampler=SETTINGS)
+    seeds = range(400)
+    with Session(config) as session:
+        prompt = session.tokenize(prompt_text)
+        plain, _, _ = first_tokens(lambda seed: session.generator(plain=True, seed=seed), prompt, seeds, n=1)
+        drafted_run, drafted, accepted = first_tokens(lambda seed: session.generator(seed=seed), prompt, seeds, n=1)
+    assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)
+    assert chi_square_two_sample_p(Counter(plain.values()), Counter(drafted_run.values())) > MIN_P
+    for name, drafting in (("lookup", {"lookup": True, "draft": None}), ("hybrid", {"lookup": True})):
+        with Session(replace(config, **drafting)) as session:
+            sampled, drafted, _ = first_tokens(lambda seed: session.generator(seed=seed), prompt, range(150), n=1)
+        assert drafted > 0, name
+        assert chi_square_two_sample_p(Counter(plain.values()), Counter(sampled.values())) > MIN_P, name
+        # Sample-and-match: plain's tokens, up to batched rounding moving a token across top-p.
+        assert sum(sampled[seed] == plain[seed] for seed in range(150)) >= 0.97 * 150, name

@@ -1,0 +1,46 @@
+"""The private corners of libraries specrun reaches into, pinned: an upgrade that moves them fails here.
+
+- gguf: PlainArrayReader overrides GGUFReader._get_field_parts for speed (test_pair_check
+  compares its fields with the stock reader's, part for part);
+- llama-cpp-python: the names of its chat formats and their formatters are read from
+  its handler registry, which has no public listing;
+- llama-cpp-python's raw API: every call backend.py makes.
+"""
+
+import inspect
+import re
+
+import llama_cpp
+import pytest
+
+from specrun import backend
+from specrun.chat.formats import registered_formats
+from specrun.pair import header
+
+# Formats llama-cpp-python 0.3.36 registers that render plain text; users pass these names.
+KNOWN_FORMATS = {"chatml", "gemma", "llama-2", "llama-3", "mistral-instruct", "qwen", "vicuna", "zephyr", "alpaca"}
+
+
+def test_the_fast_gguf_field_parsing_still_applies():
+    assert header.FAST_FIELD_PARSING, "gguf changed GGUFReader._get_field_parts: PlainArrayReader fell back to the slow path"
+
+
+def test_the_chat_format_registry_still_yields_formatters():
+    formats = registered_formats()
+    assert KNOWN_FORMATS <= set(formats)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    for name in KNOWN_FORMATS:
+        result = formats[name](messages=messages)
+        assert "Name a colour." in result.prompt, name
+
+
+def test_every_raw_call_the_backend_makes_exists():
+    missing = [name for name in backend.RAW_API if not hasattr(llama_cpp, name)]
+    assert missing == []
+    called = set(re.findall(r"\bL\.(llama_\w+)", inspect.getsource(backend)))
+    assert called <= set(backend.RAW_API), f"add to RAW_API: {called - set(backend.RAW_API)}"
+
+
+@pytest.mark.parametrize("version, too_old", [("0.3.36", False), ("0.3.40", False), ("0.3.9", True), ("0.2.90", True)])
+def test_the_version_floor(version, too_old):
+    assert (backend._release(version) < backend.MIN_VERSION) is too_old

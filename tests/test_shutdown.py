@@ -1,0 +1,78 @@
+"""Shutdown order: generators are closed (and roll back) before their caches are freed, and
+a freed model or context refuses calls instead of touching freed memory."""
+
+import pytest
+
+from specrun.backend import Closed, Context, ContextOptions, Model
+from specrun.cli.app import run_app
+from specrun.engine import Generator, TokenEvent
+from specrun.session import Session, SessionConfig
+from test_engine import PROMPT
+
+
+def test_a_closed_context_refuses_every_call(tiny):
+    model = Model(tiny["target"])
+    context = Context(model, ContextOptions(n_ctx=64))
+    context.eval(model.tokenize("the cat"))
+    context.close()
+    context.close()  # twice is fine
+    for call in (lambda: context.eval([5]), lambda: context.truncate(0), lambda: context.logits(1),
+                 lambda: context.reuse_prefix([9])):
+        with pytest.raises(Closed, match="target model's context was closed"):
+            call()
+    model.close()
+
+
+def test_closing_a_model_closes_its_contexts_first_and_then_refuses_calls(tiny):
+    model = Model(tiny["target"])
+    contexts = [Context(model, ContextOptions(n_ctx=64)) for _ in range(2)]
+    model.close()
+    assert model.closed and all(context.closed for context in contexts)
+    for call in (lambda: model.tokenize("the"), lambda: model.bos, lambda: model.vocab_facts(),
+                 lambda: Context(model, ContextOptions(n_ctx=64)), lambda: contexts[0].eval([5])):
+        with pytest.raises(Closed):
+            call()
+
+
+def test_a_generator_outliving_its_session_neither_crashes_nor_generates(tiny):
+    session = Session(SessionConfig(target=tiny["target"], draft=tiny["draft"], k=3, n_ctx=128))
+    events = session.stream(PROMPT, 20)
+    assert any(isinstance(next(events), TokenEvent) for _ in range(4))
+    session.close()
+    with pytest.raises(Closed):
+        next(events)  # the next step's decode would use the freed cache
+    events.close()  # and its rollback is skipped: nothing left to roll back
+
+
+@pytest.fixture
+def rollbacks(monkeypatch):
+    """Record, for every rollback, whether the target cache was still open; Ctrl-C at the 3rd step."""
+    seen, steps = [], []
+    rollback, step = Generator._rollback, Generator._step
+
+    def recording_rollback(self, history):
+        seen.append(self.target.closed)
+        return rollback(self, history)
+
+    def interrupted_step(self, *args):
+        steps.append(1)
+        if len(steps) == 3:
+            raise KeyboardInterrupt
+        return step(self, *args)
+
+    monkeypatch.setattr(Generator, "_rollback", recording_rollback)
+    monkeypatch.setattr(Generator, "_step", interrupted_step)
+    return seen
+
+
+@pytest.mark.parametrize("command", [
+    ["generate", "the cat sat on the", "--draft", "{draft}", "--k", "2", "-n", "20", "--ctx-size", "128"],
+    ["bench", "{prompts}", "--methods", "plain,lookup", "--k", "2", "-n", "20", "--warmup", "0", "--ctx-size", "128"],
+])
+def test_ctrl_c_rolls_back_before_the_caches_are_freed(tiny, tmp_path, rollbacks, capsys, command):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(PROMPT + "\n")
+    argv = [arg.format(draft=tiny["draft"], prompts=prompts) for arg in command]
+    assert run_app([*argv, "--target", str(tiny["target"])]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert rollbacks and not any(rollbacks)  # every rollback ran on open caches, the interrupted one too
