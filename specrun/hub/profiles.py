@@ -17,8 +17,9 @@ from typing import Any, Iterable
 import yaml
 
 from specrun.errors import SpecrunError
+from specrun.hub.containment import check_name
+from specrun.hub.spec import is_repo_id
 
-REPO_RE = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([MB])", re.IGNORECASE)
 FAMILY_KEYS = {"family": True, "default_k": True, "models": True}  # key -> required
 MODEL_KEYS = {"repo": True, "file": True, "params": True, "drafts": False, "k": False}
@@ -153,13 +154,20 @@ def _model_profile(
         raise _ProfileError(line, f"models.{alias}", "alias must be lower-case letters, digits, . _ -")
     _check_keys(entry, MODEL_KEYS, prefix)
     repo = _string(entry, "repo", prefix)
-    if not REPO_RE.fullmatch(repo):
+    if not is_repo_id(repo):
         raise _ProfileError(entry.key_lines["repo"], prefix + "repo", f"must look like owner/name, got {repo!r}")
     file_pattern = _string(entry, "file", prefix)
     if "{quant}" not in file_pattern or not file_pattern.lower().endswith(".gguf"):
         raise _ProfileError(
             entry.key_lines["file"], prefix + "file", f"must contain {{quant}} and end in .gguf, got {file_pattern!r}"
         )
+    try:
+        check_name(file_pattern, prefix + "file")
+    except SpecrunError:
+        raise _ProfileError(
+            entry.key_lines["file"], prefix + "file",
+            f"must be a file inside the repository (no '..', no absolute path), got {file_pattern!r}",
+        ) from None
     drafts = entry.get("drafts", [])
     if not isinstance(drafts, list) or not all(isinstance(d, str) for d in drafts):
         raise _ProfileError(entry.key_lines.get("drafts", line), prefix + "drafts", "must be a list of aliases")
