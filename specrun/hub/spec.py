@@ -17,6 +17,7 @@ WINDOWS_DRIVE_RE = re.compile(r"^[A-Za-z]:[\\/]")
 # both ends), no "--" or "..", at most 96 characters (huggingface_hub's validate_repo_id).
 REPO_PART_RE = re.compile(r"\w(?:[\w.-]*\w)?")
 REPO_ID_MAX = 96
+OLLAMA_PREFIX = "ollama:"
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,11 @@ def checked_repo_id(repo: str, context: str) -> str:
     return repo
 
 
+def ollama_name(text: str) -> str | None:
+    """NAME[:TAG] of an `ollama:NAME[:TAG]` spec; None for any other spec."""
+    return text[len(OLLAMA_PREFIX):] if text.lower().startswith(OLLAMA_PREFIX) else None
+
+
 def split_quant(text: str) -> tuple[str, str | None]:
     name, sep, quant = text.strip().rpartition(":")
     if not sep:
@@ -113,9 +119,15 @@ def unknown_model_message(name: str, aliases: Collection[str]) -> str:
     )
 
 
+def has_gguf_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def check_gguf_magic(path: Path) -> None:
     """Fail early and clearly on a file llama.cpp would refuse with a cryptic message."""
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
-    if magic != b"GGUF":
+    if not has_gguf_magic(path):
         raise SpecrunError(f"{path} is not a GGUF file (it does not start with 'GGUF'): pass a .gguf model")
