@@ -21,7 +21,7 @@ from specrun.hub.containment import check_name
 from specrun.hub.spec import is_repo_id
 
 PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([MB])", re.IGNORECASE)
-FAMILY_KEYS = {"family": True, "default_k": True, "models": True}  # key -> required
+FAMILY_KEYS = {"family": True, "tokenizer": False, "default_k": True, "models": True}  # key -> required
 MODEL_KEYS = {"repo": True, "file": True, "params": True, "drafts": False, "k": False}
 MAX_K = 64
 
@@ -36,6 +36,9 @@ class ModelProfile:
     drafts: tuple[str, ...]  # recommended draft aliases, best first
     k: int  # default draft length when this model is the target
     source: Path  # the YAML file that defined it
+    # Models with the same tokenizer label pass llama.cpp's vocabulary check together;
+    # a family shares one unless its file says otherwise.
+    tokenizer: str = ""
 
 
 class _Mapping(dict):
@@ -134,18 +137,19 @@ def _family_profiles(data: Any, path: Path) -> list[ModelProfile]:
         raise _ProfileError(1, "(top level)", "must be a mapping with family, default_k and models")
     _check_keys(data, FAMILY_KEYS, "")
     family = _string(data, "family", "")
+    tokenizer = _string(data, "tokenizer", "") if "tokenizer" in data else family
     default_k = _k(data, "default_k", "")
     models = data["models"]
     if not isinstance(models, _Mapping) or not models:
         raise _ProfileError(data.key_lines["models"], "models", "must map each alias to its model")
     return [
-        _model_profile(str(alias), entry, family, default_k, path, models.key_lines[str(alias)])
+        _model_profile(str(alias), entry, family, default_k, path, models.key_lines[str(alias)], tokenizer)
         for alias, entry in models.items()
     ]
 
 
 def _model_profile(
-    alias: str, entry: Any, family: str, default_k: int, path: Path, line: int
+    alias: str, entry: Any, family: str, default_k: int, path: Path, line: int, tokenizer: str
 ) -> ModelProfile:
     prefix = f"models.{alias}."
     if not isinstance(entry, _Mapping):
@@ -181,6 +185,7 @@ def _model_profile(
         drafts=tuple(d.lower() for d in drafts),
         k=k,
         source=path,
+        tokenizer=tokenizer,
     )
 
 
