@@ -200,7 +200,7 @@ def test_suggest_marks_drafts_already_on_disk(stores, capsys):
     assert set(drafts) == {"llama-1b", "llama-3b", "llama-8b"}
     assert (drafts["llama-1b"]["store"], drafts["llama-1b"]["on_disk"]) == ("lmstudio", str(stores["lm_file"]))
     assert drafts["llama-3b"]["store"] == "ollama" and drafts["llama-8b"]["store"] == "llama.cpp"
-    assert "files on disk not judged" in err  # gpt2 and others: no profile, no target header
+    assert "models on disk not judged" in err  # gpt2 and others: no profile, no target header
     assert stores["hub"].requests == []
 
 

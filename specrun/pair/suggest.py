@@ -140,22 +140,22 @@ def stored_candidates(target: Known, report: Callable[[str], None]) -> list[Cand
 
     models = [m for m in stored_models(load_profiles()) if m.usable and len(m.parts) == 1]
     files = [(m.path, m.size, f"ollama:{m.name}" if m.source == "ollama" else str(m.path),
-              STORE_ORIGINS[m.source], m.alias) for m in models]
+              STORE_ORIGINS[m.source]) for m in models]
     folder = cache_dir()
     if folder.is_dir():
-        files += [(p, p.stat().st_size, str(p), "cache", None) for p in sorted(folder.glob("*.gguf"))]
+        files += [(p, p.stat().st_size, str(p), "cache") for p in sorted(folder.glob("*.gguf"))]
     if target.facts is None:
         # Without the target's header a file's vocabulary cannot be compared with it; the
         # files a profile knows are judged through their alias instead.
-        unknown = [spec for _, _, spec, _, alias in files if alias is None]
+        unknown = [m.name for m in models if m.alias is None]
         if unknown:
-            report(f"{len(unknown)} files on disk not judged (e.g. {unknown[0]}): no profile knows "
+            report(f"{len(unknown)} models on disk not judged (e.g. {unknown[0]}): no profile knows "
                    "them and the target's header is needed to compare their vocabulary")
         return []
     if not has_weights(target):
-        return [Candidate(spec, origin) for _, _, spec, origin, _ in files]
+        return [Candidate(spec, origin) for _, _, spec, origin in files]
     own = (target.path or Path()).resolve()
-    return [Candidate(spec, origin) for path, size, spec, origin, _ in files
+    return [Candidate(spec, origin) for path, size, spec, origin in files
             if size < target.facts.file_size and path.resolve() != own]
 
 
