@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,25 @@ def verify_cost_cache(tmp_path, monkeypatch):
     path = tmp_path / "verify-costs.json"
     monkeypatch.setattr("specrun.cost_cache.cache_file", lambda: path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def no_user_stores(tmp_path, monkeypatch):
+    """No test sees the models or profiles on this machine: HOME and every store's own
+    variable point at empty tmp folders. specrun's cache keeps its place (XDG_CACHE_HOME),
+    so the embedded model is assembled once. Tests that build a store in its real layout
+    point the same variables at it.
+    """
+    from huggingface_hub import constants
+
+    empty = tmp_path / "no-stores"
+    monkeypatch.setenv("XDG_CACHE_HOME", os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"))
+    monkeypatch.setenv("HOME", str(empty / "home"))  # LM Studio's folders, ~/.ollama
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(empty / "config"))  # user profiles
+    monkeypatch.setenv("OLLAMA_MODELS", str(empty / "ollama"))
+    monkeypatch.setenv("LLAMA_CACHE", str(empty / "llama.cpp"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(empty / "huggingface" / "hub"))
+    return empty
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ GPU_BUILDS = {
 
 def diagnose() -> dict[str, object]:
     from specrun import backend, cost_cache
+    from specrun.hub.stores import foreign_stores
 
     backends, devices = backend.compiled_devices()
     info = backend.system_info()
@@ -38,6 +39,8 @@ def diagnose() -> dict[str, object]:
         "model_cache": str(cache_dir()),
         "verify_costs": str(cost_cache.cache_file()),  # what --k auto measured, per model and set-up
         "hf_cache": os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface",
+        # Other tools' stores, read where they lie (`specrun models` lists them).
+        **{f"{store.source}_models": str(store.root) for store in foreign_stores()},
     }
     if not info["gpu_offload"]:
         key = "Darwin" if platform.system() == "Darwin" else "cuda"

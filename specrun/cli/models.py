@@ -1,4 +1,4 @@
-"""`specrun models`: the GGUF models in the Hugging Face cache, or the known aliases."""
+"""`specrun models`: the GGUF models on disk (Hugging Face cache, Ollama, LM Studio, llama.cpp), or the aliases."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from specrun.cli.app import app, err_console
 @app.command()
 def models(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
-    aliases: bool = typer.Option(False, "--aliases", help="List the known aliases instead of the cache."),
+    aliases: bool = typer.Option(False, "--aliases", help="List the known aliases instead of the models on disk."),
 ) -> None:
-    """List cached models (alias, repo, quant, size, path)."""
+    """List the models on disk: the Hugging Face cache, Ollama, LM Studio and llama.cpp (read-only)."""
     from specrun.hub.profiles import load_profiles
 
     profiles = load_profiles()
@@ -27,14 +27,17 @@ def models(
             for p in profiles.values()
         ]
         return _print(rows, as_json, ["alias", "family", "repo", "params", "drafts", "k"])
-    from specrun.hub.cache import cached_models
-    from specrun.hub.download import hub_cache_dir
+    from specrun.hub.stores import SOURCE_LABELS, store_roots, stored_models
 
-    found = cached_models(profiles)
+    found = stored_models(profiles)
     if not found:
-        err_console.print(f"no GGUF models in the Hugging Face cache ({hub_cache_dir()})", highlight=False)
-    rows = [m.as_json() for m in found]
-    _print(rows, as_json, ["alias", "repo", "quant", "size", "path"])
+        places = [f"{SOURCE_LABELS[source]} ({root})" for source, root in store_roots().items()]
+        err_console.print(f"no GGUF models in {', '.join(places[:-1])} or {places[-1]}", highlight=False)
+    if as_json:
+        return _print([m.as_json() for m in found], True, [])
+    rows = [{**m.as_json(), "path": str(m.path) if m.usable else f"not usable: {m.problem or 'split parts missing'}"}
+            for m in found]
+    _print(rows, False, ["source", "alias", "name", "family", "quant", "size", "path"])
 
 
 def _print(rows: list[dict], as_json: bool, columns: list[str]) -> None:
@@ -43,10 +46,18 @@ def _print(rows: list[dict], as_json: bool, columns: list[str]) -> None:
         return
     if not rows:
         return
-    table = Table(*columns, box=None, pad_edge=False)
+    table = Table(box=None, pad_edge=False)
+    for column in columns:  # names and paths fold onto more lines rather than lose their ends
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(_cell(column, row[column]) for column in columns))
-    Console(soft_wrap=True).print(table)
+    console = Console(soft_wrap=True)
+    if console.is_terminal:
+        return console.print(table)
+    console.width = 10_000  # piped: one line per model, whatever its length, no padding after it
+    with console.capture() as captured:
+        console.print(table)
+    typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def _cell(column: str, value: object) -> str:

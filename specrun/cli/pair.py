@@ -16,7 +16,8 @@ pair_app = typer.Typer(help="Check, find and derive draft models for a target.",
 app.add_typer(pair_app, name="pair")
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
-OfflineOpt = Annotated[bool, typer.Option("--offline", help="Use only local files and the cache.")]
+OfflineOpt = Annotated[bool, typer.Option(
+    "--offline", help="Use only what is on disk (files, caches, other tools' stores) and the profiles.")]
 CtxOpt = Annotated[int, typer.Option("--ctx", callback=in_range(1, INT32_MAX, f"an integer from 1 to {INT32_MAX}"),
                                      help="Context length for the memory estimate.")]
 AcceptOpt = Annotated[Optional[float], typer.Option(
@@ -26,8 +27,8 @@ AcceptOpt = Annotated[Optional[float], typer.Option(
 
 @pair_app.command("check")
 def check(
-    target: Annotated[str, typer.Argument(help="Target: .gguf path or owner/repo/file.gguf.")],
-    draft: Annotated[str, typer.Argument(help="Draft: .gguf path or owner/repo/file.gguf.")],
+    target: Annotated[str, typer.Argument(help="Target: .gguf path, alias, owner/repo[/file.gguf] or ollama:NAME.")],
+    draft: Annotated[str, typer.Argument(help="Draft: .gguf path, alias, owner/repo[/file.gguf] or ollama:NAME.")],
     json_out: JsonOpt = False,
     offline: OfflineOpt = False,
     n_ctx: CtxOpt = 4096,
@@ -103,18 +104,23 @@ def derive(
 
 @pair_app.command("suggest")
 def suggest(
-    target: Annotated[str, typer.Option("--target", "-m", help="Target: path, alias or hub repo.")],
+    target: Annotated[str, typer.Option("--target", "-m", help="Target: path, alias, hub repo or ollama:NAME.")],
     top: Annotated[int, typer.Option("--top", callback=in_range(1, allowed="an integer >= 1"), help="How many drafts to list.")] = 5,
     offline: OfflineOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Compatible drafts for TARGET from profiles, the cache and the hub, best first."""
+    """Compatible drafts for TARGET, best first: from profiles, files on disk, then the hub."""
     from specrun.cli.app import err_console
     from specrun.pair.report import suggest_lines
     from specrun.pair.suggest import suggest as find_drafts
 
-    facts, found = find_drafts(target, offline, top, report=lambda line: err_console.print(line, markup=False))
+    known, found = find_drafts(target, offline, top, report=lambda line: err_console.print(line, markup=False))
     if json_out:
-        typer.echo(json.dumps({"target": facts.source, "drafts": [s.as_json() for s in found]}, indent=2))
+        typer.echo(json.dumps({
+            "target": known.facts.source if known.facts else known.spec,
+            "target_evidence": known.evidence,
+            "target_on_disk": str(known.path) if known.path else None,
+            "drafts": [s.as_json() for s in found],
+        }, indent=2))
     else:
-        typer.echo("\n".join(suggest_lines(facts, found)))
+        typer.echo("\n".join(suggest_lines(known, found)))

@@ -1,4 +1,4 @@
-"""Models from local files, the embedded default, or the Hugging Face hub."""
+"""Models from local files, the embedded default, other tools' stores (read-only) or the Hugging Face hub."""
 
 from specrun.hub.memory import MemoryBudget, memory_budget, run_bytes
 from specrun.hub.resolve import ResolvedModel, resolve_model, resolve_pair

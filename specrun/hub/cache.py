@@ -1,8 +1,10 @@
-"""What the Hugging Face cache holds, as models: alias, repo, quant, size, path."""
+"""What a Hugging Face cache holds, as models: alias, repo, quant, size, path.
+
+Used for the hub's own cache and for llama.cpp's LLAMA_CACHE, which has the same layout.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from huggingface_hub import scan_cache_dir
@@ -10,29 +12,17 @@ from huggingface_hub.errors import CacheNotFound
 
 from specrun.hub.download import hub_cache_dir
 from specrun.hub.profiles import ModelProfile
-from specrun.hub.quants import RepoFile, missing_parts, pattern_regex, quant_sets
+from specrun.hub.quants import RepoFile, missing_parts, quant_sets
+from specrun.hub.stores.base import StoredModel, alias_for, family_of
 
 
-@dataclass(frozen=True)
-class CachedModel:
-    alias: str | None
-    repo: str
-    quant: str
-    size: int
-    path: Path  # first part of a split set
-    parts: int
-    complete: bool
-
-    def as_json(self) -> dict:
-        return {**asdict(self), "path": str(self.path)}
-
-
-def cached_models(profiles: dict[str, ModelProfile]) -> list[CachedModel]:
+def cached_models(profiles: dict[str, ModelProfile], cache_dir: Path | None = None,
+                  source: str = "hf") -> list[StoredModel]:
     try:
-        cache = scan_cache_dir(hub_cache_dir())
+        cache = scan_cache_dir(cache_dir or hub_cache_dir())
     except CacheNotFound:
         return []
-    found: dict[tuple[str, str], CachedModel] = {}
+    found: dict[tuple[str, str], StoredModel] = {}
     for repo in cache.repos:
         if repo.repo_type != "model":
             continue
@@ -42,21 +32,20 @@ def cached_models(profiles: dict[str, ModelProfile]) -> list[CachedModel]:
             listing = [RepoFile(name, info.size_on_disk) for name, info in files.items()]
             for quant, parts in quant_sets(listing).items():
                 key = (repo.repo_id, parts[0].path)
-                if key not in found:
-                    found[key] = CachedModel(
-                        alias=alias_for(profiles, repo.repo_id, parts[0].path),
-                        repo=repo.repo_id,
-                        quant=quant,
-                        size=sum(p.size for p in parts),
-                        path=files[parts[0].path].file_path,
-                        parts=len(parts),
-                        complete=not missing_parts(parts),
-                    )
-    return sorted(found.values(), key=lambda m: (m.repo.lower(), m.size))
-
-
-def alias_for(profiles: dict[str, ModelProfile], repo: str, path: str) -> str | None:
-    for profile in profiles.values():
-        if profile.repo.lower() == repo.lower() and pattern_regex(profile.file_pattern).fullmatch(path):
-            return profile.alias
-    return None
+                if key in found:
+                    continue
+                alias = alias_for(profiles, repo.repo_id, parts[0].path)
+                found[key] = StoredModel(
+                    source=source,
+                    name=repo.repo_id,
+                    path=files[parts[0].path].file_path,
+                    size=sum(p.size for p in parts),
+                    quant=quant,
+                    repo=repo.repo_id,
+                    file=parts[0].path,
+                    alias=alias,
+                    family=family_of(profiles, alias),
+                    parts=tuple(files[p.path].file_path for p in parts),
+                    complete=not missing_parts(parts),
+                )
+    return sorted(found.values(), key=lambda m: (m.name.lower(), m.size))

@@ -31,6 +31,7 @@ from huggingface_hub.utils import get_token
 from rich.progress import Progress
 
 from specrun.errors import SpecrunError
+from specrun.hub.containment import check_name, inside
 from specrun.hub.memory import format_bytes
 from specrun.hub.progress import download_progress
 from specrun.hub.quants import RepoFile
@@ -97,8 +98,14 @@ def cached_listing(repo: str) -> RepoListing | None:
 
 
 def cached_path(repo: str, commit: str, filename: str) -> Path | None:
-    found = try_to_load_from_cache(repo, filename, cache_dir=hub_cache_dir(), revision=commit)
-    return Path(found) if isinstance(found, str) else None
+    """The cached copy of a listed file; a name that would leave the cache is refused."""
+    what = f"{repo}: file name from the hub"
+    check_name(filename, what)
+    root = hub_cache_dir()
+    found = try_to_load_from_cache(repo, filename, cache_dir=root, revision=commit)
+    if not isinstance(found, str):
+        return None
+    return inside(root, os.path.relpath(found, root).replace(os.sep, "/"), what)
 
 
 def download(listing: RepoListing, parts: tuple[RepoFile, ...], show_progress: bool = True) -> list[Path]:

@@ -18,10 +18,11 @@ import yaml
 
 from specrun.errors import SpecrunError
 from specrun.files import read_text
+from specrun.hub.containment import check_name
+from specrun.hub.spec import is_repo_id
 
-REPO_RE = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([MB])", re.IGNORECASE)
-FAMILY_KEYS = {"family": True, "default_k": True, "models": True}  # key -> required
+FAMILY_KEYS = {"family": True, "tokenizer": False, "default_k": True, "models": True}  # key -> required
 MODEL_KEYS = {"repo": True, "file": True, "params": True, "drafts": False, "k": False}
 MAX_K = 64
 
@@ -36,6 +37,9 @@ class ModelProfile:
     drafts: tuple[str, ...]  # recommended draft aliases, best first
     k: int  # default draft length when this model is the target
     source: Path  # the YAML file that defined it
+    # Models with the same tokenizer label pass llama.cpp's vocabulary check together;
+    # a family shares one unless its file says otherwise.
+    tokenizer: str = ""
 
 
 class _Mapping(dict):
@@ -132,18 +136,19 @@ def _family_profiles(data: Any, path: Path) -> list[ModelProfile]:
         raise _ProfileError(1, "(top level)", "must be a mapping with family, default_k and models")
     _check_keys(data, FAMILY_KEYS, "")
     family = _string(data, "family", "")
+    tokenizer = _string(data, "tokenizer", "") if "tokenizer" in data else family
     default_k = _k(data, "default_k", "")
     models = data["models"]
     if not isinstance(models, _Mapping) or not models:
         raise _ProfileError(data.key_lines["models"], "models", "must map each alias to its model")
     return [
-        _model_profile(str(alias), entry, family, default_k, path, models.key_lines[str(alias)])
+        _model_profile(str(alias), entry, family, default_k, path, models.key_lines[str(alias)], tokenizer)
         for alias, entry in models.items()
     ]
 
 
 def _model_profile(
-    alias: str, entry: Any, family: str, default_k: int, path: Path, line: int
+    alias: str, entry: Any, family: str, default_k: int, path: Path, line: int, tokenizer: str
 ) -> ModelProfile:
     prefix = f"models.{alias}."
     if not isinstance(entry, _Mapping):
@@ -152,13 +157,20 @@ def _model_profile(
         raise _ProfileError(line, f"models.{alias}", "alias must be lower-case letters, digits, . _ -")
     _check_keys(entry, MODEL_KEYS, prefix)
     repo = _string(entry, "repo", prefix)
-    if not REPO_RE.fullmatch(repo):
+    if not is_repo_id(repo):
         raise _ProfileError(entry.key_lines["repo"], prefix + "repo", f"must look like owner/name, got {repo!r}")
     file_pattern = _string(entry, "file", prefix)
     if "{quant}" not in file_pattern or not file_pattern.lower().endswith(".gguf"):
         raise _ProfileError(
             entry.key_lines["file"], prefix + "file", f"must contain {{quant}} and end in .gguf, got {file_pattern!r}"
         )
+    try:
+        check_name(file_pattern, prefix + "file")
+    except SpecrunError:
+        raise _ProfileError(
+            entry.key_lines["file"], prefix + "file",
+            f"must be a file inside the repository (no '..', no absolute path), got {file_pattern!r}",
+        ) from None
     drafts = entry.get("drafts", [])
     if not isinstance(drafts, list) or not all(isinstance(d, str) for d in drafts):
         raise _ProfileError(entry.key_lines.get("drafts", line), prefix + "drafts", "must be a list of aliases")
@@ -172,6 +184,7 @@ def _model_profile(
         drafts=tuple(d.lower() for d in drafts),
         k=k,
         source=path,
+        tokenizer=tokenizer,
     )
 
 

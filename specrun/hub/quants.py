@@ -89,19 +89,23 @@ def is_model_gguf(path: str) -> bool:
     return name.endswith(".gguf") and "mmproj" not in name and "imatrix" not in name
 
 
+def gguf_sets(files: list[RepoFile], file_pattern: str | None = None) -> dict[str, list[RepoFile]]:
+    """Model GGUFs matching a pattern, by stem: each single file or split set, parts sorted."""
+    regex = pattern_regex(file_pattern)
+    sets: dict[str, list[RepoFile]] = {}
+    for repo_file in sorted(files, key=lambda f: f.path):
+        if is_model_gguf(repo_file.path) and regex.fullmatch(repo_file.path):
+            sets.setdefault(SPLIT_RE.sub("", repo_file.path), []).append(repo_file)
+    return sets
+
+
 def quant_sets(files: list[RepoFile], file_pattern: str | None = None) -> dict[str, list[RepoFile]]:
     """GGUF files matching a pattern, grouped by quant (first set per quant, parts sorted)."""
-    regex = pattern_regex(file_pattern)
-    sets: dict[tuple[str, str], list[RepoFile]] = {}
-    for repo_file in sorted(files, key=lambda f: f.path):
-        quant = quant_of(repo_file.path)
-        if quant is None or not is_model_gguf(repo_file.path) or not regex.fullmatch(repo_file.path):
-            continue
-        stem = SPLIT_RE.sub("", repo_file.path)
-        sets.setdefault((quant, stem), []).append(repo_file)
     by_quant: dict[str, list[RepoFile]] = {}
-    for (quant, _stem), parts in sets.items():
-        by_quant.setdefault(quant, parts)
+    for parts in gguf_sets(files, file_pattern).values():
+        quant = quant_of(parts[0].path)
+        if quant is not None:
+            by_quant.setdefault(quant, parts)
     return by_quant
 
 

@@ -11,8 +11,17 @@ from specrun.default_model import DEFAULT_ALIAS
 from specrun.errors import SpecrunError
 from specrun.hub.memory import MemoryBudget, format_bytes, memory_budget, run_bytes
 from specrun.hub.profiles import ModelProfile, load_profiles
-from specrun.hub.quants import NEVER_AUTO, NEVER_AUTO_FOR_DRAFT, QuantChoice, group_quants, missing_parts, quant_of, quant_sets
-from specrun.hub.spec import ModelSpec, checked_quant, local_model_path, parse_spec
+from specrun.hub.quants import (
+    NEVER_AUTO,
+    NEVER_AUTO_FOR_DRAFT,
+    QuantChoice,
+    RepoFile,
+    group_quants,
+    missing_parts,
+    quant_of,
+    quant_sets,
+)
+from specrun.hub.spec import ModelSpec, checked_quant, local_model_path, ollama_name, parse_spec
 
 if TYPE_CHECKING:
     from specrun.hub.download import RepoListing
@@ -32,6 +41,7 @@ class ResolvedModel:
     files: tuple[Path, ...] = ()  # every part, first first
     size_bytes: int = 0
     profile: ModelProfile | None = None  # drafts and default k when resolved from an alias
+    store: str | None = None  # the other tool's store it lies in ("ollama", "lmstudio", "llama.cpp")
 
 
 def resolve_model(
@@ -44,11 +54,12 @@ def resolve_model(
     show_progress: bool = True,
     for_draft: bool = False,
 ) -> ResolvedModel:
-    """Resolve alias[:QUANT] | owner/repo[:QUANT] | owner/repo/file.gguf | local path.
+    """Resolve alias[:QUANT] | owner/repo[:QUANT] | owner/repo/file.gguf | ollama:NAME[:TAG] | path.
 
     Without a quant, the largest that fits the memory it will run in after
     reserve_bytes (the draft, another model) is chosen; `quant` overrides the spec's.
-    for_draft leaves 16-bit quants out of that choice.
+    for_draft leaves 16-bit quants out of that choice. A file that Ollama, LM Studio or
+    llama.cpp already keeps is used where it lies instead of being downloaded.
     """
     wanted = checked_quant(quant, "--quant") if quant else None
     local = local_model_path(spec)
@@ -56,6 +67,9 @@ def resolve_model(
         size = local.stat().st_size
         return ResolvedModel(local, None, quant_of(local.name), f"{local}: local file", files=(local,), size_bytes=size)
     profiles = load_profiles()
+    name = ollama_name(spec)
+    if name is not None:
+        return ollama_model(name, wanted, profiles)
     parsed = parse_spec(spec, profiles)
     wanted = wanted or parsed.quant
     profile = profiles.get(parsed.alias) if parsed.alias else None
@@ -64,9 +78,12 @@ def resolve_model(
         return embedded
     repo = profile.repo if profile else parsed.repo
     assert repo is not None
+    excluded = NEVER_AUTO_FOR_DRAFT if for_draft else NEVER_AUTO
+    stored = stored_choice(parsed, profiles, wanted, memory_budget_bytes, reserve_bytes, excluded)
+    if stored is not None:
+        return stored
     expected = parsed.filename or (profile.file_pattern.replace("{quant}", wanted) if profile and wanted else None)
     listing = repo_listing(repo, offline or _hub().offline_mode(), spec, expected)
-    excluded = NEVER_AUTO_FOR_DRAFT if for_draft else NEVER_AUTO
     choice = choose_file(listing, parsed, profile, wanted, memory_budget_bytes, reserve_bytes, excluded)
     paths = local_parts(listing, choice.quant_choice, parsed, show_progress)
     return ResolvedModel(
@@ -86,6 +103,73 @@ def _hub() -> ModuleType:
     from specrun.hub import download
 
     return download
+
+
+def ollama_model(name: str, wanted: str | None, profiles: dict[str, ModelProfile]) -> ResolvedModel:
+    """ollama:NAME[:TAG]: the model layer of that manifest, loaded where Ollama keeps it."""
+    from specrun.hub.stores import ollama_model as find
+
+    model = find(name, profiles)
+    if wanted and model.quant != wanted:
+        raise SpecrunError(
+            f"ollama:{model.name} holds {model.quant or 'an unnamed quant'}, not {wanted}: Ollama keeps "
+            f"one quant per tag, so name the tag that has it"
+        )
+    assert model.path is not None  # find() refuses unusable models
+    return ResolvedModel(
+        model.path, model.repo, model.quant,
+        f"ollama:{model.name}: {model.quant or 'GGUF'} ({format_bytes(model.size)}) from {model.where}: {model.path}",
+        alias=model.alias, files=model.parts, size_bytes=model.size,
+        profile=profiles.get(model.alias or ""), store=model.source,
+    )
+
+
+def stored_choice(
+    parsed: ModelSpec,
+    profiles: dict[str, ModelProfile],
+    wanted: str | None,
+    budget_bytes: int | None,
+    reserve_bytes: int,
+    excluded: frozenset[str],
+    include_hf: bool = False,
+) -> ResolvedModel | None:
+    """A file of this model that Ollama, LM Studio or llama.cpp already keeps, or None.
+
+    Asked for a quant or a file: that one, when a store has it. Asked for neither: the
+    largest stored quant that fits in memory; when none fits, the hub decides as usual.
+    The Hugging Face cache is left out unless include_hf: for downloads, the hub's
+    listing governs it.
+    """
+    from specrun.hub import stores
+
+    profile = profiles.get(parsed.alias) if parsed.alias else None
+    repo = profile.repo if profile else parsed.repo
+    assert repo is not None
+    pattern = profile.file_pattern if profile else None
+    found = stores.matching(stores.stored_models(profiles, include_hf), repo, parsed.filename, pattern)
+    if wanted is not None:
+        found = [m for m in found if m.quant == wanted]
+    if not found:
+        return None
+    name = parsed.alias or repo
+    if parsed.filename is not None or wanted is not None:
+        chosen = found[0]
+        reason = f"{name}: {parsed.filename or wanted} ({format_bytes(chosen.size)}) as asked"
+    else:
+        by_label = {}
+        for model in found:
+            by_label.setdefault(model.quant or model.file or model.name, model)
+        choices = {label: QuantChoice(label, (RepoFile(str(m.path), m.size),)) for label, m in by_label.items()}
+        given = MemoryBudget(budget_bytes, "the given budget") if budget_bytes is not None else None
+        choice = fit_quant(name, choices, given or memory_budget(), reserve_bytes, "stored ", excluded)
+        if not choice.fits:
+            return None
+        chosen, reason = by_label[choice.quant_choice.quant], choice.reason
+    assert chosen.path is not None  # matching() keeps usable models only
+    return ResolvedModel(
+        chosen.path, repo, chosen.quant, f"{reason}; already on disk in {chosen.where}: {chosen.path}",
+        alias=parsed.alias, files=chosen.parts, size_bytes=chosen.size, profile=profile, store=chosen.source,
+    )
 
 
 def embedded_default(parsed: ModelSpec, wanted: str | None, profile: ModelProfile | None) -> ResolvedModel | None:
@@ -128,6 +212,7 @@ def repo_listing(repo: str, offline: bool, spec: str, expected: str | None) -> R
 class _Choice:
     quant_choice: QuantChoice
     reason: str
+    fits: bool = True  # False when even the smallest quant exceeds the memory budget
 
 
 def choose_file(
@@ -183,6 +268,7 @@ def fit_quant(
             smallest,
             f"{name}: {smallest.quant} ({format_bytes(smallest.size)}), the smallest {where}quant; none fits in "
             f"{format_bytes(budget.bytes)} of {budget.where}{reserve_note}, expect partial offload or swapping",
+            fits=False,
         )
     chosen = fitting[-1]
     return _Choice(
@@ -252,10 +338,10 @@ def resolve_pair(
     reserve = 0
     if draft is not None:
         draft_model = resolve_model(draft, quant=draft_quant, offline=offline, for_draft=True)
-        if draft_model.repo:
+        if draft_model.repo or draft_model.store:
             report(draft_model.reason)
         reserve = run_bytes(draft_model.size_bytes)
     target_model = resolve_model(target or DEFAULT_ALIAS, quant=quant, offline=offline, reserve_bytes=reserve)
-    if target_model.repo:
+    if target_model.repo or target_model.store:
         report(target_model.reason)
     return target_model, draft_model

@@ -9,9 +9,15 @@ from pathlib import Path
 from typing import Collection
 
 from specrun.errors import SpecrunError
+from specrun.hub.containment import check_name
 from specrun.hub.quants import normalize_quant
 
 WINDOWS_DRIVE_RE = re.compile(r"^[A-Za-z]:[\\/]")
+# Hugging Face repository ids: owner/name of letters, digits, - _ . (word characters at
+# both ends), no "--" or "..", at most 96 characters (huggingface_hub's validate_repo_id).
+REPO_PART_RE = re.compile(r"\w(?:[\w.-]*\w)?")
+REPO_ID_MAX = 96
+OLLAMA_PREFIX = "ollama:"
 
 
 @dataclass(frozen=True)
@@ -51,12 +57,39 @@ def parse_spec(text: str, aliases: Collection[str]) -> ModelSpec:
         return ModelSpec(text, alias=name.lower(), quant=quant)
     parts = name.split("/")
     if len(parts) == 2 and all(parts):
-        return ModelSpec(text, repo=name, quant=quant)
+        return ModelSpec(text, repo=checked_repo_id(name, text), quant=quant)
     if len(parts) > 2 and all(parts) and name.lower().endswith(".gguf"):
         if quant is not None:
             raise SpecrunError(f"{text}: a file name already fixes the quant; drop :{quant}")
-        return ModelSpec(text, repo="/".join(parts[:2]), filename="/".join(parts[2:]))
+        filename = check_name("/".join(parts[2:]), f"{text}: file")
+        return ModelSpec(text, repo=checked_repo_id("/".join(parts[:2]), text), filename=filename)
     raise SpecrunError(unknown_model_message(name, aliases))
+
+
+def is_repo_id(repo: str) -> bool:
+    parts = repo.split("/")
+    return (
+        len(parts) == 2
+        and all(REPO_PART_RE.fullmatch(part) for part in parts)
+        and "--" not in repo
+        and ".." not in repo
+        and len(repo) <= REPO_ID_MAX
+    )
+
+
+def checked_repo_id(repo: str, context: str) -> str:
+    """A repository id the hub and its cache accept (a `..` never reaches a cache path)."""
+    if not is_repo_id(repo):
+        raise SpecrunError(
+            f"bad model {context!r}: {repo!r} is not a hub repository id (owner/name of letters, "
+            f"digits, - _ . without '--' or '..')"
+        )
+    return repo
+
+
+def ollama_name(text: str) -> str | None:
+    """NAME[:TAG] of an `ollama:NAME[:TAG]` spec; None for any other spec."""
+    return text[len(OLLAMA_PREFIX):] if text.lower().startswith(OLLAMA_PREFIX) else None
 
 
 def split_quant(text: str) -> tuple[str, str | None]:
@@ -86,9 +119,15 @@ def unknown_model_message(name: str, aliases: Collection[str]) -> str:
     )
 
 
+def has_gguf_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def check_gguf_magic(path: Path) -> None:
     """Fail early and clearly on a file llama.cpp would refuse with a cryptic message."""
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
-    if magic != b"GGUF":
+    if not has_gguf_magic(path):
         raise SpecrunError(f"{path} is not a GGUF file (it does not start with 'GGUF'): pass a .gguf model")

@@ -27,8 +27,10 @@ CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 def read_remote(repo_id: str, filename: str, revision: str | None = None,
                 endpoint: str | None = None) -> ModelFacts:
+    from specrun.hub.containment import check_name
     from specrun.hub.download import hub_endpoint
 
+    check_name(filename, f"{repo_id}: file name")
     # The hub's resolve URL, built like hf_hub_url but with the endpoint the hub
     # package uses (HF_ENDPOINT read now, not at import time).
     base = (endpoint or hub_endpoint()).rstrip("/")

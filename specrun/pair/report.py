@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from specrun.pair.check import PairCheck
+from specrun.hub.stores.base import SOURCE_LABELS
+from specrun.pair.check import DEFAULT_CTX, PairCheck
 from specrun.pair.derive import DerivedDraft, describe_layers
 from specrun.pair.cost import MODEL_ASSUMPTIONS, DecodeCost
 from specrun.pair.header import ModelFacts
+from specrun.pair.sources import Known
 from specrun.pair.suggest import Suggestion
 
 
@@ -102,24 +104,38 @@ def derive_lines(derived: DerivedDraft, result: PairCheck) -> list[str]:
     return lines
 
 
-def suggest_lines(target: ModelFacts, found: list[Suggestion]) -> list[str]:
-    lines = [model_line("target", target), ""]
+def target_lines(target: Known) -> list[str]:
+    """The target as far as it is known, and from where."""
+    where = f", on disk in {SOURCE_LABELS[target.store]}" if target.store else ""
+    if target.facts is not None:
+        return [model_line("target", target.facts), f"        known from its {target.evidence}{where}"]
+    profile = target.profile
+    assert profile is not None  # locate answers with a header or a profile
+    return [f"target  {target.spec}",
+            f"        known from its profile: {profile.family} family, {human_count(profile.params)} params, "
+            f"tokenizer {profile.tokenizer}; no file on disk and no header read"]
+
+
+def suggest_lines(target: Known, found: list[Suggestion]) -> list[str]:
+    lines = [*target_lines(target), ""]
     if not found:
         lines.append("no compatible draft cheaper than the target was found "
                      "(try without --offline, or `specrun pair derive` for a layer subset)")
         return lines
     lines.append(f"{'#':>2}  {'speed-up':>8}  {'k':>2}  {'cost':>5}  {'accept':>6}  "
-                 f"{'memory':>10}  draft (origin)")
+                 f"{'memory':>10}  {'evidence':<13}  {'on disk':<9}  draft (origin)")
     for rank, s in enumerate(found, 1):
-        k, speedup = s.check.best_k or (0, 0.0)
-        memory = s.check.memory_bytes
-        lines.append(f"{rank:>2}  {speedup:>7.2f}x  {k:>2}  {s.check.cost_ratio:>5.2f}  "
-                     f"{s.check.prior.alpha:>6.0%}  {human_bytes(memory) if memory else '?':>10}  "
-                     f"{s.spec} ({s.origin})")
-        lines += [f"      {w}" for w in s.check.warnings()]
-    lines += ["", "speed-up is predicted, not measured: cost = draft/target bytes read per token, "
-              "accept = assumed acceptance by family, memory = both models + f16 KV caches at "
-              f"{found[0].check.n_ctx} tokens", f"cost model {MODEL_ASSUMPTIONS}"]
+        k, speedup = s.best or (0, 0.0)
+        memory = s.memory_bytes
+        on_disk = s.draft.store or ("file" if s.draft.path else "-")
+        lines.append(f"{rank:>2}  {speedup:>7.2f}x  {k:>2}  {s.cost_ratio:>5.2f}  "
+                     f"{s.prior.alpha:>6.0%}  {human_bytes(memory) if memory else '?':>10}  "
+                     f"{s.evidence:<13}  {on_disk:<9}  {s.spec} ({s.origin})")
+        lines += [f"      {w}" for w in (s.check.warnings() if s.check else [])]
+    lines += ["", "speed-up is predicted, not measured: cost = draft/target bytes read per token (from "
+              "the headers) or parameters (evidence: profile, no file read), accept = assumed acceptance by "
+              f"family, memory = both models + f16 KV caches at {DEFAULT_CTX} tokens",
+              f"cost model {MODEL_ASSUMPTIONS}"]
     return lines
 
 

@@ -1,50 +1,111 @@
 """`pair suggest`: compatible drafts for a target, ranked by a stated cost model.
 
-Candidates come from three places: the profiles (drafts listed for the target and the
-smaller models of its family), the local caches, and (online) a hub search for the
-target's family. Each is judged from its GGUF header alone, like `pair check`.
+Candidates come from the profiles (drafts listed for the target and the other models of
+its family), the files already on disk (the Hugging Face cache, Ollama, LM Studio,
+llama.cpp, specrun's cache) and, online, a hub search for the target's family. Local
+knowledge comes first: a file on disk is judged by its header, a hub file by its remote
+header, and with neither (offline) a profile model by its profile: the same tokenizer
+and the parameter counts. Each suggestion says which.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable
 
 from specrun.errors import SpecrunError
-from specrun.pair.check import PairCheck, check_pair
-from specrun.pair.header import ModelFacts
-from specrun.pair.sources import load_facts
+from specrun.pair.check import PRIOR_OTHER_FAMILY, PRIOR_SAME_FAMILY, PairCheck, Prior, check_pair
+from specrun.pair.cost import best_k, verdict
+from specrun.pair.sources import PROFILE, Known, locate
 
 PREFERRED_QUANTS = ("Q4_K_M", "Q8_0", "Q4_0", "Q5_K_M", "Q6_K")
 HUB_SEARCH_LIMIT = 20
 HUB_HEADERS_MAX = 8  # remote headers read per search: a few MB each
+STORE_ORIGINS = {"hf": "cache", "ollama": "ollama", "lmstudio": "lmstudio", "llama.cpp": "llama.cpp"}
 
 
 @dataclass(frozen=True)
 class Candidate:
     spec: str  # what to pass as --draft
-    origin: str  # "profile", "cache" or "hub"
+    origin: str  # "profile", "cache" (HF or specrun's), "ollama", "lmstudio", "llama.cpp" or "hub"
+
+
+@dataclass(frozen=True)
+class ProfileEstimate:
+    """A pair judged from profiles: vocabulary by the shared tokenizer, cost by parameter counts."""
+
+    tokenizer: str
+    cost_ratio: float  # draft/target parameters, as if both had the same quant
+    prior: Prior
+
+    @property
+    def best_k(self) -> tuple[int, float]:
+        return best_k(self.prior.alpha, self.cost_ratio)
 
 
 @dataclass(frozen=True)
 class Suggestion:
     spec: str
     origin: str
-    check: PairCheck
+    draft: Known
+    check: PairCheck | None = None  # both headers read
+    estimate: ProfileEstimate | None = None  # otherwise, from the profiles
+
+    @property
+    def evidence(self) -> str:
+        return self.draft.evidence if self.check is not None else PROFILE
+
+    @property
+    def best(self) -> tuple[int, float] | None:
+        return self.check.best_k if self.check is not None else self.estimate.best_k  # type: ignore[union-attr]
 
     @property
     def speedup(self) -> float:
-        best = self.check.best_k
-        return best[1] if best else 0.0
+        return self.best[1] if self.best else 0.0
+
+    @property
+    def cost_ratio(self) -> float:
+        ratio = self.check.cost_ratio if self.check is not None else self.estimate.cost_ratio  # type: ignore[union-attr]
+        return ratio or 0.0
+
+    @property
+    def prior(self) -> Prior:
+        return self.check.prior if self.check is not None else self.estimate.prior  # type: ignore[union-attr]
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return self.check.memory_bytes if self.check is not None else None
 
     def as_json(self) -> dict:
-        k, speedup = self.check.best_k or (None, None)
+        k, speedup = self.best or (None, None)
+        place = {"evidence": self.evidence, "on_disk": str(self.draft.path) if self.draft.path else None,
+                 "store": self.draft.store}
+        if self.check is None:
+            return {"draft": self.spec, "origin": self.origin, **place, "predicted_speedup": speedup, "k": k,
+                    "draft_model": profile_json(self.draft), **estimate_json(self.estimate)}  # type: ignore[arg-type]
         details = self.check.as_json()
         shared = {key: value for key, value in details.items()
                   if key not in ("target", "draft", "cost_model")}
-        return {"draft": self.spec, "origin": self.origin, "predicted_speedup": speedup, "k": k,
+        return {"draft": self.spec, "origin": self.origin, **place, "predicted_speedup": speedup, "k": k,
                 "draft_model": details["draft"], **shared}
+
+
+def profile_json(model: Known) -> dict:
+    profile = model.profile
+    assert profile is not None
+    return {"alias": profile.alias, "family": profile.family, "tokenizer": profile.tokenizer,
+            "params": model.facts.n_params if has_weights(model) else profile.params}  # type: ignore[union-attr]
+
+
+def estimate_json(estimate: ProfileEstimate) -> dict:
+    k, speedup = estimate.best_k
+    return {"compatible": True, "problems": [], "notes": [f"same tokenizer per the profiles ({estimate.tokenizer})"],
+            "param_ratio": estimate.cost_ratio, "size_ratio": None, "cost_ratio": estimate.cost_ratio,
+            "memory_bytes": None, "acceptance_prior": estimate.prior.alpha,
+            "acceptance_prior_reason": estimate.prior.why, "best_k": k, "predicted_speedup": speedup,
+            "verdict": verdict(estimate.cost_ratio, estimate.prior.alpha), "warnings": []}
 
 
 def family_key(text: str) -> str:
@@ -52,42 +113,62 @@ def family_key(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
-def profile_candidates(target_spec: str, target: ModelFacts) -> list[Candidate]:
-    """The target profile's drafts first, then smaller models of the same family."""
+def has_weights(model: Known) -> bool:
+    return model.facts is not None and bool(model.facts.tensors)
+
+
+def profile_candidates(target: Known) -> list[Candidate]:
+    """The target profile's drafts first, then the models of its family (or tokenizer)."""
     from specrun.hub.profiles import load_profiles
 
     profiles = load_profiles()
-    keys = {family_key(target.family), family_key(target.arch)}
-    own = profiles.get(target_spec.split(":")[0].lower())
+    own = target.profile
+    keys = {family_key(target.facts.family), family_key(target.facts.arch)} if target.facts else set()
     ordered = list(own.drafts) if own else []
-    family = [p for p in profiles.values() if family_key(p.family) in keys or (own and p.family == own.family)]
-    ordered += [p.alias for p in sorted(family, key=lambda p: p.params)]
-    return [Candidate(alias, "profile") for alias in dict.fromkeys(ordered)]
+    related = [p for p in profiles.values() if family_key(p.family) in keys
+               or (own and (p.family == own.family or p.tokenizer == own.tokenizer))]
+    ordered += [p.alias for p in sorted(related, key=lambda p: p.params)]
+    own_alias = own.alias if own else None
+    return [Candidate(alias, "profile") for alias in dict.fromkeys(ordered) if alias != own_alias]
 
 
-def cache_candidates() -> list[Candidate]:
-    """Complete GGUFs in the Hugging Face cache and specrun's own cache folder."""
+def stored_candidates(target: Known, report: Callable[[str], None]) -> list[Candidate]:
+    """Single-file GGUFs already on disk, smaller than the target (a larger file is no cheaper draft)."""
     from specrun.default_model import cache_dir
-    from specrun.hub.cache import cached_models
     from specrun.hub.profiles import load_profiles
+    from specrun.hub.stores import stored_models
 
-    found = [Candidate(str(m.path), "cache") for m in cached_models(load_profiles())
-             if m.complete and m.parts == 1]
+    models = [m for m in stored_models(load_profiles()) if m.usable and len(m.parts) == 1]
+    files = [(m.path, m.size, f"ollama:{m.name}" if m.source == "ollama" else str(m.path),
+              STORE_ORIGINS[m.source]) for m in models]
     folder = cache_dir()
     if folder.is_dir():
-        found += [Candidate(str(p), "cache") for p in sorted(folder.glob("*.gguf"))]
-    return found
+        files += [(p, p.stat().st_size, str(p), "cache") for p in sorted(folder.glob("*.gguf"))]
+    if target.facts is None:
+        # Without the target's header a file's vocabulary cannot be compared with it; the
+        # files a profile knows are judged through their alias instead.
+        unknown = [m.name for m in models if m.alias is None]
+        if unknown:
+            report(f"{len(unknown)} models on disk not judged (e.g. {unknown[0]}): no profile knows "
+                   "them and the target's header is needed to compare their vocabulary")
+        return []
+    if not has_weights(target):
+        return [Candidate(spec, origin) for _, _, spec, origin in files]
+    own = (target.path or Path()).resolve()
+    return [Candidate(spec, origin) for path, size, spec, origin in files
+            if size < target.facts.file_size and path.resolve() != own]
 
 
-def hub_candidates(target: ModelFacts, limit: int = HUB_HEADERS_MAX) -> list[Candidate]:
+def hub_candidates(target: Known, limit: int = HUB_HEADERS_MAX) -> list[Candidate]:
     """GGUF repositories the hub finds for the target's family and base models."""
     from huggingface_hub import HfApi
 
     from specrun.hub.download import hub_endpoint, hub_errors
     from specrun.hub.quants import RepoFile, group_quants
 
+    assert target.facts is not None
     api = HfApi(endpoint=hub_endpoint())
-    terms = [target.family, *(base.split("/")[-1] for base in target.base_models)]
+    terms = [target.facts.family, *(base.split("/")[-1] for base in target.facts.base_models)]
     found: list[Candidate] = []
     for term in dict.fromkeys(terms):
         with hub_errors(term):
@@ -104,19 +185,21 @@ def hub_candidates(target: ModelFacts, limit: int = HUB_HEADERS_MAX) -> list[Can
 
 
 def suggest(target_spec: str, offline: bool, top: int,
-            report: Callable[[str], None] = lambda line: None) -> tuple[ModelFacts, list[Suggestion]]:
+            report: Callable[[str], None] = lambda line: None) -> tuple[Known, list[Suggestion]]:
     from specrun.hub.download import NetworkUnavailable, offline_mode
 
     offline = offline or offline_mode()  # HF_HUB_OFFLINE=1 means --offline
-    target = load_facts(target_spec, offline)
-    candidates = profile_candidates(target_spec, target) + cache_candidates()
-    if not offline:
+    target = locate(target_spec, offline, profile_fallback=True)
+    if target.note and not offline:  # offline, the profile is the expected answer
+        report(f"target judged from its profile: {target.note}")
+    candidates = profile_candidates(target) + stored_candidates(target, report)
+    if not offline and target.facts is not None:
         try:
             candidates += hub_candidates(target)
         except (SpecrunError, NetworkUnavailable) as exc:  # unreachable: the local candidates remain
             report(f"hub search skipped: {exc}")
     suggestions = judged(target, dedupe(candidates), offline, report)
-    suggestions.sort(key=lambda s: (-s.speedup, s.check.draft.file_size))
+    suggestions.sort(key=lambda s: (-s.speedup, s.cost_ratio))
     return target, suggestions[:top]
 
 
@@ -127,24 +210,58 @@ def dedupe(candidates: Iterable[Candidate]) -> list[Candidate]:
     return list(seen.values())
 
 
-def judged(target: ModelFacts, candidates: list[Candidate], offline: bool,
+def judged(target: Known, candidates: list[Candidate], offline: bool,
            report: Callable[[str], None]) -> list[Suggestion]:
-    """Compatible candidates cheaper than the target, each read once by its header."""
-    kept: dict[tuple, Suggestion] = {}
+    """Compatible candidates cheaper than the target, each read once, each file judged once."""
+    kept: dict[object, Suggestion] = {}
     skipped: list[str] = []
     for candidate in candidates:
         try:
-            draft = load_facts(candidate.spec, offline, for_draft=True)
+            draft = locate(candidate.spec, offline, for_draft=True, profile_fallback=target.profile is not None)
         except SpecrunError as exc:
             skipped.append(f"{candidate.spec} ({exc})")
             continue
-        result = check_pair(target, draft)
-        same_file = (draft.file_size, draft.n_params) == (target.file_size, target.n_params)
-        if not result.compat.ok or same_file or result.cost_ratio is None or result.cost_ratio >= 1:
+        suggestion = judge(target, draft, candidate)
+        if suggestion is None:
             continue
-        key = (draft.file_size, draft.n_params, draft.meta.get("general.name"))
-        kept.setdefault(key, Suggestion(candidate.spec, candidate.origin, result))
+        if draft.path is not None:
+            key: object = draft.path.resolve()
+        elif draft.facts is not None:
+            key = (draft.facts.file_size, draft.facts.n_params, draft.facts.meta.get("general.name"))
+        else:
+            key = candidate.spec
+        kept.setdefault(key, suggestion)
     if skipped:
         report(f"{len(skipped)} candidates not readable, e.g. {skipped[0]}")
     return list(kept.values())
 
+
+def judge(target: Known, draft: Known, candidate: Candidate) -> Suggestion | None:
+    """A suggestion when the draft is compatible and cheaper; None otherwise."""
+    if target.facts is not None and draft.facts is not None:
+        result = check_pair(target.facts, draft.facts)
+        same_file = (draft.facts.file_size, draft.facts.n_params) == (target.facts.file_size, target.facts.n_params)
+        if not result.compat.ok or same_file or result.cost_ratio is None or result.cost_ratio >= 1:
+            return None
+        return Suggestion(candidate.spec, candidate.origin, draft, check=result)
+    estimate = profile_estimate(target, draft)
+    if estimate is None:
+        return None
+    return Suggestion(candidate.spec, candidate.origin, draft, estimate=estimate)
+
+
+def profile_estimate(target: Known, draft: Known) -> ProfileEstimate | None:
+    """Both profiles known and sharing a tokenizer: cost from the parameter counts."""
+    t, d = target.profile, draft.profile
+    if t is None or d is None or t.alias == d.alias or t.tokenizer != d.tokenizer:
+        return None
+    target_params = target.facts.n_params if has_weights(target) else t.params  # type: ignore[union-attr]
+    draft_params = draft.facts.n_params if has_weights(draft) else d.params  # type: ignore[union-attr]
+    ratio = draft_params / target_params
+    if ratio >= 1:
+        return None
+    if t.family == d.family:
+        prior = Prior(PRIOR_SAME_FAMILY, f"same family ({t.family}), per the profiles")
+    else:
+        prior = Prior(PRIOR_OTHER_FAMILY, f"different families ({t.family}, {d.family}), one tokenizer")
+    return ProfileEstimate(t.tokenizer, ratio, prior)
