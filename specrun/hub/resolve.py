@@ -43,11 +43,13 @@ def resolve_model(
     reserve_bytes: int = 0,
     show_progress: bool = True,
     for_draft: bool = False,
+    rpc: tuple[str, ...] = (),
 ) -> ResolvedModel:
     """Resolve alias[:QUANT] | owner/repo[:QUANT] | owner/repo/file.gguf | local path.
 
     Without a quant, the largest that fits the memory it will run in after
     reserve_bytes (the draft, another model) is chosen; `quant` overrides the spec's.
+    That memory includes the free memory of the `rpc` servers the model's layers go to.
     for_draft leaves 16-bit quants out of that choice.
     """
     wanted = checked_quant(quant, "--quant") if quant else None
@@ -67,7 +69,7 @@ def resolve_model(
     expected = parsed.filename or (profile.file_pattern.replace("{quant}", wanted) if profile and wanted else None)
     listing = repo_listing(repo, offline or _hub().offline_mode(), spec, expected)
     excluded = NEVER_AUTO_FOR_DRAFT if for_draft else NEVER_AUTO
-    choice = choose_file(listing, parsed, profile, wanted, memory_budget_bytes, reserve_bytes, excluded)
+    choice = choose_file(listing, parsed, profile, wanted, memory_budget_bytes, reserve_bytes, excluded, rpc)
     paths = local_parts(listing, choice.quant_choice, parsed, show_progress)
     return ResolvedModel(
         path=paths[0],
@@ -138,6 +140,7 @@ def choose_file(
     budget_bytes: int | None,
     reserve_bytes: int,
     excluded: frozenset[str] = NEVER_AUTO,
+    rpc: tuple[str, ...] = (),
 ) -> _Choice:
     name = parsed.alias or listing.repo
     if parsed.filename is not None:
@@ -156,7 +159,7 @@ def choose_file(
         chosen = choices[wanted]
         return _Choice(chosen, f"{name}: {wanted} ({format_bytes(chosen.size)}) as asked")
     given = MemoryBudget(budget_bytes, "the given budget") if budget_bytes is not None else None
-    return fit_quant(name, choices, given or memory_budget(), reserve_bytes, where, excluded)
+    return fit_quant(name, choices, given or memory_budget(rpc=rpc), reserve_bytes, where, excluded)
 
 
 def fit_quant(
@@ -242,8 +245,10 @@ def resolve_pair(
     draft_quant: str | None = None,
     offline: bool = False,
     report: Callable[[str], None] = lambda line: None,
+    rpc: tuple[str, ...] = (),
 ) -> tuple[ResolvedModel, ResolvedModel | None]:
-    """Target and draft for one run: the draft first, then the target in the memory left.
+    """Target and draft for one run: the draft first, then the target in the memory left,
+    counting the free memory of the `rpc` servers that take the target's layers.
 
     No target means the embedded default; `report` receives the reason line of each model
     that was chosen (a local path given as is needs no explaining).
@@ -255,7 +260,7 @@ def resolve_pair(
         if draft_model.repo:
             report(draft_model.reason)
         reserve = run_bytes(draft_model.size_bytes)
-    target_model = resolve_model(target or DEFAULT_ALIAS, quant=quant, offline=offline, reserve_bytes=reserve)
+    target_model = resolve_model(target or DEFAULT_ALIAS, quant=quant, offline=offline, reserve_bytes=reserve, rpc=rpc)
     if target_model.repo:
         report(target_model.reason)
     return target_model, draft_model
