@@ -485,12 +485,17 @@ def _held_endpoints() -> tuple[str, ...]:
     return tuple(e for e, n in _rpc_in_use.items() if n > 0)
 
 
+def check_rpc(endpoints: tuple[str, ...]) -> list[rpc.RpcServer]:
+    """That this build can use RPC servers and each of them answers, or one line saying why not."""
+    if not rpc_supported():
+        raise SpecrunError(f"this llama-cpp-python was built without llama.cpp's RPC backend, needed by --rpc: {RPC_BUILD}")
+    return rpc_servers(endpoints)
+
+
 def _offload_devices(endpoints: tuple[str, ...]) -> list[int]:
     """The devices a model with layers on `endpoints` offloads to: the RPC servers' devices in
     the order given (llama.cpp puts RPC first to keep transfers down), then the local GPUs."""
-    if not rpc_supported():
-        raise SpecrunError(f"this llama-cpp-python was built without llama.cpp's RPC backend, needed by --rpc: {RPC_BUILD}")
-    rpc_servers(endpoints)  # one clear line for a server that is down, busy or of another version
+    check_rpc(endpoints)  # a server that is down, busy or of another version: one clear line, no abort
     _watch_aborts()
     devices = [dev for endpoint in endpoints for dev in _rpc_server_devices(endpoint)]
     return devices + _local_gpu_devices()

@@ -93,6 +93,10 @@ def session_config(
     if draft_endpoints and draft is None:
         raise SpecrunError("--draft-rpc places a draft model's layers: give --draft too, or drop --draft-rpc")
     split = rpc.parse_tensor_split(tensor_split)
+    if target_rpc or draft_endpoints:  # before any download: a server that is down fails in a second
+        from specrun import backend
+
+        backend.check_rpc(tuple(dict.fromkeys(target_rpc + draft_endpoints)))
     # Paths, aliases and hub repos all go through the one resolver; it says which file and why.
     target_model, draft_model = resolve_pair(
         target, draft, quant=quant, draft_quant=draft_quant, offline=offline, report=_report_model, rpc=target_rpc
