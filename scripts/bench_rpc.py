@@ -7,7 +7,7 @@ local network (the kernel here has no netem). At each delay, and without RPC, it
 `specrun pair derive`, unless --draft is given), which stays on this machine, and prints
 tokens/s and speed-up over plain at that delay. A delay of 0 runs without a proxy.
 
-    python scripts/bench_rpc.py [--target T.gguf] [--draft D.gguf | --layers 0-5,12-17]
+    python scripts/bench_rpc.py [--target T.gguf] [--draft D.gguf | --layers 0-5,12-17|auto]
         [--delays 0,0.5,2] [--prompts scripts/prompts/copy_heavy.txt] [--max-tokens 128]
         [--k auto] [--repeat 1] [--rpc-server PATH] [--json OUT]
 

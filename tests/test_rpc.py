@@ -144,14 +144,15 @@ def test_abort_lines_name_the_server():
 
 
 # --- what the servers' memory counts for ------------------------------------------------
-def test_memory_budget_adds_the_servers_free_memory():
-    from specrun.hub.memory import local_budget, memory_budget
+def test_memory_budget_adds_the_servers_free_memory(monkeypatch):
+    from specrun.hub import memory
 
-    local = local_budget()
+    assert memory.local_budget().bytes > 0  # RAM here: no local GPU
+    monkeypatch.setattr(memory, "local_budget", lambda: memory.MemoryBudget(5 * 2**30, "RAM"))
     with FakeRpcServer(devices=((2 * 2**30, 4 * 2**30), (1 * 2**30, 4 * 2**30))) as a, FakeRpcServer() as b:
-        budget = memory_budget(rpc=(a.endpoint, b.endpoint))
-    assert budget.bytes == local.bytes + 6 * 2**30
-    assert "2 RPC servers" in budget.where
+        budget = memory.memory_budget(rpc=(a.endpoint, b.endpoint))
+    assert budget.bytes == 11 * 2**30
+    assert budget.where == "RAM (5.4 GB) and 2 RPC servers (6.4 GB)"
 
 
 def test_pair_check_fits_only_with_the_servers(tiny, monkeypatch):
