@@ -14,7 +14,7 @@ import time
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -352,37 +352,32 @@ def _declare(lib, name: str, restype, *argtypes) -> None:
     function.restype, function.argtypes = restype, list(argtypes)
 
 
-_ggml_declared = False
-
-
+@cache
 def _ggml():
-    """libggml with the signatures of the device-registry calls specrun makes (declared once)."""
-    global _ggml_declared
+    """libggml with the signatures of the device-registry calls specrun makes."""
     from llama_cpp import _ggml as ggml
 
     lib = ggml.libggml
-    if not _ggml_declared:
-        vp, size = ctypes.c_void_p, ctypes.c_size_t
-        for name, restype, *args in (
-            ("ggml_backend_reg_count", size),
-            ("ggml_backend_reg_get", vp, size),
-            ("ggml_backend_reg_name", ctypes.c_char_p, vp),
-            ("ggml_backend_reg_by_name", vp, ctypes.c_char_p),
-            ("ggml_backend_reg_get_proc_address", vp, vp, ctypes.c_char_p),
-            ("ggml_backend_reg_dev_count", size, vp),
-            ("ggml_backend_reg_dev_get", vp, vp, size),
-            ("ggml_backend_dev_count", size),
-            ("ggml_backend_dev_get", vp, size),
-            ("ggml_backend_dev_name", ctypes.c_char_p, vp),
-            ("ggml_backend_dev_description", ctypes.c_char_p, vp),
-            ("ggml_backend_dev_type", ctypes.c_int, vp),
-            ("ggml_backend_dev_backend_reg", vp, vp),
-            ("ggml_backend_dev_memory", None, vp, ctypes.POINTER(size), ctypes.POINTER(size)),
-            ("ggml_backend_dev_get_props", None, vp, ctypes.POINTER(_DeviceProps)),
-            ("ggml_set_abort_callback", vp, _ABORT_CALLBACK),
-        ):
-            _declare(lib, name, restype, *args)
-        _ggml_declared = True
+    vp, size = ctypes.c_void_p, ctypes.c_size_t
+    for name, restype, *args in (
+        ("ggml_backend_reg_count", size),
+        ("ggml_backend_reg_get", vp, size),
+        ("ggml_backend_reg_name", ctypes.c_char_p, vp),
+        ("ggml_backend_reg_by_name", vp, ctypes.c_char_p),
+        ("ggml_backend_reg_get_proc_address", vp, vp, ctypes.c_char_p),
+        ("ggml_backend_reg_dev_count", size, vp),
+        ("ggml_backend_reg_dev_get", vp, vp, size),
+        ("ggml_backend_dev_count", size),
+        ("ggml_backend_dev_get", vp, size),
+        ("ggml_backend_dev_name", ctypes.c_char_p, vp),
+        ("ggml_backend_dev_description", ctypes.c_char_p, vp),
+        ("ggml_backend_dev_type", ctypes.c_int, vp),
+        ("ggml_backend_dev_backend_reg", vp, vp),
+        ("ggml_backend_dev_memory", None, vp, ctypes.POINTER(size), ctypes.POINTER(size)),
+        ("ggml_backend_dev_get_props", None, vp, ctypes.POINTER(_DeviceProps)),
+        ("ggml_set_abort_callback", vp, _ABORT_CALLBACK),
+    ):
+        _declare(lib, name, restype, *args)
     return lib
 
 
@@ -519,26 +514,21 @@ def _rpc_server_devices(endpoint: str) -> list[int]:
 # exit status 1; a decode that waits longer than rpc_timeout ends the same way, as the client
 # would otherwise wait forever for a server that is stuck or a network that dropped.
 RPC_LOST_EXIT = 1
-_watching_aborts = False
 
 
+@cache
 def _watch_aborts() -> None:
-    global _watching_aborts
-    if not _watching_aborts:
-        _ggml().ggml_set_abort_callback(_on_ggml_abort)
-        _watching_aborts = True
+    _ggml().ggml_set_abort_callback(_on_ggml_abort)
 
 
 @_ABORT_CALLBACK
 def _on_ggml_abort(message: bytes) -> None:
     text = message.decode("utf-8", "replace")
-    if os.environ.get("SPECRUN_DEBUG"):
-        print(text, file=sys.stderr)
     line = _rpc_abort_line(text)
-    if line is None:
-        print(text, file=sys.stderr)  # what ggml prints without a callback; abort() follows
-        return
-    _exit_with(line)
+    if line is None or os.environ.get("SPECRUN_DEBUG"):
+        print(text, file=sys.stderr)  # what ggml prints without a callback
+    if line is not None:
+        _exit_with(line)  # otherwise ggml's abort() follows
 
 
 def _rpc_abort_line(text: str) -> str | None:
