@@ -502,7 +502,9 @@ def _rpc_server_devices(endpoint: str) -> list[int]:
     lib = _ggml()
     rpc_reg = lib.ggml_backend_reg_by_name(b"RPC")
     add_server = _ADD_SERVER(lib.ggml_backend_reg_get_proc_address(rpc_reg, b"ggml_backend_rpc_add_server"))
-    server_reg = add_server(endpoint.encode())
+    # The server answered specrun's check a moment ago, but llama.cpp would wait for ever if it stops now.
+    with _watchdog.watching((endpoint,), rpc.ANSWER_TIMEOUT_S, "at the RPC hello"):
+        server_reg = add_server(endpoint.encode())
     if not server_reg:
         raise SpecrunError(f"RPC server {endpoint} has no devices to hold layers: start rpc-server with a device")
     return [lib.ggml_backend_reg_dev_get(server_reg, i) for i in range(lib.ggml_backend_reg_dev_count(server_reg))]
@@ -567,33 +569,36 @@ def _exit_with(line: str) -> None:
 
 
 class _Watchdog:
-    """Ends the process with one line when a decode on RPC servers waits past its timeout."""
+    """Ends the process with one line when a call waits on RPC servers past its timeout."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._waiting: dict[int, tuple[float, float, tuple[str, ...]]] = {}  # ticket: deadline, timeout, servers
+        self._waiting: dict[int, tuple[float, tuple[str, ...], str]] = {}  # ticket: deadline, servers, message
         self._next = 0
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def watching(self, servers: tuple[str, ...], timeout: float) -> Iterator[None]:
+    def watching(self, servers: tuple[str, ...], timeout: float, doing: str = "during a decode") -> Iterator[None]:
         """Watch the block when it waits on `servers` (none: nothing to watch; timeout 0: forever)."""
         if not servers or timeout <= 0:
             yield
             return
-        ticket = self._arm(timeout, servers)
+        hint = " (raise --rpc-timeout if decodes are this slow)" if doing == "during a decode" else ""
+        message = (f"no answer from the RPC servers ({', '.join(servers)}) for {timeout:g} s {doing}: "
+                   f"one is stuck or the network is down{hint}")
+        ticket = self._arm(timeout, servers, message)
         try:
             yield
         finally:
             self._disarm(ticket)
 
-    def _arm(self, timeout: float, servers: tuple[str, ...]) -> int:
+    def _arm(self, timeout: float, servers: tuple[str, ...], message: str) -> int:
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="specrun-rpc-watchdog", daemon=True)
                 self._thread.start()
             self._next += 1
-            self._waiting[self._next] = (time.monotonic() + timeout, timeout, servers)
+            self._waiting[self._next] = (time.monotonic() + timeout, servers, message)
             self._cond.notify()
             return self._next
 
@@ -606,14 +611,12 @@ class _Watchdog:
             with self._cond:
                 while not self._waiting:
                     self._cond.wait()
-                deadline, timeout, servers = min(self._waiting.values())
+                deadline, servers, message = min(self._waiting.values())
                 left = deadline - time.monotonic()
                 if left > 0:
                     self._cond.wait(left)
                     continue
-            _exit_with(_lost_line(servers, f"no answer from the RPC servers ({', '.join(servers)}) for {timeout:g} s during "
-                                           "a decode: one is stuck or the network is down (raise --rpc-timeout if decodes "
-                                           "are this slow)"))
+            _exit_with(_lost_line(servers, message))
 
 
 _watchdog = _Watchdog()

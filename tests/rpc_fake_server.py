@@ -12,7 +12,9 @@ import struct
 import threading
 from typing import Literal
 
-Behaviour = Literal["answer", "silent", "close", "short"]
+# answer: as rpc-server; silent: never answers HELLO; close: hangs up at HELLO; short: protocol 2's
+# 3-byte HELLO reply; answer_once: answers the first client only (as if it stopped right after)
+Behaviour = Literal["answer", "silent", "close", "short", "answer_once"]
 
 
 class FakeRpcServer:
@@ -39,10 +41,12 @@ class FakeRpcServer:
         self.close()
 
     def _serve(self) -> None:
-        for _ in range(self._max):
+        for served in range(self._max):
             conn = self._accept()
             if conn is None:
                 return
+            if served == 1 and self.behaviour == "answer_once":
+                self.behaviour = "silent"
             with conn:
                 conn.settimeout(5)
                 try:

@@ -236,3 +236,44 @@ def test_bench_and_chat_take_rpc(tiny):
     chat = subprocess.run([sys.executable, "-m", "specrun", "chat", "--target", str(tiny["target"]), "--rpc", endpoint],
                           input="", capture_output=True, text=True, timeout=120)
     assert chat.returncode == 2 and f"{endpoint} refused" in chat.stderr
+
+
+# --- when llama.cpp's own client fails (in a subprocess: the process ends, by design) ----
+LOAD_ON_SERVER = """
+import sys
+from specrun import rpc
+{setup}
+from specrun.backend import Model, ModelOptions
+Model(sys.argv[1], ModelOptions(rpc_servers=(sys.argv[2],)))
+print("loaded")
+"""
+
+
+def load_on(server, tiny, setup: str) -> subprocess.CompletedProcess:
+    from specrun import backend
+
+    if not backend.rpc_supported():
+        pytest.skip("llama-cpp-python was built without the RPC backend (CMAKE_ARGS=\"-DGGML_RPC=on\"; .ci/run builds it)")
+    script = LOAD_ON_SERVER.format(setup=setup)
+    return subprocess.run([sys.executable, "-c", script, str(tiny["target"]), server.endpoint],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_llama_cpp_refusing_the_version_is_one_line(tiny):
+    """A release missing from the pinned table is checked by llama.cpp itself; its abort becomes one line."""
+    with FakeRpcServer(version=(99, 0, 0)) as server:
+        result = load_on(server, tiny, "rpc.PROTOCOL_BY_RELEASE.clear()")
+    assert result.returncode == 1 and "loaded" not in result.stdout
+    assert result.stderr.strip().splitlines() == [
+        f"error: RPC server {server.endpoint} speaks another RPC protocol version than this llama-cpp-python "
+        "(RPC server version mismatch: 99.0.0): build rpc-server from the llama.cpp that llama-cpp-python bundles"
+    ]
+
+
+def test_a_server_that_stops_answering_after_the_check_is_not_waited_for(tiny):
+    with FakeRpcServer(behaviour="answer_once") as server:
+        result = load_on(server, tiny, "rpc.ANSWER_TIMEOUT_S = 1")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: no answer from the RPC servers ({server.endpoint}) for 1 s at the RPC hello: one is stuck or the network is down"
+    ]
