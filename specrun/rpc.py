@@ -64,7 +64,7 @@ def parse_endpoints(text: str | None, option: str = "--rpc") -> tuple[str, ...]:
         if not item or not sep or not host or ":" in port:
             ipv6 = " (llama.cpp's RPC client takes IPv4 addresses and host names, not IPv6)" if item.count(":") > 1 else ""
             raise SpecrunError(f"{option} {text!r}: {item!r} is not HOST:PORT{ipv6}; e.g. {option} 192.168.1.20:50052,192.168.1.21:50052")
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
             raise SpecrunError(f"{option} {text!r}: the port of {item!r} has to be a number from 1 to 65535")
         endpoint = f"{host}:{int(port)}"
         if endpoint in endpoints:
@@ -105,7 +105,7 @@ def check_server(endpoint: str, connect_timeout: float = CONNECT_TIMEOUT_S,
     with _connect(endpoint, connect_timeout) as sock:
         sock.settimeout(answer_timeout)
         try:
-            version = _hello(sock, endpoint)
+            version = _hello(sock)
             (count,) = struct.unpack("<I", _call(sock, CMD_DEVICE_COUNT, b"", 4))
             devices = tuple(DeviceMemory(*struct.unpack("<QQ", _call(sock, CMD_GET_DEVICE_MEMORY, struct.pack("<I", i), 16)))
                             for i in range(count))
@@ -182,7 +182,7 @@ def _connect(endpoint: str, timeout: float) -> socket.socket:
         raise SpecrunError(f"RPC server {endpoint} cannot be reached: {exc.strerror or exc}") from None
 
 
-def _hello(sock: socket.socket, endpoint: str) -> Version:
+def _hello(sock: socket.socket) -> Version:
     ours = client_protocol()
     try:
         reply = _call(sock, CMD_HELLO, bytes(CONN_CAPS_SIZE), HELLO_REPLY_SIZE)

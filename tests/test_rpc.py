@@ -47,6 +47,7 @@ def test_endpoints_as_llama_cpp_takes_them():
     ("h:0", "from 1 to 65535"),
     ("h:65536", "from 1 to 65535"),
     ("h:port", "from 1 to 65535"),
+    ("h:\u00b2", "from 1 to 65535"),
     ("h:1,h:1", "lists h:1 twice"),
 ])
 def test_bad_endpoints_are_one_line_naming_the_option(text, fragment):
