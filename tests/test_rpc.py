@@ -278,3 +278,20 @@ def test_a_server_that_stops_answering_after_the_check_is_not_waited_for(tiny):
     assert result.stderr.strip().splitlines() == [
         f"error: no answer from the RPC servers ({server.endpoint}) for 1 s at the RPC hello: one is stuck or the network is down"
     ]
+
+
+def test_device_props_layout_matches_ggml():
+    """_local_gpu_devices reads struct ggml_backend_dev_props: its fields must agree with the getters."""
+    import ctypes
+
+    from specrun import backend
+
+    lib = backend._ggml()
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        props = backend._DeviceProps()
+        lib.ggml_backend_dev_get_props(dev, ctypes.byref(props))
+        assert props.name == lib.ggml_backend_dev_name(dev)
+        assert props.description == lib.ggml_backend_dev_description(dev)
+        assert props.type == lib.ggml_backend_dev_type(dev)
+        assert props.memory_total == backend._device_memory(dev)[1]
