@@ -37,11 +37,17 @@ class SessionConfig:
     draft_n_gpu_layers: int = -1
     flash_attn: int = -1
     repack: bool = False
+    rpc: tuple[str, ...] = ()  # HOST:PORT of llama.cpp rpc-servers for the target's layers
+    draft_rpc: tuple[str, ...] = ()  # the draft's; empty keeps the draft local
+    tensor_split: tuple[float, ...] = ()  # the target's layers per device, RPC devices first
+    rpc_timeout: float = 300.0  # seconds a decode may wait for the RPC servers before giving up
 
     def __post_init__(self) -> None:
         parse_k(str(self.k))
         if self.n_ctx < 8:
             raise SpecrunError(f"--ctx-size has to be >= 8, but is {self.n_ctx}")
+        if not self.rpc_timeout >= 0:
+            raise SpecrunError(f"--rpc-timeout has to be >= 0 seconds (0 waits forever), but is {self.rpc_timeout}")
 
 
 class Session:
@@ -51,7 +57,8 @@ class Session:
         self._verify_costs: list[float] | None = None
         self._policies: dict[int | str, FixedK | PMinPolicy | AutoK] = {}
         try:
-            self.target_model = self._own(Model(config.target, self._model_options(config.n_gpu_layers), "target"))
+            target_options = self._model_options(config.n_gpu_layers, config.rpc, config.tensor_split)
+            self.target_model = self._own(Model(config.target, target_options, "target"))
             self.target = self._own(Context(self.target_model, self._context_options()))
             self.costs_key = self._costs_key()  # taken now: the file may change or go while we run
             self.drafter = self._make_drafter()
@@ -63,8 +70,10 @@ class Session:
         self._closers.append(resource)
         return resource
 
-    def _model_options(self, n_gpu_layers: int) -> ModelOptions:
-        return ModelOptions(n_gpu_layers=n_gpu_layers, repack=self.config.repack)
+    def _model_options(self, n_gpu_layers: int, rpc_servers: tuple[str, ...], tensor_split: tuple[float, ...] = ()) -> ModelOptions:
+        c = self.config
+        return ModelOptions(n_gpu_layers=n_gpu_layers, repack=c.repack, rpc_servers=rpc_servers,
+                            tensor_split=tensor_split, rpc_timeout=c.rpc_timeout)
 
     def _context_options(self) -> ContextOptions:
         c = self.config
@@ -75,7 +84,7 @@ class Session:
         lookup = PromptLookup(*c.lookup_ngram) if c.lookup else None
         if c.draft is None:
             return lookup
-        draft_model = self._own(Model(c.draft, self._model_options(c.draft_n_gpu_layers), "draft"))
+        draft_model = self._own(Model(c.draft, self._model_options(c.draft_n_gpu_layers, c.draft_rpc), "draft"))
         report = check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts())
         if not report.ok:
             raise IncompatibleError(
@@ -150,9 +159,12 @@ class Session:
 
     def _costs_key(self) -> str:
         c = self.config
+        # Layers on other machines or split another way decode at other costs; a local set-up keeps its old key.
+        placement = {"rpc": ",".join(c.rpc)} if c.rpc else {}
+        placement |= {"tensor_split": ",".join(map(str, c.tensor_split))} if c.tensor_split else {}
         return cost_cache.setup_key(c.target, threads=self.target.n_threads, n_gpu_layers=c.n_gpu_layers,
                                     flash_attn=c.flash_attn, repack=c.repack, n_batch=self.target.n_batch,
-                                    n_ctx=self.target.n_ctx)  # a small context caps the widths measured
+                                    n_ctx=self.target.n_ctx, **placement)  # a small context caps the widths measured
 
     def stream(self, prompt: str | list[int], max_tokens: int, plain: bool = False) -> Iterator[Event]:
         if isinstance(prompt, str) and not prompt.strip():

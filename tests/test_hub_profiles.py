@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specrun.errors import SpecrunError
-from specrun.hub.memory import MemoryBudget, parse_meminfo_available, parse_nvidia_free, run_bytes
+from specrun.hub.memory import MemoryBudget, parse_meminfo_available, run_bytes
 from specrun.hub.profiles import builtin_profiles_dir, load_profiles
 from specrun.hub.quants import QuantChoice, RepoFile, group_quants, quant_of
 from specrun.hub.resolve import fit_quant
@@ -140,6 +140,4 @@ def test_fit_quant_rules():
 
 
 def test_memory_readers():
-    assert parse_nvidia_free("81050\n1024\n") == (81050 + 1024) * 1024**2
-    assert parse_nvidia_free("No devices were found\n") is None
     assert parse_meminfo_available("MemTotal: 100 kB\nMemAvailable:    2048 kB\n") == 2048 * 1024

@@ -273,7 +273,7 @@ def test_pair_resolves_the_draft_first_and_fits_the_target_in_what_is_left(fake_
     })
     # Q8_0 of the target fits alone, but not next to the draft's Q8_0 (never its f16).
     budget = run_bytes(80000) + run_bytes(8000) - 1
-    monkeypatch.setattr(resolve_module, "memory_budget", lambda: MemoryBudget(budget, "RAM"))
+    monkeypatch.setattr(resolve_module, "memory_budget", lambda rpc=(): MemoryBudget(budget, "RAM"))
     lines: list[str] = []
     target, draft = resolve_module.resolve_pair("llama-8b", "llama-1b", report=lines.append)
     assert draft is not None and draft.quant == "Q8_0"

@@ -62,6 +62,10 @@ def bench(
     threads: o.Threads = 0,
     n_gpu_layers: o.GpuLayers = -1,
     draft_n_gpu_layers: o.DraftGpuLayers = -1,
+    rpc: o.Rpc = None,
+    draft_rpc: o.DraftRpc = None,
+    tensor_split: o.TensorSplit = None,
+    rpc_timeout: o.RpcTimeout = 300.0,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE.")] = None,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE.")] = None,
     plot_out: Annotated[Optional[Path], typer.Option("--plot", help="Save acceptance and speed-up charts to FILE (.png, .svg, ...).")] = None,
@@ -76,9 +80,11 @@ def bench(
     method_names = _methods(methods, draft)
     if temp > 0 and seed is None:
         seed = secrets.randbelow(2**31)  # one seed, shared by every method and recorded
+    uses_draft = bool(NEEDS_DRAFT_MODEL & set(method_names))
     config = o.session_config(
-        target, draft if NEEDS_DRAFT_MODEL & set(method_names) else None, False, "auto", temp, top_k, top_p, min_p, seed,
+        target, draft if uses_draft else None, False, "auto", temp, top_k, top_p, min_p, seed,
         ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
+        rpc_servers=rpc, draft_rpc=draft_rpc if uses_draft else None, tensor_split=tensor_split, rpc_timeout=rpc_timeout,
     )
     variants = plan_variants(method_names, ks)
     err_console.print(
@@ -161,6 +167,7 @@ def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name,
         "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "seed": s.seed,
         "max_tokens": max_tokens, "repeat": repeat, "warmup": warmup,
         "n_ctx": config.n_ctx, "threads": config.threads,
+        "rpc": list(config.rpc), "draft_rpc": list(config.draft_rpc), "tensor_split": list(config.tensor_split),
         "prompts": source_name, "n_prompts": n_prompts,
         "order": "for each prompt and repeat: plain, then every method x k in turn (interleaved)",
         "speedup": SPEEDUP_DEFINITION,

@@ -62,6 +62,10 @@ def chat(
     threads: o.Threads = 0,
     n_gpu_layers: o.GpuLayers = -1,
     draft_n_gpu_layers: o.DraftGpuLayers = -1,
+    rpc: o.Rpc = None,
+    draft_rpc: o.DraftRpc = None,
+    tensor_split: o.TensorSplit = None,
+    rpc_timeout: o.RpcTimeout = 300.0,
 ) -> None:
     """Chat with the target, drafting by --draft model or --lookup; a live panel shows the speculation."""
     if not 1 <= max_tokens <= ctx_size // 2:
@@ -72,6 +76,7 @@ def chat(
     config = o.session_config(
         target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
         quant=quant, draft_quant=draft_quant, offline=offline,
+        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout,
     )
     with Session(config) as session:
         fmt = choose_format(session.target_model, chat_format)

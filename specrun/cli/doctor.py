@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import platform
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
+from specrun import rpc
 from specrun.cli.app import app
 from specrun.default_model import cache_dir
+from specrun.errors import SpecrunError
 
 GPU_BUILDS = {
     "Darwin": 'CMAKE_ARGS="-DGGML_METAL=on" pip install --force-reinstall --no-cache-dir "llama-cpp-python>=0.3.36,<0.4"',
@@ -19,7 +21,15 @@ GPU_BUILDS = {
 }
 
 
-def diagnose() -> dict[str, object]:
+def rpc_server_build(version: str) -> str:
+    """How to build an rpc-server that speaks this llama-cpp-python's RPC protocol: from its own source."""
+    return (f"pip download --no-deps --no-binary :all: llama-cpp-python=={version} && "
+            f"tar xzf llama_cpp_python-{version}.tar.gz && "
+            f"cmake -S llama_cpp_python-{version}/vendor/llama.cpp -B rpc-build -DGGML_RPC=ON -DLLAMA_CURL=OFF && "
+            "cmake --build rpc-build --target ggml-rpc-server -j && rpc-build/bin/ggml-rpc-server -H 0.0.0.0 -p 50052")
+
+
+def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, object]:
     from specrun import backend, cost_cache
     from specrun.hub.stores import foreign_stores
 
@@ -47,16 +57,45 @@ def diagnose() -> dict[str, object]:
         report["gpu_build_hint"] = GPU_BUILDS[key]
         if key == "cuda":
             report["gpu_build_hint_other"] = GPU_BUILDS["vulkan"]
+    report["rpc"] = info["rpc"]
+    if not info["rpc"]:
+        report["rpc_build_hint"] = backend.RPC_BUILD
+    report["rpc_protocol"] = rpc.version_text(rpc.client_protocol())
+    report["rpc_server_build"] = rpc_server_build(str(info["llama_cpp_python"]))
+    if rpc_endpoints:
+        report["rpc_servers"] = [_server_report(endpoint) for endpoint in rpc_endpoints]
     return report
 
 
+def _server_report(endpoint: str) -> dict[str, object]:
+    """One server's version and devices, or the line that says what is wrong with it."""
+    from specrun import backend
+
+    try:
+        server = backend.rpc_servers((endpoint,))[0]
+    except SpecrunError as exc:
+        return {"endpoint": endpoint, "error": str(exc)}
+    devices = [{"memory_free": d.free, "memory_total": d.total} for d in server.devices]
+    return {"endpoint": endpoint, "protocol": rpc.version_text(server.version), "devices": devices}
+
+
 @app.command()
-def doctor(as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False) -> None:
-    """Versions, compiled backends, GPU offload, CPU features and cache locations."""
-    report = diagnose()
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    rpc_servers: Annotated[Optional[str], typer.Option("--rpc", help="Also reach these rpc-servers, HOST:PORT[,...], and report their devices and free memory.")] = None,
+) -> None:
+    """Versions, compiled backends, GPU offload, RPC, CPU features and cache locations."""
+    report = diagnose(rpc.parse_endpoints(rpc_servers, "--rpc"))
+    failed = any("error" in server for server in report.get("rpc_servers", []))  # type: ignore[union-attr]
     if as_json:
         print(json.dumps(report))
-        return
+    else:
+        _print_report(report)
+    if failed:
+        raise typer.Exit(code=1)
+
+
+def _print_report(report: dict[str, object]) -> None:
     for key, value in report.items():
         if key == "devices":
             for dev in value:  # type: ignore[union-attr]
@@ -70,5 +109,24 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="Print one JSON 
             print(f"GPU offload is not compiled in; for NVIDIA: {value}")
         elif key == "gpu_build_hint_other":
             print(f"  for Vulkan (AMD/Intel): {value}")
+        elif key == "rpc":
+            print(f"rpc: {'yes (llama.cpp RPC backend compiled in)' if value else 'no'}")
+        elif key == "rpc_build_hint":
+            print(f"  --rpc needs llama.cpp's RPC backend: {value}")
+        elif key == "rpc_server_build":
+            print(f"rpc-server for the other machines (same llama.cpp as here): {value}")
+        elif key == "rpc_servers":
+            for server in value:  # type: ignore[union-attr]
+                print(_server_line(server))
         else:
             print(f"{key.replace('_', ' ')}: {value}")
+
+
+def _server_line(server: dict) -> str:
+    if "error" in server:
+        return f"rpc server {server['endpoint']}: {server['error']}"
+    devices = "; ".join(
+        f"device {i}: {d['memory_free'] / 2**30:.1f} GiB free of {d['memory_total'] / 2**30:.1f} GiB"
+        for i, d in enumerate(server["devices"])
+    )
+    return f"rpc server {server['endpoint']}: protocol {server['protocol']}, {devices}"

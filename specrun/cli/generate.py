@@ -37,6 +37,10 @@ def generate(
     threads: o.Threads = 0,
     n_gpu_layers: o.GpuLayers = -1,
     draft_n_gpu_layers: o.DraftGpuLayers = -1,
+    rpc: o.Rpc = None,
+    draft_rpc: o.DraftRpc = None,
+    tensor_split: o.TensorSplit = None,
+    rpc_timeout: o.RpcTimeout = 300.0,
     compare_plain: Annotated[bool, typer.Option("--compare-plain", help="Also decode plainly; report speed-up and match.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
@@ -45,6 +49,7 @@ def generate(
     config = o.session_config(
         target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
         quant=quant, draft_quant=draft_quant, offline=offline,
+        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout,
     )
     with Session(config) as session:
         if config.draft is None and not config.lookup:

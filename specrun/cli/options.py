@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from specrun import rpc
 from specrun.cli.app import err_console
 from specrun.errors import SpecrunError
 from specrun.files import decode_utf8, read_text
@@ -89,6 +90,22 @@ GpuLayers = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", callback=_LAYE
 DraftGpuLayers = Annotated[
     int, typer.Option("--draft-n-gpu-layers", "-ngld", callback=_LAYERS, help="Draft layers to offload (-1 = all).")
 ]
+Rpc = Annotated[
+    Optional[str],
+    typer.Option("--rpc", help="llama.cpp rpc-servers that take the target's offloaded layers (-ngl): HOST:PORT[,HOST:PORT...].", rich_help_panel="RPC"),
+]
+DraftRpc = Annotated[
+    Optional[str],
+    typer.Option("--draft-rpc", help="rpc-servers for the draft's layers too, HOST:PORT[,...] (default: the draft runs locally).", rich_help_panel="RPC"),
+]
+TensorSplit = Annotated[
+    Optional[str],
+    typer.Option("--tensor-split", "-ts", help="Share of the target's offloaded layers per device, RPC servers' first in --rpc order, then local GPUs, e.g. 3,1 (default: by free memory).", rich_help_panel="RPC"),
+]
+RpcTimeout = Annotated[
+    float,
+    typer.Option("--rpc-timeout", help="Seconds one decode may wait for the rpc-servers before specrun gives up with an error (0 = forever).", rich_help_panel="RPC"),
+]
 
 
 def session_config(
@@ -108,11 +125,24 @@ def session_config(
     quant: str | None = None,
     draft_quant: str | None = None,
     offline: bool = False,
+    rpc_servers: str | None = None,
+    draft_rpc: str | None = None,
+    tensor_split: str | None = None,
+    rpc_timeout: float = 300.0,
 ) -> SessionConfig:
     sampler = SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    target_rpc = rpc.parse_endpoints(rpc_servers, "--rpc")
+    draft_endpoints = rpc.parse_endpoints(draft_rpc, "--draft-rpc")
+    if draft_endpoints and draft is None:
+        raise SpecrunError("--draft-rpc places a draft model's layers: give --draft too, or drop --draft-rpc")
+    split = rpc.parse_tensor_split(tensor_split)
+    if target_rpc or draft_endpoints:  # before any download: a server that is down fails in a second
+        from specrun import backend
+
+        backend.check_rpc(tuple(dict.fromkeys(target_rpc + draft_endpoints)))
     # Paths, aliases and hub repos all go through the one resolver; it says which file and why.
     target_model, draft_model = resolve_pair(
-        target, draft, quant=quant, draft_quant=draft_quant, offline=offline, report=_report_model
+        target, draft, quant=quant, draft_quant=draft_quant, offline=offline, report=_report_model, rpc=target_rpc
     )
     return SessionConfig(
         target=target_model.path,
@@ -124,6 +154,10 @@ def session_config(
         threads=threads,
         n_gpu_layers=n_gpu_layers,
         draft_n_gpu_layers=draft_n_gpu_layers,
+        rpc=target_rpc,
+        draft_rpc=draft_endpoints,
+        tensor_split=split,
+        rpc_timeout=rpc_timeout,
     )
 
 

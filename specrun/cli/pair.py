@@ -33,13 +33,19 @@ def check(
     offline: OfflineOpt = False,
     n_ctx: CtxOpt = 4096,
     acceptance: AcceptOpt = None,
+    rpc_servers: Annotated[Optional[str], typer.Option(
+        "--rpc", help="rpc-servers that would take layers, HOST:PORT[,...]: their free memory counts.")] = None,
 ) -> None:
-    """Would DRAFT work with TARGET in llama.cpp, and could it be faster? Reads headers only."""
+    """Would DRAFT work with TARGET in llama.cpp, could it be faster, and does it fit? Reads headers only."""
+    from specrun import rpc
+    from specrun.hub.memory import memory_budget
     from specrun.pair.check import check_pair
     from specrun.pair.report import check_lines
     from specrun.pair.sources import load_facts
 
-    result = check_pair(load_facts(target, offline), load_facts(draft, offline), n_ctx, acceptance)
+    endpoints = rpc.parse_endpoints(rpc_servers, "--rpc")
+    facts = load_facts(target, offline), load_facts(draft, offline)
+    result = check_pair(*facts, n_ctx, acceptance, budget=memory_budget(rpc=endpoints))
     if json_out:
         typer.echo(json.dumps(result.as_json(), indent=2))
     else:

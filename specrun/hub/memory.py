@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -21,7 +19,7 @@ UNKNOWN_AVAILABLE_FRACTION = 0.75
 @dataclass(frozen=True)
 class MemoryBudget:
     bytes: int
-    where: str  # "GPU memory (nvidia-smi)" or "RAM", for messages
+    where: str  # "GPU memory", "RAM", "RAM (12.0 GB) and 2 RPC servers (30.1 GB)", for messages
 
 
 def run_bytes(file_bytes: int) -> int:
@@ -29,52 +27,31 @@ def run_bytes(file_bytes: int) -> int:
     return file_bytes + int(file_bytes * RUN_OVERHEAD_FRACTION) + RUN_OVERHEAD_BYTES
 
 
-def memory_budget(offload: bool | None = None) -> MemoryBudget | None:
-    """Memory the model will run in: free GPU memory when offloading, available RAM otherwise.
+def memory_budget(rpc: tuple[str, ...] = ()) -> MemoryBudget | None:
+    """Memory the model will run in: the local budget, plus the free memory of the devices of
+    the `rpc` servers its layers go to. None when unknown."""
+    local = local_budget()
+    if not rpc:
+        return local
+    from specrun import backend
 
-    offload=None asks llama.cpp whether this build can offload. None when unknown.
-    """
-    if offload is None:
-        offload = gpu_offload_supported()
-    if offload:
-        gpu = nvidia_free_bytes()
-        if gpu is not None:
-            return MemoryBudget(gpu, "GPU memory (nvidia-smi)")
+    servers = backend.rpc_servers(rpc)
+    remote = MemoryBudget(sum(s.free_bytes for s in servers), f"{len(servers)} RPC server{'s' * (len(servers) > 1)}")
+    if local is None:
+        return remote
+    return MemoryBudget(local.bytes + remote.bytes, f"{local.where} ({format_bytes(local.bytes)}) and "
+                                                    f"{remote.where} ({format_bytes(remote.bytes)})")
+
+
+def local_budget() -> MemoryBudget | None:
+    """Free memory of the local GPUs llama.cpp offloads to; available RAM without any."""
+    from specrun import backend  # loads llama.cpp: only a quant choice or a fit check needs it
+
+    gpu = backend.local_gpu_free_bytes()
+    if gpu is not None:
+        return MemoryBudget(gpu, "GPU memory")
     ram = ram_available_bytes()
     return MemoryBudget(ram, "RAM") if ram is not None else None
-
-
-def gpu_offload_supported() -> bool:
-    try:
-        import llama_cpp
-    except Exception:  # not installed or its library failed to load: no offload either way
-        return False
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-def nvidia_free_bytes() -> int | None:
-    """Free memory summed over NVIDIA GPUs (llama.cpp splits layers across them)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run(
-            [exe, "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return parse_nvidia_free(out)
-
-
-def parse_nvidia_free(output: str) -> int | None:
-    """nvidia-smi prints one MiB figure per GPU; None when it printed none."""
-    values = [line.strip() for line in output.splitlines() if line.strip()]
-    try:
-        mib = [int(float(v)) for v in values]
-    except ValueError:
-        return None
-    return sum(mib) * MIB if mib else None
 
 
 def ram_available_bytes() -> int | None:

@@ -53,11 +53,13 @@ def resolve_model(
     reserve_bytes: int = 0,
     show_progress: bool = True,
     for_draft: bool = False,
+    rpc: tuple[str, ...] = (),
 ) -> ResolvedModel:
     """Resolve alias[:QUANT] | owner/repo[:QUANT] | owner/repo/file.gguf | ollama:NAME[:TAG] | path.
 
     Without a quant, the largest that fits the memory it will run in after
     reserve_bytes (the draft, another model) is chosen; `quant` overrides the spec's.
+    That memory includes the free memory of the `rpc` servers the model's layers go to.
     for_draft leaves 16-bit quants out of that choice. A file that Ollama, LM Studio or
     llama.cpp already keeps is used where it lies instead of being downloaded.
     """
@@ -79,12 +81,12 @@ def resolve_model(
     repo = profile.repo if profile else parsed.repo
     assert repo is not None
     excluded = NEVER_AUTO_FOR_DRAFT if for_draft else NEVER_AUTO
-    stored = stored_choice(parsed, profiles, wanted, memory_budget_bytes, reserve_bytes, excluded)
+    stored = stored_choice(parsed, profiles, wanted, memory_budget_bytes, reserve_bytes, excluded, rpc=rpc)
     if stored is not None:
         return stored
     expected = parsed.filename or (profile.file_pattern.replace("{quant}", wanted) if profile and wanted else None)
     listing = repo_listing(repo, offline or _hub().offline_mode(), spec, expected)
-    choice = choose_file(listing, parsed, profile, wanted, memory_budget_bytes, reserve_bytes, excluded)
+    choice = choose_file(listing, parsed, profile, wanted, memory_budget_bytes, reserve_bytes, excluded, rpc)
     paths = local_parts(listing, choice.quant_choice, parsed, show_progress)
     return ResolvedModel(
         path=paths[0],
@@ -132,6 +134,7 @@ def stored_choice(
     reserve_bytes: int,
     excluded: frozenset[str],
     include_hf: bool = False,
+    rpc: tuple[str, ...] = (),
 ) -> ResolvedModel | None:
     """A file of this model that Ollama, LM Studio or llama.cpp already keeps, or None.
 
@@ -161,7 +164,7 @@ def stored_choice(
             by_label.setdefault(model.quant or model.file or model.name, model)
         choices = {label: QuantChoice(label, (RepoFile(str(m.path), m.size),)) for label, m in by_label.items()}
         given = MemoryBudget(budget_bytes, "the given budget") if budget_bytes is not None else None
-        choice = fit_quant(name, choices, given or memory_budget(), reserve_bytes, "stored ", excluded)
+        choice = fit_quant(name, choices, given or memory_budget(rpc=rpc), reserve_bytes, "stored ", excluded)
         if not choice.fits:
             return None
         chosen, reason = by_label[choice.quant_choice.quant], choice.reason
@@ -223,6 +226,7 @@ def choose_file(
     budget_bytes: int | None,
     reserve_bytes: int,
     excluded: frozenset[str] = NEVER_AUTO,
+    rpc: tuple[str, ...] = (),
 ) -> _Choice:
     name = parsed.alias or listing.repo
     if parsed.filename is not None:
@@ -241,7 +245,7 @@ def choose_file(
         chosen = choices[wanted]
         return _Choice(chosen, f"{name}: {wanted} ({format_bytes(chosen.size)}) as asked")
     given = MemoryBudget(budget_bytes, "the given budget") if budget_bytes is not None else None
-    return fit_quant(name, choices, given or memory_budget(), reserve_bytes, where, excluded)
+    return fit_quant(name, choices, given or memory_budget(rpc=rpc), reserve_bytes, where, excluded)
 
 
 def fit_quant(
@@ -328,8 +332,10 @@ def resolve_pair(
     draft_quant: str | None = None,
     offline: bool = False,
     report: Callable[[str], None] = lambda line: None,
+    rpc: tuple[str, ...] = (),
 ) -> tuple[ResolvedModel, ResolvedModel | None]:
-    """Target and draft for one run: the draft first, then the target in the memory left.
+    """Target and draft for one run: the draft first, then the target in the memory left,
+    counting the free memory of the `rpc` servers that take the target's layers.
 
     No target means the embedded default; `report` receives the reason line of each model
     that was chosen (a local path given as is needs no explaining).
@@ -341,7 +347,7 @@ def resolve_pair(
         if draft_model.repo or draft_model.store:
             report(draft_model.reason)
         reserve = run_bytes(draft_model.size_bytes)
-    target_model = resolve_model(target or DEFAULT_ALIAS, quant=quant, offline=offline, reserve_bytes=reserve)
+    target_model = resolve_model(target or DEFAULT_ALIAS, quant=quant, offline=offline, reserve_bytes=reserve, rpc=rpc)
     if target_model.repo or target_model.store:
         report(target_model.reason)
     return target_model, draft_model

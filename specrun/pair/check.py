@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specrun.compat import CompatReport, check_vocab
+from specrun.hub.memory import MemoryBudget
 from specrun.pair.cost import (
     MODEL_ASSUMPTIONS,
     DecodeCost,
@@ -41,6 +42,7 @@ class PairCheck:
     draft_cost: DecodeCost
     prior: Prior
     n_ctx: int
+    budget: MemoryBudget | None = None  # the memory the pair would run in, RPC servers included
 
     @property
     def has_weights(self) -> bool:
@@ -68,6 +70,13 @@ class PairCheck:
         if None in caches or not self.has_weights:
             return None
         return self.target.file_size + self.draft.file_size + sum(caches)  # type: ignore[arg-type]
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether both models and their caches fit the budget; None when either is unknown."""
+        if self.budget is None or self.memory_bytes is None:
+            return None
+        return self.memory_bytes <= self.budget.bytes
 
     @property
     def verdict(self) -> str:
@@ -109,6 +118,9 @@ class PairCheck:
             "cost_ratio": self.cost_ratio,
             "memory_bytes": self.memory_bytes,
             "memory_ctx": self.n_ctx,
+            "memory_available": self.budget.bytes if self.budget else None,
+            "memory_available_in": self.budget.where if self.budget else None,
+            "fits": self.fits,
             "acceptance_prior": self.prior.alpha,
             "acceptance_prior_reason": self.prior.why,
             "best_k": k,
@@ -120,10 +132,10 @@ class PairCheck:
 
 
 def check_pair(target: ModelFacts, draft: ModelFacts, n_ctx: int = DEFAULT_CTX,
-               acceptance: float | None = None, why: str = "given") -> PairCheck:
+               acceptance: float | None = None, why: str = "given", budget: MemoryBudget | None = None) -> PairCheck:
     prior = Prior(acceptance, why) if acceptance is not None else acceptance_prior(target, draft)
     return PairCheck(target, draft, check_vocab(target.vocab, draft.vocab),
-                     decode_cost(target), decode_cost(draft), prior, n_ctx)
+                     decode_cost(target), decode_cost(draft), prior, n_ctx, budget)
 
 
 def acceptance_prior(target: ModelFacts, draft: ModelFacts) -> Prior:

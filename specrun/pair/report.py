@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specrun.hub.memory import format_bytes
 from specrun.hub.stores.base import SOURCE_LABELS
 from specrun.pair.check import DEFAULT_CTX, PairCheck
 from specrun.pair.derive import DerivedDraft, describe_layers
@@ -72,6 +73,7 @@ def ratio_lines(result: PairCheck) -> list[str]:
         cost_line("target", result.target_cost),
         cost_line("draft", result.draft_cost),
         memory_line(result),
+        *fit_lines(result),
     ]
 
 
@@ -83,6 +85,15 @@ def memory_line(result: PairCheck) -> str:
     return (f"memory     {human_bytes(total)} together: weights {human_bytes(weights)} + f16 KV "
             f"caches at {result.n_ctx} tokens {human_bytes(total - weights)} "
             "(plus compute buffers)")
+
+
+def fit_lines(result: PairCheck) -> list[str]:
+    if result.fits is None or result.budget is None:
+        return []
+    free = f"{format_bytes(result.budget.bytes)} free in {result.budget.where}"
+    if result.fits:
+        return [f"fits       yes: {free}"]
+    return [f"fits       no: {free}; pick smaller quants, a shorter --ctx, or add RPC servers (--rpc)"]
 
 
 def derive_lines(derived: DerivedDraft, result: PairCheck) -> list[str]:
