@@ -53,9 +53,7 @@ def chat(
     min_p: o.MinP = 0.05,
     seed: o.Seed = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System message for the conversation.")] = None,
-    chat_format: Annotated[
-        Optional[str], typer.Option("--chat-format", help="llama-cpp-python chat format (e.g. chatml, gemma, llama-3) or 'plain'; default: the model's template.")
-    ] = None,
+    chat_format: o.ChatFormat = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens per reply.")] = 512,
     ctx_size: o.CtxSize = 4096,
     threads: o.Threads = 0,

@@ -46,6 +46,13 @@ GpuLayers = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", help="Target l
 DraftGpuLayers = Annotated[
     int, typer.Option("--draft-n-gpu-layers", "-ngld", help="Draft layers to offload (-1 = all).")
 ]
+StoreTokens = Annotated[
+    int, typer.Option("--store-tokens", help="Also draft from n-grams of earlier prompts and outputs, keeping up to N tokens (0 disables).")
+]
+ChatFormat = Annotated[
+    Optional[str],
+    typer.Option("--chat-format", help="llama-cpp-python chat format (e.g. chatml, gemma, llama-3) or 'plain'; default: the model's template."),
+]
 
 
 def session_config(
