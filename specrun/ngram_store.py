@@ -21,6 +21,7 @@ from specrun.drafters import Draft, DraftPolicy
 from specrun.errors import SpecrunError
 
 END = -1  # written after each sequence, so no match runs from one request into the next
+DEFAULT_LIMIT = 65536  # tokens: 256 KiB, searched in tens of microseconds a step
 
 
 class NgramStore:

@@ -99,3 +99,32 @@ def test_a_second_request_repeating_the_first_drafts_from_the_store_with_the_sam
         for i in range(20):
             session.remember(session.tokenize(f"request {i} of many words") + first)
             assert len(session.store) <= 200
+
+
+def test_bench_reports_the_store_as_its_own_method_learning_only_from_earlier_prompts(tiny):
+    from specrun.bench.methods import plan_variants
+    from specrun.bench.runner import measure
+
+    config = SessionConfig(target=tiny["target"], store_tokens=1000, n_ctx=256, threads=1)
+    with Session(config) as session:
+        prompt = session.tokenize("hello world , what was it")
+        runs = list(measure(session, [prompt, prompt], plan_variants(["lookup", "store"], [4]), config.sampler, 32))
+    accepted = {(run.prompt_index, run.variant.method): run.stats.accepted for run in runs}
+    assert all(run.matches_plain for run in runs if run.variant.method != "plain")
+    assert accepted[0, "store"] == accepted[0, "lookup"]  # nothing stored before the first prompt
+    assert accepted[1, "store"] > accepted[1, "lookup"]  # the second drafts from the first's output
+
+
+def test_bench_store_method_from_the_command_line(tiny, tmp_path):
+    import json
+
+    from specrun.cli.app import run_app
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world , what was it\nhello world , what was it\n")
+    out = tmp_path / "bench.json"
+    code = run_app(["bench", str(prompts), "--target", str(tiny["target"]), "--methods", "plain,store", "--k", "4",
+                    "-n", "24", "--warmup", "0", "--store-tokens", "500", "--ctx-size", "256", "--threads", "1", "--json", str(out)])
+    assert code == 0
+    document = json.loads(out.read_text())
+    assert list(document["summary"]) == ["store_k4"] and document["config"]["store_tokens"] == 500
