@@ -10,6 +10,7 @@ from specrun.cli.app import app, run_app
 from specrun.cli import bench, chat, doctor, generate  # noqa: E402,F401
 from specrun.cli import models, pull  # noqa: E402,F401
 from specrun.cli import pair  # noqa: E402,F401
+from specrun.cli import serve  # noqa: E402,F401
 
 
 def main() -> None:
