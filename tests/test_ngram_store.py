@@ -128,3 +128,26 @@ def test_bench_store_method_from_the_command_line(tiny, tmp_path):
     assert code == 0
     document = json.loads(out.read_text())
     assert list(document["summary"]) == ["store_k4"] and document["config"]["store_tokens"] == 500
+
+
+class Quiet:
+    def show(self, pieces) -> None:
+        pass
+
+    def step(self, event, stats) -> None:
+        pass
+
+
+def test_chat_after_a_reset_drafts_from_the_earlier_conversation(tiny):
+    from specrun.chat.formats import choose_format
+    from specrun.chat.runner import ChatRunner
+
+    config = SessionConfig(target=tiny["target"], store_tokens=1000, k=4, n_ctx=512, threads=1)
+    with Session(config) as session:
+        runner = ChatRunner(session, choose_format(session.target_model, None), max_tokens=24)
+        first = runner.reply(runner.prepare("hello world"), Quiet())
+        runner.reset()
+        session.target.truncate(0)
+        second = runner.reply(runner.prepare("hello world"), Quiet())
+    assert first.stats.accepted == 0  # the store was empty
+    assert second.text == first.text and second.stats.accepted > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ def chat(
     draft_quant: o.DraftQuant = None,
     offline: o.Offline = False,
     lookup: o.Lookup = False,
+    store_tokens: o.StoreTokens = 0,
     k: o.K = "auto",
     temp: o.Temp = 0.0,
     top_k: o.TopK = 40,
@@ -70,6 +72,7 @@ def chat(
         target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
         quant=quant, draft_quant=draft_quant, offline=offline,
     )
+    config = dataclasses.replace(config, store_tokens=store_tokens)
     with Session(config) as session:
         fmt = choose_format(session.target_model, chat_format)
         if fmt.source == "no chat template in the model":
@@ -93,7 +96,8 @@ def note(text: str, style: str = "dim") -> None:
 
 def _title(config) -> str:
     lookup = "prompt lookup" if config.lookup else ""
-    drafter = " + ".join(filter(None, [lookup, config.draft.name if config.draft else ""])) or "plain"
+    store = "store" if config.store_tokens else ""
+    drafter = " + ".join(filter(None, [lookup, store, config.draft.name if config.draft else ""])) or "plain"
     return f"{config.target.name} ← {drafter}"
 
 
