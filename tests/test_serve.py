@@ -368,3 +368,17 @@ def _get(url: str) -> httpx.Response:
         except httpx.TransportError:
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_the_listening_socket_is_tcp_so_responses_are_not_held_for_delayed_acks():
+    import socket
+
+    from specrun.serve.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        # asyncio sets TCP_NODELAY only on connections of IPPROTO_TCP sockets; without it each
+        # response on a kept-alive connection waited ~40 ms for the client's delayed ACK.
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
