@@ -31,8 +31,8 @@ EVAL = re.compile(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs")
 ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 
 
-def build_tools(build: Path) -> Path:
-    if all((build / "bin" / tool).exists() for tool in TOOLS):
+def build_tools(build: Path, tools: list[str] = TOOLS) -> Path:
+    if all((build / "bin" / tool).exists() for tool in tools):
         return build / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         version = llama_cpp.__version__
@@ -47,7 +47,7 @@ def build_tools(build: Path) -> Path:
         source = next(Path(tmp).glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
         subprocess.run(["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
                         "-DLLAMA_BUILD_TESTS=OFF"], check=True)
-        subprocess.run(["cmake", "--build", build, "-j", "--target", *TOOLS], check=True)
+        subprocess.run(["cmake", "--build", build, "-j", "--target", *tools], check=True)
     return build / "bin"
 
 
