@@ -187,12 +187,12 @@ class Timed:
         return 1000 * self.first_chunk_s - self.timings.get("prompt_ms", 0.0)
 
 
-def complete(client: httpx.Client, url: str, prompt: str, max_tokens: int, stop: list[str]) -> Timed:
+def complete(http: httpx.Client, url: str, prompt: str, max_tokens: int, stop: list[str]) -> Timed:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "stop": stop or None}
     pieces, tokens, timings, first = [], 0, {}, None
     started = time.perf_counter()
-    with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+    with http.stream("POST", f"{url}/v1/completions", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -209,10 +209,16 @@ def complete(client: httpx.Client, url: str, prompt: str, max_tokens: int, stop:
     return Timed("".join(pieces), tokens or timings.get("predicted_n", 0), wall, first, timings)
 
 
+def client() -> httpx.Client:
+    """A new loopback connection per request, for both servers: this llama-server build sometimes
+    shuts down when a streamed request follows another on a kept-alive connection."""
+    return httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
+
+
 def replay(url: str, prompts: list[str], max_tokens: int, stop: list[str]) -> list[Timed]:
-    with httpx.Client(timeout=600) as client:
-        complete(client, url, "Warm-up: the quick brown fox", 8, [])  # untimed: first decodes allocate
-        return [complete(client, url, prompt, max_tokens, stop) for prompt in prompts]
+    with client() as http:
+        complete(http, url, "Warm-up: the quick brown fox", 8, [])  # untimed: first decodes allocate
+        return [complete(http, url, prompt, max_tokens, stop) for prompt in prompts]
 
 
 # --- reports --------------------------------------------------------------------------------
@@ -252,11 +258,11 @@ def memory(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
     for setup in (Setup("specrun cross-request", "specrun"), Setup("llama-server ngram-mod", "llama-server", ("--spec-type", "ngram-mod"))):
         server = Running(setup, bin_dir, model, args.threads, args.ctx_size, log_dir / f"{setup.kind}-memory.log")
         try:
-            with httpx.Client(timeout=600) as client:
+            with client() as http:
                 marks = {}
                 for i in range(1, args.requests + 1):
                     # A counter keeps every prompt new, so caches and stores keep growing if they are unbounded.
-                    complete(client, server.url, f"Request {i}.\n{prompts[i % len(prompts)]}", args.memory_tokens, ["\n"])
+                    complete(http, server.url, f"Request {i}.\n{prompts[i % len(prompts)]}", args.memory_tokens, ["\n"])
                     if i in (100, args.requests):
                         marks[i] = server.rss_mb()
         finally:
