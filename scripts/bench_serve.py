@@ -18,6 +18,7 @@ the first text chunk minus prompt_ms; it includes the first step's decode).
 
     python scripts/bench_serve.py [--target GGUF] [--threads 2] [--agent-requests 20] [--max-tokens 128]
     python scripts/bench_serve.py --memory [--requests 1000]   # resident memory after 100 and after N requests
+    python scripts/bench_serve.py --conversation [--turns 10]  # first chunk of each chat turn (the prompt cache)
     python scripts/bench_serve.py --target tiny.gguf --agent-requests 3 --copy-prompts 1 --max-tokens 16   # a quick run
 """
 
@@ -39,6 +40,7 @@ import httpx
 
 from specrun.default_model import embedded_model_path
 
+from chat_ttft import MESSAGES
 from compare_llama_cpp import build_tools, read_prompts
 
 HERE = Path(__file__).parent
@@ -188,20 +190,26 @@ class Timed:
 
 
 def complete(http: httpx.Client, url: str, prompt: str, max_tokens: int, stop: list[str]) -> Timed:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    return timed_stream(http, f"{url}/v1/completions", {"prompt": prompt}, max_tokens, stop)
+
+
+def timed_stream(http: httpx.Client, endpoint: str, body: dict, max_tokens: int, stop: list[str]) -> Timed:
+    """One greedy streamed request (completion or chat), timed from before sending to the last byte."""
+    body = {**body, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "stop": stop or None}
     pieces, tokens, timings, first = [], 0, {}, None
     started = time.perf_counter()
-    with http.stream("POST", f"{url}/v1/completions", json=body) as response:
+    with http.stream("POST", endpoint, json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
             for choice in chunk.get("choices") or []:
-                if choice.get("text"):
+                text = choice.get("text") or (choice.get("delta") or {}).get("content")
+                if text:
                     first = first if first is not None else time.perf_counter() - started
-                    pieces.append(choice["text"])
+                    pieces.append(text)
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             timings = chunk.get("timings") or timings
@@ -272,6 +280,29 @@ def memory(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
               f"{marks[args.requests]:.1f} MB ({100 * (marks[args.requests] / after_100 - 1):+.1f}%)")
 
 
+def conversation(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
+    """Time to the first chunk of each turn of one chat: with the prompt cache, turn 10 should cost what turn 2 does."""
+    for setup in (Setup("specrun cross-request", "specrun"), Setup("llama-server none", "llama-server")):
+        server = Running(setup, bin_dir, model, args.threads, args.ctx_size, log_dir / f"{setup.kind}-conversation.log")
+        messages, turns = [], []
+        try:
+            with client() as http:
+                timed_stream(http, f"{server.url}/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}, 4, [])
+                for turn in range(args.turns):
+                    messages.append({"role": "user", "content": MESSAGES[turn % len(MESSAGES)]})
+                    timed = timed_stream(http, f"{server.url}/v1/chat/completions", {"messages": messages}, args.turn_tokens, [])
+                    messages.append({"role": "assistant", "content": timed.text})
+                    turns.append(timed)
+        finally:
+            server.stop()
+        print(f"{setup.name}: turn, prompt tokens, processed (not cached), first chunk ms")
+        for i, t in enumerate(turns, start=1):
+            print(f"  {i:4} {t.timings.get('prompt_n', 0) + t.timings.get('cache_n', 0):6} {t.timings.get('prompt_n', 0):6} "
+                  f"{1000 * (t.first_chunk_s or float('nan')):8.1f}")
+        if len(turns) >= 10 and turns[1].first_chunk_s and turns[9].first_chunk_s:
+            print(f"  first chunk of turn 10 / of turn 2: {turns[9].first_chunk_s / turns[1].first_chunk_s:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=Path, help="GGUF both servers load (default: the embedded Gemma 3 270M)")
@@ -285,6 +316,9 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="measure resident memory instead of speed")
     parser.add_argument("--requests", type=int, default=1000, help="requests in the --memory run")
     parser.add_argument("--memory-tokens", type=int, default=32, help="max tokens per --memory request")
+    parser.add_argument("--conversation", action="store_true", help="time the first chunk of each turn of one chat instead")
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--turn-tokens", type=int, default=48, help="max tokens per --conversation reply")
     args = parser.parse_args()
     if args.agent_requests < 1 or args.max_tokens < 1 or args.requests < 100:
         sys.exit("bench_serve.py: --agent-requests and --max-tokens have to be >= 1, --requests >= 100")
@@ -294,6 +328,8 @@ def main() -> None:
     print(f"model {model}, {args.threads} threads, context {args.ctx_size}; server logs in {log_dir}")
     if args.memory:
         return memory(args, bin_dir, model, log_dir)
+    if args.conversation:
+        return conversation(args, bin_dir, model, log_dir)
     workloads = {"agent": (agent_prompts(args.agent_requests), ["\n"]), "copy": (copy, [])}
     results: dict[str, dict[str, list[Timed]]] = {}
     for setup in setups(bin_dir):
