@@ -382,3 +382,23 @@ def test_the_listening_socket_is_tcp_so_responses_are_not_held_for_delayed_acks(
         assert sock.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+@pytest.mark.gemma
+def test_gemma_chat_turns_reuse_the_cache_through_its_own_template(gemma):
+    config = SessionConfig(target=gemma, lookup=True, store_tokens=4096, k=4, n_ctx=1024, threads=2)
+    running = RunningServer(config)
+    try:
+        client = running.client()
+        messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+        first = client.chat.completions.create(model="any", messages=messages, max_tokens=16, temperature=0)
+        reply = first.choices[0].message.content
+        assert reply.strip()
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And three more?"}]
+        second = client.chat.completions.create(model="any", messages=messages, max_tokens=8, temperature=0)
+        timings = second.model_extra["timings"]
+        # Gemma's template trims the reply and closes the turn; the tokens the model wrote are kept.
+        assert timings["cache_n"] >= first.usage.prompt_tokens + first.usage.completion_tokens - 2
+        assert timings["prompt_n"] <= 20
+    finally:
+        running.stop()
