@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from specrun.serve import api
 from specrun.serve.api import ApiError, Shape
 from specrun.serve.metrics import Metrics
-from specrun.serve.worker import Failed, Finished, Job, Started, Text, Worker
+from specrun.serve.worker import Failed, Finished, Job, Text, Worker
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
