@@ -207,16 +207,24 @@ class DraftModel:
 
 
 class Hybrid:
-    """Prompt lookup when the context has a match, the draft model otherwise."""
+    """Draft sources in order (context lookup, the cross-request store, the draft model): the first that offers a draft drafts."""
 
     name = "hybrid"
 
-    def __init__(self, lookup: PromptLookup, model: DraftModel):
-        self.lookup, self.model = lookup, model
+    def __init__(self, *sources: DraftSource):
+        self.sources = sources
+
+    @property
+    def model(self) -> DraftModel | None:
+        return next((source for source in self.sources if isinstance(source, DraftModel)), None)
 
     def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
-        draft = self.lookup.propose(history, limit, rng, policy)
-        return draft if draft.tokens else self.model.propose(history, limit, rng, policy)
+        for source in self.sources:
+            draft = source.propose(history, limit, rng, policy)
+            if draft.tokens:
+                break
+        return draft
 
     def rollback(self, history: Sequence[int]) -> None:
-        self.model.rollback(history)
+        for source in self.sources:
+            source.rollback(history)

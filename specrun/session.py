@@ -18,6 +18,7 @@ from specrun.compat import check_vocab
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
 from specrun.engine import Event, Generator
 from specrun.errors import IncompatibleError, SpecrunError
+from specrun.ngram_store import NgramStore, StoreLookup
 from specrun.policy import AutoK, FixedK, PMinPolicy, measure_verify_costs, parse_k, verify_costs_hold
 from specrun.sampling import SamplerSettings
 
@@ -31,6 +32,7 @@ class SessionConfig:
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     draft_sampling: bool = True  # at temperature > 0, sample drafts and verify with p/q
     lookup_ngram: tuple[int, int] = (2, 4)  # n-gram sizes prompt lookup matches, longest first
+    store_tokens: int = 0  # > 0: also draft from up to this many tokens of earlier prompts and outputs
     n_ctx: int = 4096
     threads: int = 0  # 0 = all cores
     n_gpu_layers: int = -1
@@ -44,6 +46,8 @@ class SessionConfig:
 
     def __post_init__(self) -> None:
         parse_k(str(self.k))
+        if self.store_tokens < 0:
+            raise SpecrunError(f"--store-tokens has to be >= 0 (0 disables the store), but is {self.store_tokens}")
         if self.n_ctx < 8:
             raise SpecrunError(f"--ctx-size has to be >= 8, but is {self.n_ctx}")
         if not self.rpc_timeout >= 0:
@@ -56,6 +60,7 @@ class Session:
         self._closers: list = []
         self._verify_costs: list[float] | None = None
         self._policies: dict[int | str, FixedK | PMinPolicy | AutoK] = {}
+        self.store = NgramStore(config.store_tokens) if config.store_tokens else None
         try:
             target_options = self._model_options(config.n_gpu_layers, config.rpc, config.tensor_split)
             self.target_model = self._own(Model(config.target, target_options, "target"))
@@ -81,9 +86,17 @@ class Session:
 
     def _make_drafter(self) -> DraftSource | None:
         c = self.config
-        lookup = PromptLookup(*c.lookup_ngram) if c.lookup else None
-        if c.draft is None:
-            return lookup
+        sources: list[DraftSource] = [PromptLookup(*c.lookup_ngram)] if c.lookup else []
+        if self.store is not None:
+            sources.append(StoreLookup(self.store))  # what earlier requests wrote, after this one's own context
+        if c.draft is not None:
+            sources.append(self._draft_model())
+        if len(sources) < 2:
+            return sources[0] if sources else None
+        return Hybrid(*sources)
+
+    def _draft_model(self) -> DraftModel:
+        c = self.config
         draft_model = self._own(Model(c.draft, self._model_options(c.draft_n_gpu_layers, c.draft_rpc), "draft"))
         report = check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts())
         if not report.ok:
@@ -91,8 +104,7 @@ class Session:
                 f"draft {c.draft.name} cannot draft for target {c.target.name}: " + "; ".join(report.problems)
             )
         context = self._own(Context(draft_model, self._context_options()))
-        model = DraftModel(context, c.sampler, c.draft_sampling)
-        return Hybrid(lookup, model) if lookup else model
+        return DraftModel(context, c.sampler, c.draft_sampling)
 
     def close(self) -> None:
         auto = self._policies.get("auto")
@@ -115,6 +127,11 @@ class Session:
         if isinstance(model, DraftModel):
             model.settings = sampler
             model.sample = self.config.draft_sampling and not sampler.greedy
+
+    def remember(self, tokens: list[int]) -> None:
+        """Let later generations draft from a finished one's prompt and output (with a store)."""
+        if self.store is not None:
+            self.store.add(tokens)
 
     def tokenize(self, text: str) -> list[int]:
         return self.target_model.tokenize(text)

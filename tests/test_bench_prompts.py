@@ -119,5 +119,5 @@ def test_bad_k_values(text, fragment):
 
 
 def test_unknown_method_lists_the_known_ones():
-    with pytest.raises(SpecrunError, match="unknown method 'eagle' \\(known: plain, lookup, draft, hybrid\\)"):
+    with pytest.raises(SpecrunError, match="unknown method 'eagle' \\(known: plain, lookup, draft, hybrid, store\\)"):
         parse_methods("plain,eagle")

@@ -20,7 +20,7 @@ import pytest
 from specrun.cli.app import run_app
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLING_COMMANDS = ("generate", "chat", "bench")
+SAMPLING_COMMANDS = ("generate", "chat", "bench", "serve")
 
 # (option, bad value, fragments of the error line) for options generate, chat and bench share.
 SHARED_OPTIONS = [
@@ -45,6 +45,10 @@ SHARED_OPTIONS = [
     ("-ngld", "-5", ["--draft-n-gpu-layers", "-5"]),
     ("--max-tokens", "0", ["--max-tokens", "but is 0", ">= 1"]),
     ("-n", "many", ["--max-tokens", "'many'"]),
+    ("--rpc-timeout", "-1", ["--rpc-timeout", "-1", ">= 0"]),
+    ("--rpc", "nohost", ["--rpc", "nohost", "HOST:PORT"]),
+    ("--draft-rpc", "h:0", ["--draft-rpc", "h:0", "1 to 65535"]),
+    ("--tensor-split", "a,b", ["--tensor-split", "a,b"]),
     ("--no-such-option", "1", ["no such option", "--no-such-option"]),
 ]
 
@@ -74,6 +78,12 @@ COMMAND_ROWS = [
     (["chat", "-m", "{tiny}", "--k", "-2"], ["--k", "'-2'"]),
     (["chat", "-m", "{tiny}", "--chat-format", "nope"], ["--chat-format", "'nope'", "chatml"]),
     (["chat", "-m", "{tiny}", "-n", "3000"], ["--max-tokens", "half of --ctx-size"]),
+    # serve
+    (["serve", "-m", "{tiny}", "--port", "70000"], ["--port", "70000", "0 to 65535"]),
+    (["serve", "-m", "{tiny}", "--queue", "0"], ["--queue", "but is 0"]),
+    (["serve", "-m", "{tiny}", "--store-tokens", "-1"], ["--store-tokens", "-1"]),
+    (["serve", "-m", "{tiny}", "--api-key", " "], ["--api-key is empty"]),
+    (["serve", "-m", "{tiny}", "--chat-format", "nope"], ["--chat-format", "'nope'"]),
     # bench
     (["bench", "{missing}", "-m", "{tiny}"], ["prompts file not found", "missing.txt"]),
     (["bench", "{binary}", "-m", "{tiny}"], ["binary.txt line 2", "not UTF-8"]),

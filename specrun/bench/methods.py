@@ -7,6 +7,7 @@ from typing import Callable
 
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
 from specrun.errors import SpecrunError
+from specrun.ngram_store import StoreLookup
 from specrun.policy import parse_k
 from specrun.session import Session
 
@@ -18,13 +19,19 @@ def _lookup(session: Session) -> DraftSource:
 
 
 def _draft_model(session: Session) -> DraftSource:
-    if not isinstance(session.drafter, DraftModel):
+    model = session.drafter.model if isinstance(session.drafter, Hybrid) else session.drafter  # chained with the store
+    if not isinstance(model, DraftModel):
         raise SpecrunError("the draft method needs a draft model: pass --draft PATH")
-    return session.drafter
+    return model
 
 
 def _hybrid(session: Session) -> DraftSource:
     return Hybrid(_lookup(session), _draft_model(session))  # lookup when the context matches, else the model
+
+
+def _store(session: Session) -> DraftSource:
+    # Lookup in the prompt first, then the n-grams of the run's earlier prompts and outputs.
+    return Hybrid(_lookup(session), StoreLookup(session.store))
 
 
 # Method name -> drafter for one run. Plain decoding is the baseline, always measured.
@@ -33,8 +40,10 @@ METHODS: dict[str, Callable[[Session], DraftSource | None]] = {
     "lookup": _lookup,
     "draft": _draft_model,
     "hybrid": _hybrid,
+    "store": _store,
 }
 NEEDS_DRAFT_MODEL = {"draft", "hybrid"}
+NEEDS_STORE = {"store"}
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,11 @@ def measure(
     warmup: int = 0,
 ) -> Iterator[Run]:
     """Warm up on the first prompt (untimed), then for each prompt and repeat run every
-    variant in order (A B C A B C ...) so slow drift hits all of them alike."""
+    variant in order (A B C A B C ...) so slow drift hits all of them alike.
+
+    With a session store, each prompt and its plain output are stored after all its runs:
+    the store method drafts from the earlier prompts of the run, never from this one's.
+    """
     seed = settings.seed if settings.seed is not None else 0  # the CLI always sets one at temperature > 0
     for _ in range(warmup):
         for variant in variants:
@@ -78,6 +82,7 @@ def measure(
                     plain_tokens = tokens
                 match = tokens == plain_tokens if settings.greedy and variant.method != PLAIN else None
                 yield Run(index, rep, variant, stats, match, peak_rss_mb())
+        session.remember(prompt + plain_tokens)
 
 
 def _generate(

@@ -27,72 +27,56 @@ class Turn:
     new_tokens: int = 0  # tokens this turn appended to the previous conversation
 
 
-class Conversation:
-    def __init__(self, model: Model, chat_format: ChatFormat, n_ctx: int, system: str | None = None):
+class Transcript:
+    """Chat-format text and exactly the tokens the model read and wrote for it.
+
+    A prompt that continues the transcript (the last prompt, its reply, then new text)
+    keeps those tokens and tokenizes only the new text; any other prompt is tokenized
+    afresh (the engine still reuses whatever tokens it shares with the cache).
+    """
+
+    def __init__(self, model: Model):
         self.model = model
-        self.format = chat_format
-        self.n_ctx = n_ctx
-        self.system = system
-        self.reset()
-        self._space_prefix = self.model.render(self.model.tokenize("a", False, False)) == " a"
+        self._space_prefix = model.render(model.tokenize("a", False, False)) == " a"
+        self.clear()
 
-    def reset(self) -> None:
-        self.exchanges: list[tuple[Message, Message]] = []  # (user, assistant) pairs
-        self.tokens: list[int] = []  # exactly what the model has read and written, in order
-        self._text = ""  # the chat-format text self.tokens stand for
-        self._reply_start = 0  # where in _text the last reply begins
+    def clear(self) -> None:
+        self.tokens: list[int] = []
+        self.text = ""  # the chat-format text self.tokens stand for
+        self._reply_start = 0  # where in text the last reply begins
 
-    def messages(self, user_text: str | None = None, exchanges: list | None = None) -> list[Message]:
-        """System message, the exchanges (default: all kept ones), then `user_text` if given."""
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        pairs = [m for pair in (self.exchanges if exchanges is None else exchanges) for m in pair]
-        tail = [{"role": "user", "content": user_text}] if user_text is not None else []
-        return head + pairs + tail
+    def prompt(self, rendered: str) -> tuple[list[int], str, int]:
+        """Tokens for a rendered prompt, the text they stand for, and how many of them are new."""
+        if self.tokens:
+            extended = self._extend(rendered)
+            if extended is not None:
+                return extended
+        tokens = self.tokenize(rendered)
+        return tokens, rendered, len(tokens)
 
-    def prompt(self, user_text: str, reserve: int) -> Turn:
-        """The tokens to answer `user_text` with, leaving `reserve` tokens of context for the reply.
-
-        While the conversation does not fit, the oldest exchanges are left out (the caller
-        says so; they are dropped for good when the reply is added).
-        """
-        turn = self._extend(user_text) if self.tokens else self._fresh(user_text, 0)
-        while len(turn.tokens) + reserve > self.n_ctx:
-            if turn.dropped == len(self.exchanges):
-                raise SpecrunError(
-                    f"the message needs {len(turn.tokens)} tokens, but the {self.n_ctx}-token context keeps "
-                    f"{reserve} for the reply: shorten the message, lower --max-tokens or raise --ctx-size"
-                )
-            turn = self._fresh(user_text, turn.dropped + 1)
-        return turn
-
-    def add_reply(self, turn: Turn, tokens: list[int], text: str) -> None:
-        """Make the turn and its kept reply (`tokens` spelling `text`, or a prefix of it) part of the conversation."""
-        del self.exchanges[: turn.dropped]
-        self.exchanges.append(({"role": "user", "content": turn.user_text}, {"role": "assistant", "content": text}))
-        self.tokens = turn.tokens + tokens
-        self._reply_start = len(turn.text)
-        self._text = turn.text + self.model.render(tokens)
-
-    def _fresh(self, user_text: str, dropped: int) -> Turn:
-        """Tokenize the whole rendered conversation (first turn, or after dropping exchanges)."""
-        rendered = self.format.render(self.messages(user_text, self.exchanges[dropped:]))
-        tokens = self.model.tokenize(rendered.text, add_special=False, parse_special=True)
+    def tokenize(self, rendered: str) -> list[int]:
+        """Tokens of a whole rendered prompt, with the BOS formats leave to the tokenizer."""
+        tokens = self.model.tokenize(rendered, add_special=False, parse_special=True)
         if self.model.add_bos and self.model.bos >= 0 and tokens[:1] != [self.model.bos]:
-            tokens.insert(0, self.model.bos)  # formats that leave the BOS to the tokenizer
-        return Turn(user_text, tokens, rendered.text, rendered.stops, dropped, len(tokens))
+            tokens.insert(0, self.model.bos)
+        return tokens
 
-    def _extend(self, user_text: str) -> Turn:
+    def record(self, prompt_tokens: list[int], prompt_text: str, reply_tokens: list[int]) -> None:
+        """The prompt and its kept reply are now what the model has read and written."""
+        self.tokens = prompt_tokens + reply_tokens
+        self._reply_start = len(prompt_text)
+        self.text = prompt_text + self.model.render(reply_tokens)
+
+    def _extend(self, rendered: str) -> tuple[list[int], str, int] | None:
         """Previous tokens plus the tokens of the newly rendered text only."""
-        rendered = self.format.render(self.messages(user_text))
-        prompt, reply = self._text[: self._reply_start], self._text[self._reply_start :]
+        prompt, reply = self.text[: self._reply_start], self.text[self._reply_start :]
         # Templates often trim a reply's whitespace; the model did see it, so the tokens keep it.
         for shown in dict.fromkeys((reply, reply.rstrip(), reply.strip(), reply.lstrip())):
-            if rendered.text.startswith(prompt + shown):
-                tail = rendered.text[len(prompt) + len(shown) :]
+            if rendered.startswith(prompt + shown):
+                tail = rendered[len(prompt) + len(shown) :]
                 new = self._continuation(tail)
-                return Turn(user_text, self.tokens + new, self._text + tail, rendered.stops, 0, len(new))
-        # The format rewrote earlier turns: tokenize afresh (the engine still reuses the common tokens).
-        return self._fresh(user_text, 0)
+                return self.tokens + new, self.text + tail, len(new)
+        return None  # the format rewrote earlier turns
 
     def _continuation(self, text: str) -> list[int]:
         """Tokens for text that continues the conversation, without a start-of-text space.
@@ -113,3 +97,59 @@ class Conversation:
 
     def _is_control(self, token: int) -> bool:
         return self.model.piece(token) == b"" and self.model.render([token]) != ""
+
+
+class Conversation:
+    def __init__(self, model: Model, chat_format: ChatFormat, n_ctx: int, system: str | None = None):
+        self.model = model
+        self.format = chat_format
+        self.n_ctx = n_ctx
+        self.system = system
+        self.transcript = Transcript(model)
+        self.reset()
+
+    def reset(self) -> None:
+        self.exchanges: list[tuple[Message, Message]] = []  # (user, assistant) pairs
+        self.transcript.clear()
+
+    @property
+    def tokens(self) -> list[int]:
+        """Exactly what the model has read and written, in order."""
+        return self.transcript.tokens
+
+    def messages(self, user_text: str | None = None, exchanges: list | None = None) -> list[Message]:
+        """System message, the exchanges (default: all kept ones), then `user_text` if given."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        pairs = [m for pair in (self.exchanges if exchanges is None else exchanges) for m in pair]
+        tail = [{"role": "user", "content": user_text}] if user_text is not None else []
+        return head + pairs + tail
+
+    def prompt(self, user_text: str, reserve: int) -> Turn:
+        """The tokens to answer `user_text` with, leaving `reserve` tokens of context for the reply.
+
+        While the conversation does not fit, the oldest exchanges are left out (the caller
+        says so; they are dropped for good when the reply is added).
+        """
+        rendered = self.format.render(self.messages(user_text))
+        tokens, text, new = self.transcript.prompt(rendered.text)
+        turn = Turn(user_text, tokens, text, rendered.stops, 0, new)
+        while len(turn.tokens) + reserve > self.n_ctx:
+            if turn.dropped == len(self.exchanges):
+                raise SpecrunError(
+                    f"the message needs {len(turn.tokens)} tokens, but the {self.n_ctx}-token context keeps "
+                    f"{reserve} for the reply: shorten the message, lower --max-tokens or raise --ctx-size"
+                )
+            turn = self._fresh(user_text, turn.dropped + 1)
+        return turn
+
+    def add_reply(self, turn: Turn, tokens: list[int], text: str) -> None:
+        """Make the turn and its kept reply (`tokens` spelling `text`, or a prefix of it) part of the conversation."""
+        del self.exchanges[: turn.dropped]
+        self.exchanges.append(({"role": "user", "content": turn.user_text}, {"role": "assistant", "content": text}))
+        self.transcript.record(turn.tokens, turn.text, tokens)
+
+    def _fresh(self, user_text: str, dropped: int) -> Turn:
+        """Tokenize the whole rendered conversation without its oldest `dropped` exchanges."""
+        rendered = self.format.render(self.messages(user_text, self.exchanges[dropped:]))
+        tokens = self.transcript.tokenize(rendered.text)
+        return Turn(user_text, tokens, rendered.text, rendered.stops, dropped, len(tokens))

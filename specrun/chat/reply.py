@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from specrun.engine import Done, Generator, Stats, StepEvent, TokenEvent
 
@@ -92,8 +92,13 @@ def stream_reply(
     stops: Sequence[str],
     view: ReplyView,
     started: float,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> Reply:
-    """Stream the reply to `prompt` into `view`; Ctrl-C ends it early and keeps what was shown."""
+    """Stream the reply to `prompt` into `view`; Ctrl-C ends it early and keeps what was shown.
+
+    `cancelled` is asked after every event: a server's client that went away ends its
+    reply as Ctrl-C does, within the step in flight.
+    """
     scanner = StopScanner(stops)
     emitted: list[tuple[int, int]] = []  # (token, text length after it): one append, so Ctrl-C cannot split them
     ttft = None
@@ -113,6 +118,10 @@ def stream_reply(
                 view.step(event, generator.stats)
             elif isinstance(event, Done):
                 stop_reason = event.stats.stop_reason
+                break
+            if cancelled():
+                stop_reason = "interrupted"
+                break
     except KeyboardInterrupt:
         stop_reason = "interrupted"
     finally:

@@ -61,6 +61,7 @@ class ChatRunner:
         if turn.dropped:
             del self.replies[: turn.dropped]
         self.conversation.add_reply(turn, reply.tokens, reply.text)
+        self.session.remember(turn.tokens + reply.tokens)  # drafts for later conversations, after a /reset
         self.replies.append(reply)
         self.totals.add(reply, turn.new_tokens)
         return reply

@@ -58,7 +58,7 @@ def _register_commands() -> None:
     """Import the command modules (each registers on `app`) inside the error boundary, so a
     missing or too old llama-cpp-python is one line, not an import traceback."""
     import specrun.backend  # noqa: F401  (first: its checks of llama-cpp-python say what to install)
-    from specrun.cli import bench, chat, doctor, generate, models, pair, pull  # noqa: F401
+    from specrun.cli import bench, chat, doctor, generate, models, pair, pull, serve  # noqa: F401
 
 
 def _is_click_error(exc: Exception) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from contextlib import closing
 from dataclasses import dataclass
@@ -13,13 +14,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specrun.bench import export, prompts as prompt_files
-from specrun.bench.methods import NEEDS_DRAFT_MODEL, PLAIN, parse_k_values, parse_methods, plan_variants
+from specrun.bench.methods import NEEDS_DRAFT_MODEL, NEEDS_STORE, PLAIN, parse_k_values, parse_methods, plan_variants
 from specrun.bench.results import SPEEDUP_DEFINITION, TOKENS_PER_S_DEFINITION, Results
 from specrun.bench.runner import measure, tokenize_all
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
 from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic
+from specrun.ngram_store import DEFAULT_LIMIT
 from specrun.session import Session
 
 
@@ -45,7 +47,7 @@ def bench(
     prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)}.")] = None,
     target: o.Target = None,
     draft: o.Draft = None,
-    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of plain, lookup, draft, hybrid (default plain,lookup,draft; draft and hybrid need --draft).")] = None,
+    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of plain, lookup, draft, hybrid, store (default plain,lookup,draft; draft and hybrid need --draft; store: lookup, then n-grams of the earlier prompts and outputs of the run).")] = None,
     k: KList = None,
     temp: o.Temp = 0.0,
     top_k: o.TopK = 40,
@@ -58,6 +60,7 @@ def bench(
                                                   help="Timed runs per prompt and method; tok/s is their median (default 1).")] = None,
     warmup: Annotated[int, typer.Option("--warmup", callback=o.in_range(0, allowed="an integer >= 0"),
                                         help="Untimed rounds of every method on the first prompt.")] = 1,
+    store_tokens: o.StoreTokens = DEFAULT_LIMIT,
     ctx_size: o.CtxSize = 4096,
     threads: o.Threads = 0,
     n_gpu_layers: o.GpuLayers = -1,
@@ -86,6 +89,10 @@ def bench(
         ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
         rpc_servers=rpc, draft_rpc=draft_rpc if uses_draft else None, tensor_split=tensor_split, rpc_timeout=rpc_timeout,
     )
+    if NEEDS_STORE & set(method_names):
+        if store_tokens < 1:
+            raise SpecrunError(f"--methods includes store but --store-tokens is {store_tokens}: give it 1 or more")
+        config = dataclasses.replace(config, store_tokens=store_tokens)
     variants = plan_variants(method_names, ks)
     err_console.print(
         f"[dim]bench: {len(loaded)} prompts ({source_name}) x {', '.join(v.label for v in variants)}; "
@@ -166,7 +173,7 @@ def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name,
         "k": ks,
         "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "seed": s.seed,
         "max_tokens": max_tokens, "repeat": repeat, "warmup": warmup,
-        "n_ctx": config.n_ctx, "threads": config.threads,
+        "n_ctx": config.n_ctx, "threads": config.threads, "store_tokens": config.store_tokens,
         "rpc": list(config.rpc), "draft_rpc": list(config.draft_rpc), "tensor_split": list(config.tensor_split),
         "prompts": source_name, "n_prompts": n_prompts,
         "order": "for each prompt and repeat: plain, then every method x k in turn (interleaved)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ def chat(
     draft_quant: o.DraftQuant = None,
     offline: o.Offline = False,
     lookup: o.Lookup = False,
+    store_tokens: o.StoreTokens = 0,
     k: o.K = "auto",
     temp: o.Temp = 0.0,
     top_k: o.TopK = 40,
@@ -53,9 +55,7 @@ def chat(
     min_p: o.MinP = 0.05,
     seed: o.Seed = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System message for the conversation.")] = None,
-    chat_format: Annotated[
-        Optional[str], typer.Option("--chat-format", help="llama-cpp-python chat format (e.g. chatml, gemma, llama-3) or 'plain'; default: the model's template.")
-    ] = None,
+    chat_format: o.ChatFormat = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"),
                                             help="Most tokens per reply.")] = 512,
     ctx_size: o.CtxSize = 4096,
@@ -78,6 +78,7 @@ def chat(
         quant=quant, draft_quant=draft_quant, offline=offline,
         rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout,
     )
+    config = dataclasses.replace(config, store_tokens=store_tokens)
     with Session(config) as session:
         fmt = choose_format(session.target_model, chat_format)
         if fmt.source == "no chat template in the model":
@@ -101,7 +102,8 @@ def note(text: str, style: str = "dim") -> None:
 
 def _title(config) -> str:
     lookup = "prompt lookup" if config.lookup else ""
-    drafter = " + ".join(filter(None, [lookup, config.draft.name if config.draft else ""])) or "plain"
+    store = "store" if config.store_tokens else ""
+    drafter = " + ".join(filter(None, [lookup, store, config.draft.name if config.draft else ""])) or "plain"
     return f"{config.target.name} ← {drafter}"
 
 

@@ -48,6 +48,16 @@ def checked_k(param: typer.CallbackParam, value: str) -> str:
     return value
 
 
+def checked_endpoints(param: typer.CallbackParam, value: str | None) -> str | None:
+    rpc.parse_endpoints(value, option_name(param))  # syntax only: the servers are reached later
+    return value
+
+
+def checked_split(param: typer.CallbackParam, value: str | None) -> str | None:
+    rpc.parse_tensor_split(value)
+    return value
+
+
 MODEL_FORMS = "alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf or a path"
 Target = Annotated[
     Optional[str],
@@ -92,19 +102,26 @@ DraftGpuLayers = Annotated[
 ]
 Rpc = Annotated[
     Optional[str],
-    typer.Option("--rpc", help="llama.cpp rpc-servers that take the target's offloaded layers (-ngl): HOST:PORT[,HOST:PORT...].", rich_help_panel="RPC"),
+    typer.Option("--rpc", callback=checked_endpoints, help="llama.cpp rpc-servers that take the target's offloaded layers (-ngl): HOST:PORT[,HOST:PORT...].", rich_help_panel="RPC"),
 ]
 DraftRpc = Annotated[
     Optional[str],
-    typer.Option("--draft-rpc", help="rpc-servers for the draft's layers too, HOST:PORT[,...] (default: the draft runs locally).", rich_help_panel="RPC"),
+    typer.Option("--draft-rpc", callback=checked_endpoints, help="rpc-servers for the draft's layers too, HOST:PORT[,...] (default: the draft runs locally).", rich_help_panel="RPC"),
 ]
 TensorSplit = Annotated[
     Optional[str],
-    typer.Option("--tensor-split", "-ts", help="Share of the target's offloaded layers per device, RPC servers' first in --rpc order, then local GPUs, e.g. 3,1 (default: by free memory).", rich_help_panel="RPC"),
+    typer.Option("--tensor-split", "-ts", callback=checked_split, help="Share of the target's offloaded layers per device, RPC servers' first in --rpc order, then local GPUs, e.g. 3,1 (default: by free memory).", rich_help_panel="RPC"),
 ]
 RpcTimeout = Annotated[
     float,
-    typer.Option("--rpc-timeout", help="Seconds one decode may wait for the rpc-servers before specrun gives up with an error (0 = forever).", rich_help_panel="RPC"),
+    typer.Option("--rpc-timeout", callback=in_range(0, allowed="a number of seconds >= 0 (0 = forever)"), help="Seconds one decode may wait for the rpc-servers before specrun gives up with an error (0 = forever).", rich_help_panel="RPC"),
+]
+StoreTokens = Annotated[
+    int, typer.Option("--store-tokens", callback=in_range(0, INT32_MAX, f"an integer from 0 to {INT32_MAX} (0 disables the store)"), help="Also draft from n-grams of earlier prompts and outputs, keeping up to N tokens (0 disables).")
+]
+ChatFormat = Annotated[
+    Optional[str],
+    typer.Option("--chat-format", help="llama-cpp-python chat format (e.g. chatml, gemma, llama-3) or 'plain'; default: the model's template."),
 ]
 
 

@@ -1,0 +1,162 @@
+"""The HTTP layer: FastAPI routes over the worker, server-sent events, API keys, error objects."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from typing import AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from specrun.serve import api
+from specrun.serve.api import ApiError, Shape
+from specrun.serve.metrics import Metrics
+from specrun.serve.worker import Failed, Finished, Job, Text, Worker
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its request waited or ran."""
+
+
+def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
+    created = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return JSONResponse(ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", kind=kind).body(),
+                            status_code=error.status_code, headers=getattr(error, "headers", None))
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), api_key.encode()):
+            metrics.reject("unauthorized")
+            raise ApiError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    keyed = [Depends(authorize)]
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if worker.state == "ready":
+            return JSONResponse({"status": "ok"})
+        message = "Loading model" if worker.state == "loading" else f"the server is {worker.state}"
+        return JSONResponse(ApiError(503, message, code="unavailable", kind="unavailable_error").body(), status_code=503)
+
+    @app.get("/v1/models", dependencies=keyed)
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "specrun"}]}
+
+    @app.get("/metrics", dependencies=keyed)
+    async def prometheus() -> PlainTextResponse:
+        store = worker.session.store if worker.session is not None else None
+        gauges = {
+            "num_requests_running": ("Requests on the model now.", int(worker.running is not None)),
+            "num_requests_waiting": ("Requests waiting in the queue.", worker.waiting),
+            "ngram_store_tokens": ("Tokens of earlier requests held for drafting.", len(store) if store else 0),
+        }
+        return PlainTextResponse(metrics.render(gauges), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/chat/completions", dependencies=keyed)
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, api.parse_chat, api.ChatShape(model))
+
+    @app.post("/v1/completions", dependencies=keyed)
+    async def completions(request: Request) -> Response:
+        return await _generate(request, api.parse_completion, api.CompletionShape(model))
+
+    async def _generate(request: Request, parse, shape: Shape) -> Response:
+        try:
+            parsed = parse(api.read_json(await request.body()))
+        except ApiError:
+            metrics.reject("invalid")
+            raise
+        job = worker.submit(parsed, asyncio.get_running_loop())
+        watch = asyncio.ensure_future(_disconnected(request))
+        try:
+            first = await _next(job, watch)
+            if isinstance(first, Failed):
+                raise first.error
+            if parsed.stream:
+                return StreamingResponse(_events(job, shape, parsed.include_usage), media_type="text/event-stream",
+                                         headers=SSE_HEADERS)
+            while not isinstance(report := await _next(job, watch), (Finished, Failed)):
+                pass  # the outcome carries the whole text
+            if isinstance(report, Failed):
+                raise report.error
+            if report.outcome.finish_reason == "abort":
+                raise _stopping()
+            return JSONResponse(shape.response(report.outcome))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the job is cancelled
+        finally:
+            watch.cancel()
+
+    return app
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _next(job: Job, watch: asyncio.Future) -> object:
+    """The job's next report, unless the client leaves first (then the job is cancelled)."""
+    getter = asyncio.ensure_future(job.next())
+    await asyncio.wait({getter, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if getter.done():
+        return getter.result()
+    getter.cancel()
+    job.cancel()
+    raise ClientGone
+
+
+async def _events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events: text chunks, the finishing chunk with timings, usage if asked, [DONE].
+
+    Starlette stops this generator when the client disconnects; `finally` then cancels the job.
+    """
+    try:
+        for chunk in shape.opening_chunks():
+            yield _sse(chunk)
+        while True:
+            reports = [await job.next(), *job.ready()]
+            text = "".join(r.text for r in reports if isinstance(r, Text))
+            if text:
+                yield _sse(shape.chunk(text))
+            end = reports[-1]
+            if isinstance(end, Failed):
+                yield _sse(end.error.body())
+                return
+            if isinstance(end, Finished):
+                if end.outcome.finish_reason == "abort":
+                    yield _sse(_stopping().body())
+                    return
+                yield _sse(shape.final_chunk(end.outcome))
+                if include_usage:
+                    yield _sse(shape.usage_chunk(end.outcome))
+                yield "data: [DONE]\n\n"
+                return
+    finally:
+        job.cancel()
+
+
+def _stopping() -> ApiError:
+    return ApiError(503, "the server is shutting down: the generation was stopped", code="unavailable", kind="unavailable_error")
+
+
+def _sse(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"

@@ -1,0 +1,289 @@
+"""One model on one thread: requests run one at a time, in arrival order, from a bounded queue.
+
+The event loop submits a `Job` and awaits what the worker reports on it: `Started` (the
+prompt fits and the reply begins) or `Failed`, then `Text` pieces, then `Finished`. A job
+that is cancelled (its client went away, or the server is stopping) ends at the next
+event of its generation, within the step in flight, and the model moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import queue
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, replace
+from typing import Callable, Union
+
+from specrun.chat.conversation import Transcript
+from specrun.chat.formats import choose_format
+from specrun.chat.reply import Piece, stream_reply
+from specrun.engine import Stats, StepEvent
+from specrun.errors import SpecrunError
+from specrun.policy import PRIOR, PMinPolicy
+from specrun.serve.api import ApiError, GenerationRequest, Outcome, Speculative
+from specrun.serve.metrics import Metrics
+from specrun.session import Session
+
+FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length",
+                  "interrupted": "abort"}
+
+
+@dataclass(frozen=True)
+class Started:
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+Report = Union[Started, Text, Finished, Failed]
+
+
+class Job:
+    """A request waiting for or running on the model; the worker reports to the event loop awaiting it."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self._loop = loop
+        self._reports: asyncio.Queue[Report] = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self.arrived = time.perf_counter()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def report(self, item: Report) -> None:
+        """From the worker thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._reports.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is waiting any more
+            self.cancel()
+
+    async def next(self) -> Report:
+        return await self._reports.get()
+
+    def ready(self) -> list[Report]:
+        """Reports that arrived and were not taken yet (to send several text pieces as one chunk)."""
+        items = []
+        while not self._reports.empty():
+            items.append(self._reports.get_nowait())
+        return items
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    text: str
+    stops: tuple[str, ...]
+
+
+class SpeculativeRule(PMinPolicy):
+    """llama-server's per-request `speculative`: at most n_max drafted, p_min for model drafts,
+    and a copied draft shorter than n_min is not verified (a model draft's length is not
+    known before it is drafted, so n_min does not apply to it)."""
+
+    def __init__(self, settings: Speculative):
+        super().__init__(settings.n_max, settings.p_min)
+        self.n_min = settings.n_min
+        self.label = "speculative"
+
+    def cap(self, source: str, limit: int, prior: float = PRIOR) -> int:
+        k = super().cap(source, limit, prior)
+        return k if k >= self.n_min else 0
+
+
+class Worker:
+    def __init__(
+        self,
+        open_session: Callable[[], Session],
+        metrics: Metrics,
+        queue_size: int = 32,
+        max_tokens: int | None = None,
+        chat_format: str | None = None,
+        on_ready: Callable[[Session], None] = lambda session: None,
+        on_failed: Callable[[BaseException], None] = lambda error: None,
+    ):
+        self._open_session = open_session
+        self.metrics = metrics
+        self.queue_size = queue_size
+        self.max_tokens = max_tokens  # None: until the context is full
+        self._chat_format_name = chat_format
+        self._on_ready, self._on_failed = on_ready, on_failed
+        self.state = "loading"  # then "ready", "failed" or "stopping"
+        self.error: BaseException | None = None
+        self.session: Session | None = None
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._submit_lock = threading.Lock()
+        self.running: Job | None = None
+        self._request_s = 0.0  # recent requests' time on the model, for Retry-After
+        self._thread = threading.Thread(target=self._run, name="specrun-model", daemon=True)
+
+    # --- the event loop's side ----------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self._jobs.qsize()
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
+        if self.state != "ready":
+            message = {"loading": "Loading model", "stopping": "the server is shutting down"}.get(
+                self.state, "the model failed to load")
+            raise ApiError(503, message, code="unavailable", kind="unavailable_error",
+                           headers={"Retry-After": "1"} if self.state == "loading" else None)
+        with self._submit_lock:
+            if self._jobs.qsize() >= self.queue_size:
+                self.metrics.reject("queue_full")
+                wait = max(1, math.ceil(self._request_s * (self.queue_size + 1)))
+                raise ApiError(429, f"the queue is full ({self.queue_size} requests waiting): retry in {wait} s",
+                               code="queue_full", kind="rate_limit_error", headers={"Retry-After": str(wait)})
+            job = Job(request, loop)
+            self._jobs.put(job)
+        return job
+
+    def cancel_all(self) -> None:
+        with self._jobs.mutex:
+            waiting = [job for job in self._jobs.queue if job is not None]
+        for job in [self.running, *waiting]:
+            if job is not None:
+                job.cancel()
+
+    def stop(self) -> None:
+        """Cancel every request, let the thread finish, close the session."""
+        if self.state in ("loading", "ready"):
+            self.state = "stopping"
+        self.cancel_all()
+        self._jobs.put(None)
+        if self._thread.is_alive():
+            self._thread.join()
+
+    # --- the model thread -------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.session = self._open_session()
+            self._chat_format = choose_format(self.session.target_model, self._chat_format_name)
+            self._transcript = Transcript(self.session.target_model)
+            self._sampler = self.session.config.sampler  # the server's defaults; requests override them
+            if self.session.drafter is not None:
+                self.session.policy(self.session.config.k)  # auto measures verify costs now, not in the first request
+        except BaseException as exc:  # noqa: BLE001 - reported to the command, which exits with it
+            self.state, self.error = "failed", exc
+            if self.session is not None:
+                self.session.close()
+            self._on_failed(exc)
+            return
+        if self.state == "loading":
+            self.state = "ready"
+            self._on_ready(self.session)
+        try:
+            while (job := self._jobs.get()) is not None:
+                self.running = job
+                try:
+                    self._serve(job)
+                except Exception as exc:  # a bug must not take the server down
+                    traceback.print_exc(file=sys.stderr)
+                    job.report(Failed(ApiError(500, f"internal error: {exc}", code="internal_error", kind="server_error")))
+                finally:
+                    self.running = None
+        finally:
+            self.session.close()
+
+    def _serve(self, job: Job) -> None:
+        if job.cancelled:
+            job.report(Failed(ApiError(503, "the request was cancelled before it started", code="cancelled",
+                                       kind="unavailable_error")))
+            return
+        started = time.perf_counter()
+        try:
+            prompt = self._prompt(job.request)
+            generator = self._generator(job.request)
+        except ApiError as error:
+            self.metrics.reject("invalid")
+            job.report(Failed(error))
+            return
+        job.report(Started(len(prompt.tokens)))
+        max_tokens = job.request.max_tokens or self.max_tokens or self.session.target.n_ctx
+        reply = stream_reply(generator, prompt.tokens, max_tokens, prompt.stops, _Reporter(job, self.metrics), started,
+                             cancelled=lambda: job.cancelled)
+        if job.request.chat:
+            self._transcript.record(prompt.tokens, prompt.text, reply.tokens)
+        self.session.remember(prompt.tokens + reply.tokens)
+        outcome = Outcome(reply.text, FINISH_REASONS.get(reply.stop_reason, "stop"), len(prompt.tokens), reply.stats)
+        self.metrics.finish(outcome.finish_reason, outcome.prompt_tokens,
+                            outcome.prompt_tokens - reply.stats.prefilled_tokens - 1, reply.stats)
+        self._request_s = 0.8 * self._request_s + 0.2 * (time.perf_counter() - started)
+        job.report(Finished(outcome))
+
+    def _prompt(self, request: GenerationRequest) -> Prompt:
+        if request.chat:
+            try:
+                rendered = self._chat_format.render(request.messages)
+            except SpecrunError as exc:
+                raise ApiError(400, str(exc), "messages", "invalid_value") from None
+            tokens, text, _ = self._transcript.prompt(rendered.text)
+            prompt = Prompt(tokens, text, rendered.stops + request.stops)
+        else:
+            prompt = Prompt(self.session.tokenize(request.prompt), request.prompt, request.stops)
+        n_ctx = self.session.target.n_ctx
+        if not prompt.tokens:
+            raise ApiError(400, "the prompt is empty: give some text to continue", "prompt", "invalid_value")
+        if len(prompt.tokens) >= n_ctx:
+            raise ApiError(400, f"the prompt has {len(prompt.tokens)} tokens but the context holds {n_ctx}: shorten it, "
+                                "or start the server with a larger --ctx-size",
+                           "messages" if request.chat else "prompt", "context_length_exceeded")
+        return prompt
+
+    def _generator(self, request: GenerationRequest):
+        try:
+            settings = replace(self._sampler, **request.sampling)
+        except SpecrunError as exc:
+            raise ApiError(400, str(exc), code="invalid_value") from None
+        if request.seed is not None:
+            settings = replace(settings, seed=request.seed if request.seed >= 0 else None)
+        longest = self.session.target.n_batch - 1
+        asked = request.speculative.n_max if request.speculative else request.k
+        if isinstance(asked, int) and asked > longest:
+            param = "speculative.n_max" if request.speculative else "k"
+            raise ApiError(400, f"Invalid value for '{param}': drafts can be at most {longest} tokens long, but {asked} were asked for.",
+                           param, "invalid_value")
+        self.session.set_sampler(settings)
+        generator = self.session.generator(k=request.k, seed=settings.seed)
+        if request.speculative and generator.drafter is not None:
+            generator.policy = SpeculativeRule(request.speculative)
+        return generator
+
+
+class _Reporter:
+    """The reply's view: text pieces go to the client, steps to the metrics."""
+
+    def __init__(self, job: Job, metrics: Metrics):
+        self.job, self.metrics = job, metrics
+
+    def show(self, pieces: list[Piece]) -> None:
+        text = "".join(text for text, _ in pieces)
+        if text:
+            self.job.report(Text(text))
+
+    def step(self, event: StepEvent, stats: Stats) -> None:
+        self.metrics.step(event)

@@ -1,0 +1,404 @@
+"""`specrun serve` through the official openai client and raw HTTP, on tiny generated models.
+
+Most tests share one in-process server (a free loopback port, stopped by its handle);
+`Pace` slows its decodes when a test needs a generation to stay on the model.
+"""
+
+import json
+import re
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from serve_helpers import Pace, RunningServer
+from specrun.serve.server import ServeOptions
+from specrun.serve.worker import Job
+from specrun.session import SessionConfig
+from tinymodels import write_tiny_llama
+
+# A Jinja template in the style of real GGUFs (trims content like Gemma's), so chat goes through one.
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] | trim }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+STORE_LIMIT = 400
+N_CTX = 512
+
+
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("serve") / "chat.gguf", seed=0, chat_template=TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def config(templated):
+    return SessionConfig(target=templated, lookup=True, store_tokens=STORE_LIMIT, k=4, n_ctx=N_CTX, threads=1)
+
+
+@pytest.fixture(scope="module")
+def pace():
+    return Pace()
+
+
+@pytest.fixture(scope="module")
+def served(config, pace):
+    running = RunningServer(config, ServeOptions(port=0, queue=8), open_session=lambda: pace.open(config))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def idle(served, pace):
+    """The shared server, idle and at full speed before and after the test."""
+    served.wait_idle()
+    yield served
+    pace.delay = 0.0
+    served.server.worker.queue_size = 8
+    served.wait_idle()
+
+
+def metric(served, name: str, labels: str = "") -> float:
+    text = httpx.get(f"{served.url}/metrics").text
+    match = re.search(rf"^specrun:{name}{re.escape(labels)} (\S+)$", text, re.M)
+    return float(match[1]) if match else 0.0
+
+
+def assert_consistent(usage, timings):
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert timings["predicted_n"] == usage.completion_tokens
+    assert timings["prompt_n"] + timings["cache_n"] == usage.prompt_tokens
+    assert usage.prompt_tokens_details.cached_tokens == timings["cache_n"]
+    assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
+    for key in ("prompt_ms", "predicted_ms", "predicted_per_second"):
+        assert timings[key] >= 0
+
+
+def test_completions_streamed_and_not_agree_and_carry_usage_and_timings(idle):
+    client = idle.client()
+    whole = client.completions.create(model="any", prompt="the cat sat on the mat", max_tokens=20, temperature=0)
+    assert whole.object == "text_completion" and whole.choices[0].finish_reason in ("length", "stop")
+    assert_consistent(whole.usage, whole.model_extra["timings"])
+    chunks = list(client.completions.create(model="any", prompt="the cat sat on the mat", max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishing) == 1 and finishing[0].choices[0].finish_reason == whole.choices[0].finish_reason
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == whole.usage.completion_tokens
+    assert last.usage.prompt_tokens == whole.usage.prompt_tokens
+    assert_consistent(last.usage, last.model_extra["timings"])
+    assert finishing[0].model_extra["timings"] == last.model_extra["timings"]
+
+
+def test_chat_streamed_and_not_through_the_chat_template(idle):
+    client = idle.client()
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
+    whole = client.chat.completions.create(model="any", messages=messages, max_tokens=16, temperature=0)
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert_consistent(whole.usage, whole.model_extra["timings"])
+    chunks = list(client.chat.completions.create(model="any", messages=messages, max_tokens=16, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].usage is None  # not asked for
+    timings = chunks[-1].model_extra["timings"]
+    assert timings["predicted_n"] == whole.usage.completion_tokens
+    # The prompt went through the template: the system and user turns, then the assistant's cue.
+    assert whole.usage.prompt_tokens > len("be brief hello world".split()) + 3
+
+
+def test_stop_strings_end_the_reply_before_them(idle):
+    client = idle.client()
+    text = client.completions.create(model="any", prompt="I see the water", max_tokens=24, temperature=0).choices[0].text
+    stop = text[8:11]
+    assert stop and stop not in text[:8]
+    cut = client.completions.create(model="any", prompt="I see the water", max_tokens=24, temperature=0, stop=[stop, "zzzz"])
+    assert cut.choices[0].text == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_a_request_extending_the_last_conversation_prefills_only_its_new_tokens(idle):
+    client = idle.client()
+    messages = [{"role": "user", "content": "the cat sat on the mat and the dog was there"}]
+    first = client.chat.completions.create(model="any", messages=messages, max_tokens=12, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "and then"}]
+    second = client.chat.completions.create(model="any", messages=messages, max_tokens=12, temperature=0)
+    timings = second.model_extra["timings"]
+    # Everything the first request read and wrote is cached; only the new turn is processed.
+    assert timings["cache_n"] >= first.usage.prompt_tokens + first.usage.completion_tokens - 2
+    assert timings["prompt_n"] < second.usage.prompt_tokens - first.usage.prompt_tokens
+
+
+def test_requests_pick_their_sampling_and_drafting(idle):
+    client = idle.client()
+    prompt = "hello world , the dog was there and the dog was"
+    greedy = client.completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+    for extra in ({"k": 2}, {"k": "auto"}, {"speculative": {"n_max": 3, "n_min": 1, "p_min": 0.5}}, {"top_k": 1, "min_p": 0.1}):
+        again = client.completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0, extra_body=extra)
+        assert again.choices[0].text == greedy, extra  # drafting never changes the output
+    one = client.completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0.9, seed=7)
+    two = client.completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0.9, seed=7)
+    assert one.choices[0].text == two.choices[0].text  # the same seed, the same sample
+
+
+@pytest.mark.parametrize(
+    "body, param, fragment",
+    [
+        ({"prompt": "hi", "temperature": "hot"}, "temperature", "expected a number"),
+        ({"prompt": "hi", "n": 3}, "n", "3 were asked for"),
+        ({"prompt": "hi", "max_tokens": -5}, "max_tokens", "has to be >= 1"),
+        ({"prompt": "hi", "max_tokens": True}, "max_tokens", "expected an integer"),
+        ({"prompt": "hi", "top_p": 1.5}, "top_p", "(0.0, 1.0]"),
+        ({"prompt": "hi", "stop": [1, 2]}, "stop", "array of strings"),
+        ({"prompt": "hi", "k": 0}, "k", ">= 1"),
+        ({"prompt": "hi", "k": 2, "speculative": {"n_max": 4}}, "k", "not both"),
+        ({"prompt": "hi", "speculative": {"n_max": 2, "n_min": 3}}, "speculative.n_min", "<= n_max"),
+        ({"prompt": "hi", "speculative": {"n_max": 600}}, "speculative.n_max", "at most 511"),
+        ({"prompt": 5}, "prompt", "expected a string"),
+        ({}, "prompt", "Missing required parameter"),
+    ],
+)
+def test_bad_completion_requests_get_400_and_the_server_answers_the_next(idle, body, param, fragment):
+    response = idle.post("/v1/completions", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param and fragment in error["message"]
+    ok = idle.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "unknown_field": {"ignored": True}})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": "hello"}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stream_options": 3}, "stream_options"),
+    ],
+)
+def test_bad_chat_requests_get_400(idle, body, param):
+    response = idle.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
+def test_malformed_json_and_an_over_long_prompt_get_400_naming_the_problem(idle):
+    response = idle.post("/v1/chat/completions", content=b'{"messages": [', headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+    with pytest.raises(openai.BadRequestError) as caught:
+        idle.client().completions.create(model="any", prompt="the cat " * 400, max_tokens=4)
+    error = caught.value.body
+    assert error["code"] == "context_length_exceeded"
+    assert re.search(r"the prompt has \d{3,} tokens but the context holds 512", error["message"])
+    with pytest.raises(openai.BadRequestError):
+        idle.client().chat.completions.create(model="any", messages=[{"role": "user", "content": "the cat " * 400}],
+                                              stream=True)
+    assert idle.client().completions.create(model="any", prompt="hello", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_unknown_routes_get_openai_error_objects(idle):
+    response = httpx.get(f"{idle.url}/v1/nothing")
+    assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
+    models = idle.client().models.list()
+    assert [m.id for m in models.data] == ["chat"]
+
+
+def test_a_second_request_repeating_the_first_drafts_from_the_store(idle):
+    client = idle.client()
+    prompt = "Hello , what was the one thing he said when we had"
+    before = sum(metric(idle, "spec_decode_accepted_tokens_by_source_total", f'{{source="{s}"}}') for s in ("store", "store-long"))
+    first = client.completions.create(model="any", prompt=prompt, max_tokens=40, temperature=0)
+    client.completions.create(model="any", prompt="water , I see", max_tokens=4, temperature=0)  # something between
+    second = client.completions.create(model="any", prompt=prompt, max_tokens=40, temperature=0)
+    assert second.choices[0].text == first.choices[0].text  # every token is still the target's
+    after = sum(metric(idle, "spec_decode_accepted_tokens_by_source_total", f'{{source="{s}"}}') for s in ("store", "store-long"))
+    assert after > before and second.model_extra["timings"]["draft_n_accepted"] > 0
+    for i in range(12):  # the store stays within its limit, oldest dropped first
+        client.completions.create(model="any", prompt=f"request {i} : the cat and the dog", max_tokens=30)
+        assert 0 < metric(idle, "ngram_store_tokens") <= STORE_LIMIT
+
+
+def test_metrics_count_requests_tokens_and_speculation(idle):
+    client = idle.client()
+    before = {name: metric(idle, name) for name in ("generation_tokens_total", "spec_decode_num_draft_tokens_total")}
+    done = metric(idle, "request_success_total", '{finished_reason="length"}')
+    client.completions.create(model="any", prompt="the cat sat on the mat and the cat sat on the", max_tokens=30)
+    assert metric(idle, "generation_tokens_total") == before["generation_tokens_total"] + 30
+    assert metric(idle, "request_success_total", '{finished_reason="length"}') == done + 1
+    text = httpx.get(f"{idle.url}/metrics").text
+    for name in ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+                 "prompt_tokens_total", "num_requests_waiting"):
+        assert f"# TYPE specrun:{name} " in text
+    accepted = metric(idle, "spec_decode_num_accepted_tokens_total")
+    assert accepted <= metric(idle, "spec_decode_num_draft_tokens_total")
+    by_position = [float(v) for v in re.findall(r'accepted_tokens_per_pos_total\{position="\d+"\} (\S+)', text)]
+    assert sum(by_position) == accepted
+
+
+def read_chunks(response, count: int) -> list[dict]:
+    chunks = []
+    for line in response.iter_lines():
+        if line.startswith("data: {"):
+            chunks.append(json.loads(line[6:]))
+            if len(chunks) == count:
+                break
+    return chunks
+
+
+def test_a_client_that_drops_mid_stream_stops_its_generation_within_a_step(idle, pace, monkeypatch):
+    worker = idle.server.worker
+    at_cancel = []
+    cancel = Job.cancel
+
+    def recording_cancel(job):
+        if worker.running is job and not job.cancelled:
+            at_cancel.append(pace.decodes)
+        cancel(job)
+
+    monkeypatch.setattr(Job, "cancel", recording_cancel)
+    aborted = metric(idle, "request_success_total", '{finished_reason="abort"}')
+    generated = metric(idle, "generation_tokens_total")
+    pace.delay = 0.02
+    body = {"prompt": "the dog was there", "max_tokens": 400, "stream": True, "k": 1}
+    with httpx.stream("POST", f"{idle.url}/v1/completions", json=body, timeout=60) as response:
+        assert len(read_chunks(response, 3)) == 3
+    idle.wait_idle()
+    assert len(at_cancel) == 1 and pace.decodes - at_cancel[0] <= 1  # at most the decode in flight
+    assert metric(idle, "request_success_total", '{finished_reason="abort"}') == aborted + 1
+    assert metric(idle, "generation_tokens_total") - generated < 100  # far from its 400 tokens
+    pace.delay = 0.0
+    assert idle.client().completions.create(model="any", prompt="hello", max_tokens=3).choices[0].finish_reason == "length"
+
+
+def test_a_client_that_drops_a_non_streamed_request_frees_the_model(idle, pace):
+    pace.delay = 0.02
+    aborted = metric(idle, "request_success_total", '{finished_reason="abort"}')
+    with pytest.raises(httpx.ReadTimeout):
+        idle.post("/v1/completions", json={"prompt": "the dog was there", "max_tokens": 400, "k": 1}, timeout=0.3)
+    idle.wait_idle(timeout=5)
+    assert metric(idle, "request_success_total", '{finished_reason="abort"}') == aborted + 1
+
+
+def test_a_full_queue_gets_429_with_retry_after(idle, pace):
+    worker = idle.server.worker
+    worker.queue_size = 1
+    pace.gate.clear()  # the first request holds the model until the gate opens
+    results = {}
+
+    def ask(name):
+        results[name] = idle.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2})
+
+    running, waiting = (threading.Thread(target=ask, args=(name,)) for name in ("running", "waiting"))
+    try:
+        running.start()
+        poll(lambda: worker.running is not None)
+        waiting.start()
+        poll(lambda: worker.waiting == 1)
+        with pytest.raises(openai.RateLimitError) as caught:
+            idle.client().completions.create(model="any", prompt="hello", max_tokens=2)
+        assert int(caught.value.response.headers["Retry-After"]) >= 1
+        assert caught.value.body["code"] == "queue_full"
+    finally:
+        pace.gate.set()
+        running.join(30)
+        waiting.join(30)
+    assert results["running"].status_code == results["waiting"].status_code == 200
+
+
+def poll(condition, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_four_concurrent_clients_all_get_their_own_complete_answers(idle):
+    prompts = ["the cat sat", "hello world", "I see the water", "what was it"]
+    client = idle.client()
+    alone = [client.completions.create(model="any", prompt=p, max_tokens=24, temperature=0).choices[0].text for p in prompts]
+    answers = {}
+
+    def ask(i):
+        chunks = client.completions.create(model="any", prompt=prompts[i], max_tokens=24, temperature=0, stream=True)
+        answers[i] = "".join(c.choices[0].text for c in chunks if c.choices)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert [answers.get(i) for i in range(4)] == alone
+
+
+def test_health_is_503_while_loading_and_the_api_key_is_required(config):
+    loading = threading.Event()
+
+    def slow_open():
+        loading.wait(30)
+        return Pace().open(config)
+
+    running = RunningServer(config, ServeOptions(port=0, api_key="sesame"), open_session=slow_open, wait=False)
+    try:
+        health = _get(f"{running.url}/health")
+        assert health.status_code == 503 and health.json()["error"]["message"] == "Loading model"
+        early = running.post("/v1/completions", json={"prompt": "hi"}, headers={"Authorization": "Bearer sesame"})
+        assert early.status_code == 503
+        loading.set()
+        running.wait_ready()
+        with pytest.raises(openai.AuthenticationError):
+            running.client("wrong").completions.create(model="any", prompt="hi", max_tokens=2)
+        missing = running.post("/v1/completions", json={"prompt": "hi"})
+        assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(f"{running.url}/metrics").status_code == 401
+        assert running.client("sesame").completions.create(model="any", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+    finally:
+        loading.set()
+        running.stop()
+
+
+def _get(url: str) -> httpx.Response:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            return httpx.get(url, timeout=5)
+        except httpx.TransportError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_the_listening_socket_is_tcp_so_responses_are_not_held_for_delayed_acks():
+    import socket
+
+    from specrun.serve.server import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        # asyncio sets TCP_NODELAY only on connections of IPPROTO_TCP sockets; without it each
+        # response on a kept-alive connection waited ~40 ms for the client's delayed ACK.
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
+
+
+@pytest.mark.gemma
+def test_gemma_chat_turns_reuse_the_cache_through_its_own_template(gemma):
+    config = SessionConfig(target=gemma, lookup=True, store_tokens=4096, k=4, n_ctx=1024, threads=2)
+    running = RunningServer(config)
+    try:
+        client = running.client()
+        messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+        first = client.chat.completions.create(model="any", messages=messages, max_tokens=16, temperature=0)
+        reply = first.choices[0].message.content
+        assert reply.strip()
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And three more?"}]
+        second = client.chat.completions.create(model="any", messages=messages, max_tokens=8, temperature=0)
+        timings = second.model_extra["timings"]
+        # Gemma's template trims the reply and closes the turn; the tokens the model wrote are kept.
+        assert timings["cache_n"] >= first.usage.prompt_tokens + first.usage.completion_tokens - 2
+        assert timings["prompt_n"] <= 20
+    finally:
+        running.stop()
