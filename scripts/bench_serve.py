@@ -1,13 +1,14 @@
 """specrun serve against llama-server on the same GGUF and threads, through the OpenAI API (benchmark, not CI).
 
 Builds llama-server from the llama.cpp that the installed llama-cpp-python vendors (as
-compare_llama_cpp.py builds llama-lookup), then for each server set-up starts it, replays
-the workloads one request at a time (streamed, greedy, timed from the client) and stops it:
+compare_llama_cpp.py builds llama-lookup), starts every server set-up, and replays the
+workloads one request at a time (streamed, greedy, timed from the client):
 
   - agent: the same JSON fields extracted from N short documents (structured output that
     repeats across requests: where drafts learned across requests should pay);
   - copy: the copy-heavy prompts of compare_llama_cpp.py.
 
+Every set-up runs at once and each request goes to each of them in turn (interleaved).
 Set-ups: llama-server with no speculation, --spec-type ngram-simple, ngram-mod (its
 defaults) and ngram-mod with n-max 64 (dropped when that is already its default);
 specrun serve with drafts learned across requests (the default) and with per-request
@@ -223,10 +224,18 @@ def client() -> httpx.Client:
     return httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
 
 
-def replay(url: str, prompts: list[str], max_tokens: int, stop: list[str]) -> list[Timed]:
+def interleaved_replay(servers: dict[str, "Running"], workload: tuple[list[str], list[str]],
+                       max_tokens: int) -> dict[str, list[Timed]]:
+    """Each prompt sent to every server in turn, after one untimed warm-up request each."""
+    prompts, stop = workload
+    runs: dict[str, list[Timed]] = {name: [] for name in servers}
     with client() as http:
-        complete(http, url, "Warm-up: the quick brown fox", 8, [])  # untimed: first decodes allocate
-        return [complete(http, url, prompt, max_tokens, stop) for prompt in prompts]
+        for server in servers.values():
+            complete(http, server.url, "Warm-up: the quick brown fox", 8, [])  # first decodes allocate
+        for prompt in prompts:
+            for name, server in servers.items():
+                runs[name].append(complete(http, server.url, prompt, max_tokens, stop))
+    return runs
 
 
 # --- reports --------------------------------------------------------------------------------
@@ -331,14 +340,18 @@ def main() -> None:
     if args.conversation:
         return conversation(args, bin_dir, model, log_dir)
     workloads = {"agent": (agent_prompts(args.agent_requests), ["\n"]), "copy": (copy, [])}
-    results: dict[str, dict[str, list[Timed]]] = {}
-    for setup in setups(bin_dir):
-        server = Running(setup, bin_dir, model, args.threads, args.ctx_size, log_dir / f"{setup.name.replace(' ', '-')}.log")
-        try:
-            results[setup.name] = {w: replay(server.url, prompts, args.max_tokens, stop) for w, (prompts, stop) in workloads.items()}
-        finally:
+    # Every set-up runs at once and each request goes to all of them in turn, so the machine's
+    # drift falls on every set-up alike (an idle server waits without spinning).
+    servers: dict[str, Running] = {}
+    try:
+        for setup in setups(bin_dir):
+            servers[setup.name] = Running(setup, bin_dir, model, args.threads, args.ctx_size,
+                                          log_dir / f"{setup.name.replace(' ', '-')}.log")
+        results = {name: interleaved_replay(servers, workload, args.max_tokens) for name, workload in workloads.items()}
+    finally:
+        for server in servers.values():
             server.stop()
-        print(f"{setup.name}: done")
+    results = {name: {w: results[w][name] for w in workloads} for name in servers}
     report(results, list(workloads))
 
 

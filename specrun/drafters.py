@@ -71,7 +71,7 @@ class PromptLookup:
     COPY_MATCH = 32
     TRUSTED_MATCH = 12  # a copy this far in step with the text goes on past ambiguous contexts
     # Acceptance per position expected before any is measured, by how far back the match reaches.
-    PRIORS = {"lookup": PRIOR, "lookup-long": 0.9, "lookup-copy": 0.97}
+    PRIORS = {"lookup": PRIOR, "lookup-long": 0.9, "lookup-copy": 0.99}
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
         if not 1 <= n_min <= n_max:
