@@ -156,12 +156,16 @@ class Generator:
         self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
     def generate(self, prompt: Sequence[int], max_tokens: int) -> Iterator[Event]:
-        """Stream the continuation of `prompt`; the target cache ends holding all but the last token."""
+        """Stream the continuation of `prompt`; the target cache ends holding all but the last token.
+
+        The prefill decodes the whole prompt, so the first token comes with it (as llama.cpp's
+        tools do); drafting starts from that token.
+        """
         history = self._checked_prompt(prompt)
         # Also kept on the generator: a consumer that stops early (stop string, Ctrl-C) never sees Done.
         self.stats = stats = Stats(prompt_tokens=len(history))
         started = time.perf_counter()
-        stats.prefilled_tokens = self._prefill(history)
+        stats.prefilled_tokens, prompt_logits = self._prefill(history)
         stats.prefill_s = time.perf_counter() - started
         started = time.perf_counter()
         text = codecs.getincrementaldecoder("utf-8")("replace")
@@ -174,7 +178,8 @@ class Generator:
                     stats.stop_reason = "context_full"
                 else:
                     limit = min(max_tokens - stats.tokens - 1, room - 1, self.policy.max_k)
-                    source, drafted, accepted, emitted = self._step(history, limit, stats)
+                    source, drafted, accepted, emitted = self._step(history, limit, stats, prompt_logits)
+                    prompt_logits = None
                     yield StepEvent(drafted, accepted, source)
                     for token, source in emitted:
                         stats.tokens += 1
@@ -199,21 +204,26 @@ class Generator:
             )
         return list(prompt)
 
-    def _prefill(self, history: list[int]) -> int:
-        """Put all but the last prompt token in the cache (reusing what is there); return how many were decoded."""
-        cached = self.target.reuse_prefix(history[:-1])
-        if cached < len(history) - 1:
-            self.target.eval(history[cached:-1], logits_rows=0)
-        return len(history) - 1 - cached
+    def _prefill(self, history: list[int]) -> tuple[int, np.ndarray]:
+        """Put the prompt in the cache (reusing what is there); return how many tokens were
+        decoded and the logits of its last position, which give the first new token at once."""
+        cached = min(self.target.reuse_prefix(history), len(history) - 1)  # the last is decoded for its logits
+        self.target.truncate(cached)
+        return len(history) - cached, self.target.eval(history[cached:], logits_rows=1)
 
-    def _step(self, history: list[int], limit: int, stats: Stats) -> tuple[str, int, int, list[tuple[int, str]]]:
-        """One round: draft, verify last token + drafts in one decode, keep the agreed prefix."""
+    def _step(self, history: list[int], limit: int, stats: Stats,
+              prompt_logits: np.ndarray | None = None) -> tuple[str, int, int, list[tuple[int, str]]]:
+        """One round: draft, verify last token + drafts in one decode, keep the agreed prefix.
+
+        The first round samples from `prompt_logits`, the prefill's last row, without a draft.
+        """
         started = time.perf_counter()
-        draft = self.drafter.propose(history, limit, self.rng, self.policy) if limit > 0 and self.drafter else Draft("")
+        first = prompt_logits is not None
+        draft = self.drafter.propose(history, limit, self.rng, self.policy) if limit > 0 and self.drafter and not first else Draft("")
         drafted_at = time.perf_counter()
         tokens = self._cut_after_eog(draft.tokens[:limit])
         dists = draft.dists[: len(tokens)] if draft.dists is not None else None
-        logits = self.target.eval([history[-1], *tokens], logits_rows=len(tokens) + 1)
+        logits = prompt_logits if first else self.target.eval([history[-1], *tokens], logits_rows=len(tokens) + 1)
         verified_at = time.perf_counter()
 
         def target_dist(i: int) -> Distribution:
@@ -225,7 +235,9 @@ class Generator:
         stats.draft_s += drafted_at - started
         stats.verify_s += verified_at - drafted_at
         stats.check_s += checked_at - verified_at
-        self.policy.observe(draft.source, len(tokens), accepted, draft.confidences, drafted_at - started, checked_at - drafted_at)
+        if not first:  # the prefill's decode says nothing of verify costs
+            self.policy.observe(draft.source, len(tokens), accepted, draft.confidences, drafted_at - started,
+                                checked_at - drafted_at)
         emitted = [(t, "draft") for t in tokens[:accepted]]
         if not (emitted and emitted[-1][0] in self.eog):  # nothing follows an accepted end of generation
             emitted.append((next_token, "bonus" if tokens and accepted == len(tokens) else "target"))

@@ -1,6 +1,7 @@
 """End to end at temperature > 0: speculative output follows the target's own distribution.
 
-Over thousands of seeds, the first two tokens emitted while drafting with a model (the
+Over thousands of seeds, the first two tokens emitted while drafting (the first comes
+undrafted from the prefill, the second from a verified draft) with a model (the
 p/q rule), by prompt lookup, or both are tested with chi-square against the exact
 distribution, computed from fresh contexts; drafters that never sample (lookup, a greedy
 draft model) must give plain decoding's very tokens for the same seed.
@@ -157,21 +158,29 @@ def gemma_without_layer_16(gemma, tmp_path_factory):
 @pytest.mark.gemma
 def test_gemma_with_a_derived_draft_samples_like_plain(gemma, gemma_without_layer_16):
     """Fewer seeds than on the tiny models (a Gemma step costs 25-100 ms on one thread): enough
-    to catch a rule that is off by ten percent on the first token, in about 90 seconds. One
-    thread: ggml's spinning thread pool slows tenfold when other processes share the cores."""
-    prompt_text = "My favourite colour is blue. Your favourite colour is"  # ~14 likely colours
+    to catch a rule that is off by ten percent on a drafted token, in about 90 seconds. One
+    thread: ggml's spinning thread pool slows tenfold when other processes share the cores.
+
+    The first token comes from the prefill, undrafted (" is", nearly always); the second is
+    drafted and verified, and is a colour, about 14 of them likely."""
+    prompt_text = "My favourite colour is blue. Your favourite colour"
     config = SessionConfig(target=gemma, draft=gemma_without_layer_16, k=1, n_ctx=256, threads=1, sampler=SETTINGS)
     seeds = range(400)
     with Session(config) as session:
         prompt = session.tokenize(prompt_text)
-        plain, _, _ = first_tokens(lambda seed: session.generator(plain=True, seed=seed), prompt, seeds, n=1)
-        drafted_run, drafted, accepted = first_tokens(lambda seed: session.generator(seed=seed), prompt, seeds, n=1)
+        plain, _, _ = first_tokens(lambda seed: session.generator(plain=True, seed=seed), prompt, seeds)
+        drafted_run, drafted, accepted = first_tokens(lambda seed: session.generator(seed=seed), prompt, seeds)
     assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)
-    assert chi_square_two_sample_p(Counter(plain.values()), Counter(drafted_run.values())) > MIN_P
-    for name, drafting in (("lookup", {"lookup": True, "draft": None}), ("hybrid", {"lookup": True})):
+    assert chi_square_two_sample_p(second_tokens(plain), second_tokens(drafted_run)) > MIN_P
+    # Deterministic drafters (lookup, and hybrid with a greedy draft model) sample and match.
+    for name, drafting in (("lookup", {"lookup": True, "draft": None}), ("hybrid", {"lookup": True, "draft_sampling": False})):
         with Session(replace(config, **drafting)) as session:
-            sampled, drafted, _ = first_tokens(lambda seed: session.generator(seed=seed), prompt, range(150), n=1)
+            sampled, drafted, _ = first_tokens(lambda seed: session.generator(seed=seed), prompt, range(150))
         assert drafted > 0, name
-        assert chi_square_two_sample_p(Counter(plain.values()), Counter(sampled.values())) > MIN_P, name
+        assert chi_square_two_sample_p(second_tokens(plain), second_tokens(sampled)) > MIN_P, name
         # Sample-and-match: plain's tokens, up to batched rounding moving a token across top-p.
         assert sum(sampled[seed] == plain[seed] for seed in range(150)) >= 0.97 * 150, name
+
+
+def second_tokens(outcomes: dict[int, tuple[int, ...]]) -> Counter:
+    return Counter(tokens[1] for tokens in outcomes.values() if len(tokens) > 1)

@@ -285,8 +285,7 @@ def timings(outcome: Outcome) -> dict:
 
 
 def _prompt_n(outcome: Outcome) -> int:
-    # The engine decodes the last prompt token with the first step, not in the prefill.
-    return min(outcome.stats.prefilled_tokens + 1, outcome.prompt_tokens)
+    return outcome.stats.prefilled_tokens
 
 
 class Shape:

@@ -231,7 +231,7 @@ class Worker:
         self.session.remember(prompt.tokens + reply.tokens)
         outcome = Outcome(reply.text, FINISH_REASONS.get(reply.stop_reason, "stop"), len(prompt.tokens), reply.stats)
         self.metrics.finish(outcome.finish_reason, outcome.prompt_tokens,
-                            outcome.prompt_tokens - reply.stats.prefilled_tokens - 1, reply.stats)
+                            outcome.prompt_tokens - reply.stats.prefilled_tokens, reply.stats)
         self._request_s = 0.8 * self._request_s + 0.2 * (time.perf_counter() - started)
         job.report(Finished(outcome))
 
