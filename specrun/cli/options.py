@@ -10,10 +10,10 @@ from typing import Annotated, Optional
 import typer
 
 from specrun import rpc
+from specrun.api import resolve
 from specrun.cli.app import err_console
 from specrun.errors import SpecrunError
 from specrun.files import decode_utf8, read_text
-from specrun.hub import resolve_pair
 from specrun.policy import parse_k
 from specrun.sampling import SamplerSettings
 from specrun.session import SessionConfig
@@ -152,29 +152,12 @@ def session_config(
     draft_endpoints = rpc.parse_endpoints(draft_rpc, "--draft-rpc")
     if draft_endpoints and draft is None:
         raise SpecrunError("--draft-rpc places a draft model's layers: give --draft too, or drop --draft-rpc")
-    split = rpc.parse_tensor_split(tensor_split)
-    if target_rpc or draft_endpoints:  # before any download: a server that is down fails in a second
-        from specrun import backend
-
-        backend.check_rpc(tuple(dict.fromkeys(target_rpc + draft_endpoints)))
-    # Paths, aliases and hub repos all go through the one resolver; it says which file and why.
-    target_model, draft_model = resolve_pair(
-        target, draft, quant=quant, draft_quant=draft_quant, offline=offline, report=_report_model, rpc=target_rpc
-    )
-    return SessionConfig(
-        target=target_model.path,
-        draft=draft_model.path if draft_model else None,
-        lookup=lookup,
-        k=parse_k(k),
-        sampler=sampler,
-        n_ctx=ctx_size,
-        threads=threads,
-        n_gpu_layers=n_gpu_layers,
-        draft_n_gpu_layers=draft_n_gpu_layers,
-        rpc=target_rpc,
-        draft_rpc=draft_endpoints,
-        tensor_split=split,
-        rpc_timeout=rpc_timeout,
+    # Paths, aliases and hub repos all go through the library's one resolver; it says which file and why.
+    return resolve(
+        target, draft, quant=quant, draft_quant=draft_quant, offline=offline, on_resolve=_report_model,
+        lookup=lookup, k=parse_k(k), sampler=sampler, n_ctx=ctx_size, threads=threads,
+        n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers, rpc=target_rpc,
+        draft_rpc=draft_endpoints, tensor_split=rpc.parse_tensor_split(tensor_split), rpc_timeout=rpc_timeout,
     )
 
 
