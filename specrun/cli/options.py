@@ -58,13 +58,13 @@ def checked_split(param: typer.CallbackParam, value: str | None) -> str | None:
     return value
 
 
-MODEL_FORMS = "alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf or a path"
+MODEL_FORMS = "alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf, ollama:NAME[:TAG] or a path"
 Target = Annotated[
     Optional[str],
     typer.Option("--target", "-m", help=f"Target model: {MODEL_FORMS} (default: the embedded Gemma 3 270M)."),
 ]
 Draft = Annotated[
-    Optional[str], typer.Option("--draft", "-md", help=f"Draft model with the target's vocabulary: {MODEL_FORMS}.")
+    Optional[str], typer.Option("--draft", "-md", help=f"Draft model with the target's vocabulary: {MODEL_FORMS} (default: none).")
 ]
 Quant = Annotated[
     Optional[str], typer.Option("--quant", help="Target quant, e.g. Q4_K_M (default: the largest that fits).")
@@ -88,7 +88,7 @@ TopP = Annotated[float, typer.Option("--top-p", callback=in_range(0, 1, "a numbe
 MinP = Annotated[float, typer.Option("--min-p", callback=in_range(0, 1, "a number in [0, 1] (0 disables it)"),
                                      help="Min-p filter at temperature > 0 (0 disables).")]
 Seed = Annotated[Optional[int], typer.Option("--seed", callback=in_range(0, allowed="an integer >= 0 (leave it out for a random seed)"),
-                                             help="Seed for reproducible sampling.")]
+                                             help="Seed for reproducible sampling (default: a random seed).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", callback=in_range(1, allowed="an integer >= 1"),
                                         help="Most tokens to generate.")]
 CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", callback=in_range(8, INT32_MAX, f"an integer from 8 to {INT32_MAX}"),
@@ -102,7 +102,7 @@ DraftGpuLayers = Annotated[
 ]
 Rpc = Annotated[
     Optional[str],
-    typer.Option("--rpc", callback=checked_endpoints, help="llama.cpp rpc-servers that take the target's offloaded layers (-ngl): HOST:PORT[,HOST:PORT...].", rich_help_panel="RPC"),
+    typer.Option("--rpc", callback=checked_endpoints, help="llama.cpp rpc-servers that take the target's offloaded layers (-ngl): HOST:PORT[,HOST:PORT...] (default: none, the target stays on this machine).", rich_help_panel="RPC"),
 ]
 DraftRpc = Annotated[
     Optional[str],
