@@ -128,6 +128,8 @@ def parse_specrun(root, argv: list[str]) -> None:
     command, path = root, ["specrun"]
     args = [arg for arg in argv if arg != "--help"]
     while hasattr(command, "commands"):  # a group: the next word names a command
+        if not args and "--help" in argv:
+            return  # `specrun --help`, `specrun pair --help`
         assert args, f"`{' '.join(path)}` needs a command"
         name = args.pop(0)
         assert name in command.commands, f"`{' '.join(path)}` has no command {name!r}"
