@@ -317,3 +317,9 @@ def test_relative_links_and_anchors_resolve():
                     if anchor not in {slug(h) for h in headings}:
                         broken.append(f"{path.relative_to(ROOT)}:{number}: no heading #{anchor} in {linked.name}")
     assert not broken, "\n".join(broken)
+
+
+def test_the_readme_names_no_commit():
+    text = (ROOT / "README.md").read_text()
+    hashes = [word for word in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"\d", word) and re.search(r"[a-f]", word)]
+    assert not hashes, f"commit hashes belong in docs/benchmarks.md, not the README: {hashes}"
