@@ -1,14 +1,15 @@
 """Loads a target and a draft source once and hands out generators over them.
 
-Commands (generate, chat, bench) share this; contexts are reused across prompts, not
-recreated, so hundreds of prompts cost no reloads.
+Commands (generate, chat, bench, serve) and the Python API share this; contexts are
+reused across prompts, not recreated, so hundreds of prompts cost no reloads.
 """
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from specrun import cost_cache
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.compat import check_vocab
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
-from specrun.engine import Event, Generator
+from specrun.engine import Done, Event, Generator, Stats, TokenEvent
 from specrun.errors import IncompatibleError, SpecrunError
 from specrun.ngram_store import NgramStore, StoreLookup
 from specrun.policy import AutoK, FixedK, PMinPolicy, measure_verify_costs, parse_k, verify_costs_hold
@@ -24,7 +25,27 @@ from specrun.sampling import SamplerSettings
 
 
 @dataclass(frozen=True)
+class Generation:
+    """What `Session.generate` returns: the continuation and how it was made."""
+
+    text: str  # the generated text (the prompt not included)
+    tokens: list[int]  # the generated token ids, end-of-generation token included when one ended it
+    stats: Stats  # counters and timings; stats.stop_reason says why it stopped
+
+    @property
+    def stop_reason(self) -> str:
+        """'eog' (the model ended), 'max_tokens' or 'context_full'."""
+        return self.stats.stop_reason
+
+
+@dataclass(frozen=True)
 class SessionConfig:
+    """Which models a `Session` loads and how it drafts, samples and runs them.
+
+    `target` and `draft` are GGUF files; `specrun.load` resolves aliases, hub repos and
+    `ollama:` names to them.
+    """
+
     target: Path
     draft: Path | None = None  # a draft GGUF; None with lookup=False means plain only
     lookup: bool = False  # prompt-lookup drafting; with a draft too, hybrid (lookup first)
@@ -33,18 +54,24 @@ class SessionConfig:
     draft_sampling: bool = True  # at temperature > 0, sample drafts and verify with p/q
     lookup_ngram: tuple[int, int] = (2, 4)  # n-gram sizes prompt lookup matches, longest first
     store_tokens: int = 0  # > 0: also draft from up to this many tokens of earlier prompts and outputs
-    n_ctx: int = 4096
+    n_ctx: int = 4096  # context size in tokens, for target and draft alike
     threads: int = 0  # 0 = all cores
-    n_gpu_layers: int = -1
-    draft_n_gpu_layers: int = -1
-    flash_attn: int = -1
-    repack: bool = False
+    n_gpu_layers: int = -1  # target layers offloaded to GPUs or RPC servers; -1 = all, 0 = none
+    draft_n_gpu_layers: int = -1  # the draft's
+    flash_attn: int = -1  # -1 auto, 0 off, 1 on
+    repack: bool = False  # CPU weight repacking: off keeps batched verification closest to one-token decoding
     rpc: tuple[str, ...] = ()  # HOST:PORT of llama.cpp rpc-servers for the target's layers
     draft_rpc: tuple[str, ...] = ()  # the draft's; empty keeps the draft local
     tensor_split: tuple[float, ...] = ()  # the target's layers per device, RPC devices first
     rpc_timeout: float = 300.0  # seconds a decode may wait for the RPC servers before giving up
 
     def __post_init__(self) -> None:
+        # Paths given as strings are paths all the same.
+        object.__setattr__(self, "target", Path(self.target))
+        if self.draft is not None:
+            object.__setattr__(self, "draft", Path(self.draft))
+        for name in ("rpc", "draft_rpc", "tensor_split"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         parse_k(str(self.k))
         if self.store_tokens < 0:
             raise SpecrunError(f"--store-tokens has to be >= 0 (0 disables the store), but is {self.store_tokens}")
@@ -55,6 +82,14 @@ class SessionConfig:
 
 
 class Session:
+    """A loaded target (and draft) that generates, speculatively or plainly, prompt after prompt.
+
+    What `k="auto"` learns (verify costs, acceptance per draft source) carries over from
+    one generation to the next. Close it (or use `with`) to free the models; the verify
+    costs auto refined are then kept for the next session with this set-up. One thread
+    at a time: llama.cpp's contexts are not thread-safe.
+    """
+
     def __init__(self, config: SessionConfig):
         self.config = config
         self._closers: list = []
@@ -107,6 +142,7 @@ class Session:
         return DraftModel(context, c.sampler, c.draft_sampling)
 
     def close(self) -> None:
+        """Free the models and contexts, keeping the verify costs auto refined for the next session."""
         auto = self._policies.get("auto")
         if auto is not None and self._closers:
             cost_cache.save(self.costs_key, self.config.target, auto.costs)  # what auto refined while running
@@ -134,7 +170,13 @@ class Session:
             self.store.add(tokens)
 
     def tokenize(self, text: str) -> list[int]:
+        """The target's token ids for `text`, with the start token the model adds (BOS) and
+        special tokens written as text (`<start_of_turn>`) parsed as such."""
         return self.target_model.tokenize(text)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The text of the target's `tokens` (control tokens such as end-of-turn render empty)."""
+        return self.target_model.detokenize(tokens)
 
     def generator(self, plain: bool = False, k: int | str | None = None, seed: int | None = None) -> Generator:
         """A fresh generator; the same seed gives the same random stream for plain and speculative."""
@@ -183,8 +225,37 @@ class Session:
                                     flash_attn=c.flash_attn, repack=c.repack, n_batch=self.target.n_batch,
                                     n_ctx=self.target.n_ctx, **placement)  # a small context caps the widths measured
 
-    def stream(self, prompt: str | list[int], max_tokens: int, plain: bool = False) -> Iterator[Event]:
+    def stream(self, prompt: str | Sequence[int], max_tokens: int = 256, plain: bool = False,
+               k: int | str | None = None, seed: int | None = None) -> Iterator[Event]:
+        """Generate a continuation of `prompt` (text, or token ids), event by event.
+
+        Yields a `StepEvent` per draft-and-verify round, a `TokenEvent` per emitted token
+        (its `source`: "draft" for an accepted guess, "target" for the target's own token,
+        "bonus" for the one that follows a fully accepted draft), and last a `Done` with
+        the `Stats`. `plain` decodes without drafting, through the same loop; `k` overrides
+        the session's draft length ("auto", "llama.cpp" or a number) and `seed` its
+        sampler's seed, for this generation only. Stopping early is safe: the generator
+        rolls the caches back when it is closed (`contextlib.closing`, or garbage collection).
+        """
+        if max_tokens < 1:
+            raise SpecrunError(f"max_tokens has to be an integer >= 1, but is {max_tokens}")
         if isinstance(prompt, str) and not prompt.strip():
             raise SpecrunError("the prompt is empty: give some text to continue")  # not "continue the start token"
-        tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt
-        return self.generator(plain=plain).generate(tokens, max_tokens)
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return self.generator(plain=plain, k=k, seed=seed).generate(tokens, max_tokens)
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 256, plain: bool = False,
+                 k: int | str | None = None, seed: int | None = None) -> Generation:
+        """Generate a continuation of `prompt` in one call: its text, token ids and stats.
+
+        The arguments are `stream`'s. The text is decoded from all the tokens at once, so a
+        character split across tokens comes out whole.
+        """
+        tokens: list[int] = []
+        with closing(self.stream(prompt, max_tokens, plain, k, seed)) as events:
+            for event in events:
+                if isinstance(event, TokenEvent):
+                    tokens.append(event.token)
+                elif isinstance(event, Done):
+                    return Generation(self.detokenize(tokens), tokens, event.stats)
+        raise AssertionError("the event stream ended without Done")

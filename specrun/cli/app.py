@@ -7,11 +7,25 @@ import sys
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 from specrun.errors import SpecrunError
 
+# The order a new user needs the commands in: run a model, serve it, measure, pick a draft, get models, check the install.
+COMMAND_ORDER = ("generate", "chat", "serve", "bench", "pair", "pull", "models", "doctor")
+
+
+class _Commands(TyperGroup):
+    """Lists the commands in COMMAND_ORDER (Typer lists them as registered, command groups last)."""
+
+    def list_commands(self, ctx) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: COMMAND_ORDER.index(name) if name in COMMAND_ORDER else len(COMMAND_ORDER))
+
+
 app = typer.Typer(
     name="specrun",
+    cls=_Commands,
     help="Exact speculative generation on llama.cpp: a small draft guesses, the target checks.",
     no_args_is_help=True,
     add_completion=False,
@@ -58,7 +72,7 @@ def _register_commands() -> None:
     """Import the command modules (each registers on `app`) inside the error boundary, so a
     missing or too old llama-cpp-python is one line, not an import traceback."""
     import specrun.backend  # noqa: F401  (first: its checks of llama-cpp-python say what to install)
-    from specrun.cli import bench, chat, doctor, generate, models, pair, pull, serve  # noqa: F401
+    from specrun.cli import generate, chat, serve, bench, pair, pull, models, doctor  # noqa: F401
 
 
 def _is_click_error(exc: Exception) -> bool:

@@ -43,8 +43,8 @@ KList = Annotated[Optional[str], typer.Option("--k", help="Comma list of draft l
 
 @app.command()
 def bench(
-    prompts: Annotated[Optional[Path], typer.Argument(help="Prompts: .txt (one per line, or blocks split by ---) or .jsonl.")] = None,
-    prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)}.")] = None,
+    prompts: Annotated[Optional[Path], typer.Argument(help="Prompts: .txt (one per line, or blocks split by ---) or .jsonl (default: the built-in sets).")] = None,
+    prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)} (default: all of them).")] = None,
     target: o.Target = None,
     draft: o.Draft = None,
     methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of plain, lookup, draft, hybrid, store (default plain,lookup,draft; draft and hybrid need --draft; store: lookup, then n-grams of the earlier prompts and outputs of the run).")] = None,
@@ -69,9 +69,9 @@ def bench(
     draft_rpc: o.DraftRpc = None,
     tensor_split: o.TensorSplit = None,
     rpc_timeout: o.RpcTimeout = 300.0,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE.")] = None,
-    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE.")] = None,
-    plot_out: Annotated[Optional[Path], typer.Option("--plot", help="Save acceptance and speed-up charts to FILE (.png, .svg, ...).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE (default: none).")] = None,
+    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE (default: none).")] = None,
+    plot_out: Annotated[Optional[Path], typer.Option("--plot", help="Save acceptance and speed-up charts to FILE (.png, .svg, ...; needs the plot extra; default: none).")] = None,
 ) -> None:
     """Measure speculative decoding against plain decoding on your prompts (or built-in sets)."""
     defaults = FILE_DEFAULTS if prompts else BUILTIN_DEFAULTS

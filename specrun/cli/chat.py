@@ -54,7 +54,7 @@ def chat(
     top_p: o.TopP = 0.95,
     min_p: o.MinP = 0.05,
     seed: o.Seed = None,
-    system: Annotated[Optional[str], typer.Option("--system", help="System message for the conversation.")] = None,
+    system: Annotated[Optional[str], typer.Option("--system", help="System message for the conversation (default: none).")] = None,
     chat_format: o.ChatFormat = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"),
                                             help="Most tokens per reply.")] = 512,

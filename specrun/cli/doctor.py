@@ -82,9 +82,9 @@ def _server_report(endpoint: str) -> dict[str, object]:
 @app.command()
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    rpc_servers: Annotated[Optional[str], typer.Option("--rpc", help="Also reach these rpc-servers, HOST:PORT[,...], and report their devices and free memory.")] = None,
+    rpc_servers: Annotated[Optional[str], typer.Option("--rpc", help="Also reach these rpc-servers, HOST:PORT[,...], and report their devices and free memory (default: none).")] = None,
 ) -> None:
-    """Versions, compiled backends, GPU offload, RPC, CPU features and cache locations."""
+    """Show versions, compiled backends, GPU offload, RPC, CPU features and cache locations."""
     report = diagnose(rpc.parse_endpoints(rpc_servers, "--rpc"))
     failed = any("error" in server for server in report.get("rpc_servers", []))  # type: ignore[union-attr]
     if as_json:

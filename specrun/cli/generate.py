@@ -18,8 +18,8 @@ from specrun.session import Session
 
 @app.command()
 def generate(
-    prompt: Annotated[Optional[str], typer.Argument(help="Text to continue (or use --prompt-file / stdin).")] = None,
-    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", "-f", help="Read the prompt from a file.")] = None,
+    prompt: Annotated[Optional[str], typer.Argument(help="Text to continue (default: --prompt-file, else standard input).")] = None,
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", "-f", help="Read the prompt from a file (default: PROMPT, else standard input).")] = None,
     target: o.Target = None,
     draft: o.Draft = None,
     quant: o.Quant = None,
@@ -44,7 +44,7 @@ def generate(
     compare_plain: Annotated[bool, typer.Option("--compare-plain", help="Also decode plainly; report speed-up and match.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
 ) -> None:
-    """Continue PROMPT with the target, drafting by --draft model or --lookup."""
+    """Continue PROMPT with the target, drafting by --draft model and/or --lookup."""
     text = o.read_prompt(prompt, prompt_file)
     config = o.session_config(
         target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,

@@ -10,10 +10,10 @@ from typing import Annotated, Optional
 import typer
 
 from specrun import rpc
+from specrun.api import resolve
 from specrun.cli.app import err_console
 from specrun.errors import SpecrunError
 from specrun.files import decode_utf8, read_text
-from specrun.hub import resolve_pair
 from specrun.policy import parse_k
 from specrun.sampling import SamplerSettings
 from specrun.session import SessionConfig
@@ -58,13 +58,13 @@ def checked_split(param: typer.CallbackParam, value: str | None) -> str | None:
     return value
 
 
-MODEL_FORMS = "alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf or a path"
+MODEL_FORMS = "alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf, ollama:NAME[:TAG] or a path"
 Target = Annotated[
     Optional[str],
     typer.Option("--target", "-m", help=f"Target model: {MODEL_FORMS} (default: the embedded Gemma 3 270M)."),
 ]
 Draft = Annotated[
-    Optional[str], typer.Option("--draft", "-md", help=f"Draft model with the target's vocabulary: {MODEL_FORMS}.")
+    Optional[str], typer.Option("--draft", "-md", help=f"Draft model with the target's vocabulary: {MODEL_FORMS} (default: none).")
 ]
 Quant = Annotated[
     Optional[str], typer.Option("--quant", help="Target quant, e.g. Q4_K_M (default: the largest that fits).")
@@ -88,7 +88,7 @@ TopP = Annotated[float, typer.Option("--top-p", callback=in_range(0, 1, "a numbe
 MinP = Annotated[float, typer.Option("--min-p", callback=in_range(0, 1, "a number in [0, 1] (0 disables it)"),
                                      help="Min-p filter at temperature > 0 (0 disables).")]
 Seed = Annotated[Optional[int], typer.Option("--seed", callback=in_range(0, allowed="an integer >= 0 (leave it out for a random seed)"),
-                                             help="Seed for reproducible sampling.")]
+                                             help="Seed for reproducible sampling (default: a random seed).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", callback=in_range(1, allowed="an integer >= 1"),
                                         help="Most tokens to generate.")]
 CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", callback=in_range(8, INT32_MAX, f"an integer from 8 to {INT32_MAX}"),
@@ -102,7 +102,7 @@ DraftGpuLayers = Annotated[
 ]
 Rpc = Annotated[
     Optional[str],
-    typer.Option("--rpc", callback=checked_endpoints, help="llama.cpp rpc-servers that take the target's offloaded layers (-ngl): HOST:PORT[,HOST:PORT...].", rich_help_panel="RPC"),
+    typer.Option("--rpc", callback=checked_endpoints, help="llama.cpp rpc-servers that take the target's offloaded layers (-ngl): HOST:PORT[,HOST:PORT...] (default: none, the target stays on this machine).", rich_help_panel="RPC"),
 ]
 DraftRpc = Annotated[
     Optional[str],
@@ -152,29 +152,12 @@ def session_config(
     draft_endpoints = rpc.parse_endpoints(draft_rpc, "--draft-rpc")
     if draft_endpoints and draft is None:
         raise SpecrunError("--draft-rpc places a draft model's layers: give --draft too, or drop --draft-rpc")
-    split = rpc.parse_tensor_split(tensor_split)
-    if target_rpc or draft_endpoints:  # before any download: a server that is down fails in a second
-        from specrun import backend
-
-        backend.check_rpc(tuple(dict.fromkeys(target_rpc + draft_endpoints)))
-    # Paths, aliases and hub repos all go through the one resolver; it says which file and why.
-    target_model, draft_model = resolve_pair(
-        target, draft, quant=quant, draft_quant=draft_quant, offline=offline, report=_report_model, rpc=target_rpc
-    )
-    return SessionConfig(
-        target=target_model.path,
-        draft=draft_model.path if draft_model else None,
-        lookup=lookup,
-        k=parse_k(k),
-        sampler=sampler,
-        n_ctx=ctx_size,
-        threads=threads,
-        n_gpu_layers=n_gpu_layers,
-        draft_n_gpu_layers=draft_n_gpu_layers,
-        rpc=target_rpc,
-        draft_rpc=draft_endpoints,
-        tensor_split=split,
-        rpc_timeout=rpc_timeout,
+    # Paths, aliases and hub repos all go through the library's one resolver; it says which file and why.
+    return resolve(
+        target, draft, quant=quant, draft_quant=draft_quant, offline=offline, on_resolve=_report_model,
+        lookup=lookup, k=parse_k(k), sampler=sampler, n_ctx=ctx_size, threads=threads,
+        n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers, rpc=target_rpc,
+        draft_rpc=draft_endpoints, tensor_split=rpc.parse_tensor_split(tensor_split), rpc_timeout=rpc_timeout,
     )
 
 

@@ -22,7 +22,7 @@ CtxOpt = Annotated[int, typer.Option("--ctx", callback=in_range(1, INT32_MAX, f"
                                      help="Context length for the memory estimate.")]
 AcceptOpt = Annotated[Optional[float], typer.Option(
     "--acceptance", callback=in_range(0, 1, "a number in [0, 1]"),
-    help="Per-token acceptance rate to assume instead of the family prior.")]
+    help="Per-token acceptance rate to assume (default: the family's prior).")]
 
 
 @pair_app.command("check")
@@ -34,7 +34,7 @@ def check(
     n_ctx: CtxOpt = 4096,
     acceptance: AcceptOpt = None,
     rpc_servers: Annotated[Optional[str], typer.Option(
-        "--rpc", help="rpc-servers that would take layers, HOST:PORT[,...]: their free memory counts.")] = None,
+        "--rpc", help="rpc-servers that would take layers, HOST:PORT[,...]: their free memory counts (default: none).")] = None,
 ) -> None:
     """Would DRAFT work with TARGET in llama.cpp, could it be faster, and does it fit? Reads headers only."""
     from specrun import rpc
@@ -59,7 +59,7 @@ def derive(
     target: Annotated[str, typer.Option("--target", "-m", help="Target .gguf to take layers from.")],
     output: Annotated[str, typer.Option("--output", "-o", help="Where to write the draft .gguf.")],
     layers: Annotated[Optional[str], typer.Option(
-        "--layers", help="Target layers to keep, e.g. 0-5 or 0-2,15-17.")] = None,
+        "--layers", help="Target layers to keep, e.g. 0-5 or 0-2,15-17 (default: none; give --layers or --auto).")] = None,
     auto: Annotated[bool, typer.Option(
         "--auto", help="Choose the layers by measuring acceptance and cost on sample prompts.")] = False,
     threads: Annotated[int, typer.Option("--threads", "-t", callback=in_range(0, MAX_THREADS, f"an integer from 0 to {MAX_THREADS} (0 = all cores)"),

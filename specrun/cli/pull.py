@@ -12,7 +12,7 @@ from specrun.cli.app import app, err_console
 @app.command()
 def pull(
     specs: List[str] = typer.Argument(..., help="alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf"),
-    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="Quant to fetch, e.g. Q4_K_M (overrides :QUANT)."),
+    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="Quant to fetch, e.g. Q4_K_M, overriding :QUANT (default: the spec's :QUANT, else the largest that fits in memory)."),
     offline: bool = typer.Option(False, "--offline", help="Only check the cache; never use the network."),
 ) -> None:
     """Download models (with their split parts) into the Hugging Face cache; print their paths."""

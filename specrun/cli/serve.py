@@ -42,7 +42,7 @@ def serve(
     chat_format: o.ChatFormat = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface; mind --api-key).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", callback=o.in_range(0, 65535, "an integer from 0 to 65535"), help="Port to listen on (0: any free one).")] = 8080,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECRUN_API_KEY", help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY).")] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECRUN_API_KEY", help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY; default: no key).")] = None,
     queue: Annotated[int, typer.Option("--queue", callback=o.in_range(1, 1_000_000, "an integer from 1 to 1000000"), help="Requests that may wait while one runs; more get HTTP 429.")] = 32,
 ) -> None:
     """Serve the target over an OpenAI-compatible API (/v1/chat/completions, /v1/completions), drafting as generate does."""
