@@ -60,6 +60,7 @@ class SessionConfig:
     draft_n_gpu_layers: int = -1  # the draft's
     flash_attn: int = -1  # -1 auto, 0 off, 1 on
     repack: bool = False  # CPU weight repacking: off keeps batched verification closest to one-token decoding
+    n_ubatch: int = 0  # rows llama.cpp computes at once (0: all 512); 6 makes CPU verification bit-exact, at a cost
     rpc: tuple[str, ...] = ()  # HOST:PORT of llama.cpp rpc-servers for the target's layers
     draft_rpc: tuple[str, ...] = ()  # the draft's; empty keeps the draft local
     tensor_split: tuple[float, ...] = ()  # the target's layers per device, RPC devices first
@@ -77,6 +78,8 @@ class SessionConfig:
             raise SpecrunError(f"--store-tokens has to be >= 0 (0 disables the store), but is {self.store_tokens}")
         if self.n_ctx < 8:
             raise SpecrunError(f"--ctx-size has to be >= 8, but is {self.n_ctx}")
+        if not 0 <= self.n_ubatch <= 512:
+            raise SpecrunError(f"--ubatch-size has to be an integer from 0 to 512 (0 = 512), but is {self.n_ubatch}")
         if not self.rpc_timeout >= 0:
             raise SpecrunError(f"--rpc-timeout has to be >= 0 seconds (0 waits forever), but is {self.rpc_timeout}")
 
@@ -117,7 +120,7 @@ class Session:
 
     def _context_options(self) -> ContextOptions:
         c = self.config
-        return ContextOptions(n_ctx=c.n_ctx, n_batch=512, n_threads=c.threads, flash_attn=c.flash_attn)
+        return ContextOptions(n_ctx=c.n_ctx, n_batch=512, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn)
 
     def _make_drafter(self) -> DraftSource | None:
         c = self.config
@@ -221,6 +224,7 @@ class Session:
         # Layers on other machines or split another way decode at other costs; a local set-up keeps its old key.
         placement = {"rpc": ",".join(c.rpc)} if c.rpc else {}
         placement |= {"tensor_split": ",".join(map(str, c.tensor_split))} if c.tensor_split else {}
+        placement |= {"n_ubatch": c.n_ubatch} if c.n_ubatch else {}  # smaller micro-batches verify at other costs
         return cost_cache.setup_key(c.target, threads=self.target.n_threads, n_gpu_layers=c.n_gpu_layers,
                                     flash_attn=c.flash_attn, repack=c.repack, n_batch=self.target.n_batch,
                                     n_ctx=self.target.n_ctx, **placement)  # a small context caps the widths measured

@@ -40,6 +40,8 @@ SHARED_OPTIONS = [
     ("--ctx-size", str(2**40), ["--ctx-size", str(2**40)]),
     ("--ctx-size", "1e3", ["--ctx-size", "'1e3'"]),
     ("--threads", "-1", ["--threads", "-1", "0 = all cores"]),
+    ("--ubatch-size", "513", ["--ubatch-size", "513", "from 0 to 512"]),
+    ("-ub", "-1", ["--ubatch-size", "-1"]),
     ("--threads", "100000", ["--threads", "100000"]),
     ("--n-gpu-layers", "-2", ["--n-gpu-layers", "-2", ">= -1"]),
     ("-ngld", "-5", ["--draft-n-gpu-layers", "-5"]),

@@ -261,3 +261,29 @@ def test_gemma_greedy_tokens_are_the_targets_argmax(gemma, drafting):
     with Session(config) as session:
         tokens, sources, stats = assert_greedy_exact(session, prompt, max_tokens=24, atol=GEMMA_ATOL)
     assert stats.accepted > 0
+
+
+def rows_by_history(reads) -> dict[tuple[int, ...], np.ndarray]:
+    return {tuple(tokens[: len(tokens) - len(rows) + 1 + i]): row for tokens, rows in reads for i, row in enumerate(rows)}
+
+
+@pytest.mark.gemma
+def test_gemma_micro_batches_of_6_verify_with_the_logits_of_one_token_decoding(gemma):
+    # The trade `--ubatch-size 6` offers: verify batches of up to 25 rows, computed 6 rows
+    # at a time, give bit for bit what plain decoding computes one token at a time.
+    prompt = ("Copy the list.\nList: apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis, mangoes.\n"
+              "Copy: apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis, mangoes.\n"
+              "List: oak, ash, elm, beech, birch, maple, willow, poplar, cedar, pine, spruce, larch.\nCopy:")
+    with Session(SessionConfig(target=gemma, lookup=True, k=24, n_ctx=512, n_ubatch=6, threads=2)) as session:
+        plain_reads = record_reads(session.target)
+        plain_tokens, *_ = run(session, prompt, 40, plain=True)
+        plain_rows = rows_by_history(plain_reads)
+        spec_reads = record_reads(session.target)
+        spec_tokens, steps, _, stats = run(session, prompt, 40)
+    assert spec_tokens == plain_tokens
+    assert max(event.drafted for event, _ in steps) > 6  # some verify spanned several micro-batches
+    spec_rows = rows_by_history(spec_reads)
+    shared = [history for history in spec_rows if history in plain_rows]
+    assert len(shared) >= len(plain_tokens) // 2
+    for history in shared:
+        assert np.array_equal(spec_rows[history], plain_rows[history]), f"logits after {len(history)} tokens differ"

@@ -63,6 +63,7 @@ def bench(
     store_tokens: o.StoreTokens = DEFAULT_LIMIT,
     ctx_size: o.CtxSize = 4096,
     threads: o.Threads = 0,
+    ubatch_size: o.UbatchSize = 0,
     n_gpu_layers: o.GpuLayers = -1,
     draft_n_gpu_layers: o.DraftGpuLayers = -1,
     rpc: o.Rpc = None,
@@ -87,7 +88,7 @@ def bench(
     config = o.session_config(
         target, draft if uses_draft else None, False, "auto", temp, top_k, top_p, min_p, seed,
         ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
-        rpc_servers=rpc, draft_rpc=draft_rpc if uses_draft else None, tensor_split=tensor_split, rpc_timeout=rpc_timeout,
+        rpc_servers=rpc, draft_rpc=draft_rpc if uses_draft else None, tensor_split=tensor_split, rpc_timeout=rpc_timeout, ubatch_size=ubatch_size,
     )
     if NEEDS_STORE & set(method_names):
         if store_tokens < 1:
@@ -173,7 +174,7 @@ def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name,
         "k": ks,
         "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "seed": s.seed,
         "max_tokens": max_tokens, "repeat": repeat, "warmup": warmup,
-        "n_ctx": config.n_ctx, "threads": config.threads, "store_tokens": config.store_tokens,
+        "n_ctx": config.n_ctx, "n_ubatch": config.n_ubatch, "threads": config.threads, "store_tokens": config.store_tokens,
         "rpc": list(config.rpc), "draft_rpc": list(config.draft_rpc), "tensor_split": list(config.tensor_split),
         "prompts": source_name, "n_prompts": n_prompts,
         "order": "for each prompt and repeat: plain, then every method x k in turn (interleaved)",

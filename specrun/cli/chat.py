@@ -60,6 +60,7 @@ def chat(
                                             help="Most tokens per reply.")] = 512,
     ctx_size: o.CtxSize = 4096,
     threads: o.Threads = 0,
+    ubatch_size: o.UbatchSize = 0,
     n_gpu_layers: o.GpuLayers = -1,
     draft_n_gpu_layers: o.DraftGpuLayers = -1,
     rpc: o.Rpc = None,
@@ -76,7 +77,7 @@ def chat(
     config = o.session_config(
         target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
         quant=quant, draft_quant=draft_quant, offline=offline,
-        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout,
+        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout, ubatch_size=ubatch_size,
     )
     config = dataclasses.replace(config, store_tokens=store_tokens)
     with Session(config) as session:

@@ -35,6 +35,7 @@ def generate(
     max_tokens: o.MaxTokens = 256,
     ctx_size: o.CtxSize = 4096,
     threads: o.Threads = 0,
+    ubatch_size: o.UbatchSize = 0,
     n_gpu_layers: o.GpuLayers = -1,
     draft_n_gpu_layers: o.DraftGpuLayers = -1,
     rpc: o.Rpc = None,
@@ -49,7 +50,7 @@ def generate(
     config = o.session_config(
         target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
         quant=quant, draft_quant=draft_quant, offline=offline,
-        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout,
+        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout, ubatch_size=ubatch_size,
     )
     with Session(config) as session:
         if config.draft is None and not config.lookup:

@@ -95,6 +95,10 @@ CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", callback=in_range(8, I
                                       help="Context size in tokens for target and draft.")]
 Threads = Annotated[int, typer.Option("--threads", "-t", callback=in_range(0, MAX_THREADS, f"an integer from 0 to {MAX_THREADS} (0 = all cores)"),
                                       help="CPU threads (0 = all cores).")]
+UbatchSize = Annotated[
+    int, typer.Option("--ubatch-size", "-ub", callback=in_range(0, 512, "an integer from 0 to 512 (0 = 512)"),
+                      help="Rows llama.cpp computes in one pass (0 = 512). On CPU, 6 or fewer make batched verification give the logits of one-token decoding, so greedy output equals plain decoding's, at a cost in speed (docs/benchmarks.md).")
+]
 _LAYERS = in_range(-1, INT32_MAX, "an integer >= -1 (-1 = all)")
 GpuLayers = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", callback=_LAYERS, help="Target layers to offload (-1 = all).")]
 DraftGpuLayers = Annotated[
@@ -146,6 +150,7 @@ def session_config(
     draft_rpc: str | None = None,
     tensor_split: str | None = None,
     rpc_timeout: float = 300.0,
+    ubatch_size: int = 0,
 ) -> SessionConfig:
     sampler = SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     target_rpc = rpc.parse_endpoints(rpc_servers, "--rpc")
@@ -158,6 +163,7 @@ def session_config(
         lookup=lookup, k=parse_k(k), sampler=sampler, n_ctx=ctx_size, threads=threads,
         n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers, rpc=target_rpc,
         draft_rpc=draft_endpoints, tensor_split=rpc.parse_tensor_split(tensor_split), rpc_timeout=rpc_timeout,
+        n_ubatch=ubatch_size,
     )
 
 

@@ -33,6 +33,7 @@ def serve(
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"), help="Most tokens per request that names none (default: until the context is full).")] = None,
     ctx_size: o.CtxSize = 4096,
     threads: o.Threads = 0,
+    ubatch_size: o.UbatchSize = 0,
     n_gpu_layers: o.GpuLayers = -1,
     draft_n_gpu_layers: o.DraftGpuLayers = -1,
     rpc: o.Rpc = None,
@@ -55,7 +56,7 @@ def serve(
     config = o.session_config(
         target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
         quant=quant, draft_quant=draft_quant, offline=offline,
-        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout,
+        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout, ubatch_size=ubatch_size,
     )
     config = dataclasses.replace(config, store_tokens=store_tokens)
     options = ServeOptions(host=host, port=port, api_key=api_key, queue=queue, max_tokens=max_tokens, chat_format=chat_format)
