@@ -122,8 +122,10 @@ COMMAND_ROWS = [
 
 
 @pytest.fixture
-def inputs(tmp_path, tiny, monkeypatch):
-    """Bad inputs in a folder; the test runs there and checks nothing new appears."""
+def inputs(tmp_path, tiny, monkeypatch, record_property):
+    """Bad inputs in a folder; the test runs there and checks nothing new appears.
+
+    Each refusal's line is recorded for the report (`pytest --junitxml`, docs/errors.md)."""
     folder = tmp_path / "work"
     (folder / "dir").mkdir(parents=True)
     (folder / "binary.txt").write_bytes(b"fine\nbroken \xff\xfe here\n")
@@ -141,7 +143,7 @@ def inputs(tmp_path, tiny, monkeypatch):
         "tiny": str(tiny["target"]), "dir": str(folder / "dir"), "missing": str(folder / "missing.txt"),
         "missing_dir": str(folder / "no" / "such"), "binary": str(folder / "binary.txt"),
         "empty": str(folder / "empty.txt"), "cut": str(folder / "cut.gguf"), "noarch": str(folder / "noarch.gguf"),
-        "root": folder,
+        "root": folder, "record": record_property,
     }
 
 
@@ -149,8 +151,8 @@ def tree(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*")}
 
 
-def assert_refused(argv, fragments, inputs, capsys, monkeypatch, stdin=""):
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+def assert_refused(argv, fragments, inputs, capsys, monkeypatch, stdin=None):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((stdin or "").encode())))
     before = tree(inputs["root"])
     code = run_app([arg.format(**inputs) for arg in argv])
     out, err = capsys.readouterr()
@@ -161,6 +163,9 @@ def assert_refused(argv, fragments, inputs, capsys, monkeypatch, stdin=""):
         assert fragment in lines[0], lines[0]
     assert out == ""
     assert tree(inputs["root"]) == before  # nothing written, not even a partial file
+    shown = " ".join(arg if arg.isprintable() and arg.strip() else repr(arg) for arg in argv)
+    inputs["record"]("input", shown + ("" if stdin is None else f" with {stdin!r} on standard input"))
+    inputs["record"]("refusal", lines[0])
 
 
 @pytest.mark.parametrize("argv, fragments", list(shared_rows()))

@@ -1,0 +1,84 @@
+"""The verify-cost curve: one target decode with logits for w rows, per width (benchmark, not CI).
+
+Times the same decodes `--k auto` measures at start-up (specrun.policy.time_decodes), at
+every width up to 17 and then at a few wider ones, and prints ms per decode and per row:
+the curve that decides how long a draft can pay. `--ubatch-size` shows what smaller
+micro-batches cost; `--plot` draws the curve (needs the plot extra).
+
+    python scripts/verify_costs.py --threads 2 --plot docs/verify-costs.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specrun.backend import Context, ContextOptions, Model, ModelOptions  # noqa: E402
+from specrun.policy import time_decodes  # noqa: E402
+
+WIDTHS = [*range(1, 18), 24, 32, 48, 64, 96, 128, 256]
+
+
+def measure(model_path: Path, threads: int, ubatches: list[int], repeats: int) -> dict[int, dict[int, float]]:
+    """ms per decode, per n_ubatch (0 = n_batch) and width."""
+    model = Model(model_path, ModelOptions(n_gpu_layers=0))
+    try:
+        curves = {}
+        for ubatch in ubatches:
+            context = Context(model, ContextOptions(n_ctx=1024, n_batch=512, n_ubatch=ubatch, n_threads=threads))
+            try:
+                context.eval(model.tokenize("The verify cost of a batch of rows"), 1)
+                curves[ubatch] = {w: 1000 * s for w, s in time_decodes(context, WIDTHS, repeats).items()}
+            finally:
+                context.close()
+        return curves
+    finally:
+        model.close()
+
+
+def plot(curves: dict[int, dict[int, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (per_decode, per_row) = plt.subplots(1, 2, figsize=(10, 4))
+    for ubatch, curve in curves.items():
+        label = f"n_ubatch {ubatch or 512}"
+        per_decode.plot(list(curve), list(curve.values()), marker=".", label=label)
+        per_row.plot(list(curve), [ms / w for w, ms in curve.items()], marker=".", label=label)
+    per_decode.set(xlabel="rows verified in one decode", ylabel="ms per decode", xscale="log", yscale="log")
+    per_row.set(xlabel="rows verified in one decode", ylabel="ms per row", xscale="log")
+    for axes in (per_decode, per_row):
+        axes.grid(True, alpha=0.3)
+        axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="GGUF (default: the embedded Gemma 3 270M)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ubatch-size", default="0", help="comma list of n_ubatch values (0 = n_batch, 512)")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per width; the best is kept")
+    parser.add_argument("--plot", type=Path, help="also draw the curves to this image")
+    args = parser.parse_args()
+    if args.model is None:
+        from specrun.default_model import embedded_model_path
+
+        args.model = embedded_model_path()
+    curves = measure(args.model, args.threads, [int(u) for u in args.ubatch_size.split(",")], args.repeats)
+    for ubatch, curve in curves.items():
+        print(f"n_ubatch {ubatch or 512}, {args.threads} threads: width, ms per decode, ms per row")
+        for width, ms in curve.items():
+            print(f"  {width:4} {ms:7.1f} {ms / width:6.2f}")
+    if args.plot:
+        plot(curves, args.plot)
+
+
+if __name__ == "__main__":
+    main()
