@@ -24,6 +24,9 @@ from specrun.policy import AutoK, FixedK, PMinPolicy, measure_verify_costs, pars
 from specrun.sampling import SamplerSettings
 
 
+BATCH = 512  # rows in the widest decode a session makes; verify batches and micro-batches fit in it
+
+
 @dataclass(frozen=True)
 class Generation:
     """What `Session.generate` returns: the continuation and how it was made."""
@@ -60,7 +63,7 @@ class SessionConfig:
     draft_n_gpu_layers: int = -1  # the draft's
     flash_attn: int = -1  # -1 auto, 0 off, 1 on
     repack: bool = False  # CPU weight repacking: off keeps batched verification closest to one-token decoding
-    n_ubatch: int = 0  # rows llama.cpp computes at once (0: all 512); 6 makes CPU verification bit-exact, at a cost
+    n_ubatch: int = 0  # rows llama.cpp computes at once (0: all BATCH); 6 makes CPU verification bit-exact, at a cost
     rpc: tuple[str, ...] = ()  # HOST:PORT of llama.cpp rpc-servers for the target's layers
     draft_rpc: tuple[str, ...] = ()  # the draft's; empty keeps the draft local
     tensor_split: tuple[float, ...] = ()  # the target's layers per device, RPC devices first
@@ -78,8 +81,8 @@ class SessionConfig:
             raise SpecrunError(f"--store-tokens has to be >= 0 (0 disables the store), but is {self.store_tokens}")
         if self.n_ctx < 8:
             raise SpecrunError(f"--ctx-size has to be >= 8, but is {self.n_ctx}")
-        if not 0 <= self.n_ubatch <= 512:
-            raise SpecrunError(f"--ubatch-size has to be an integer from 0 to 512 (0 = 512), but is {self.n_ubatch}")
+        if not 0 <= self.n_ubatch <= BATCH:
+            raise SpecrunError(f"--ubatch-size has to be an integer from 0 to {BATCH} (0 = {BATCH}), but is {self.n_ubatch}")
         if not self.rpc_timeout >= 0:
             raise SpecrunError(f"--rpc-timeout has to be >= 0 seconds (0 waits forever), but is {self.rpc_timeout}")
 
@@ -120,7 +123,7 @@ class Session:
 
     def _context_options(self) -> ContextOptions:
         c = self.config
-        return ContextOptions(n_ctx=c.n_ctx, n_batch=512, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn)
+        return ContextOptions(n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn)
 
     def _make_drafter(self) -> DraftSource | None:
         c = self.config

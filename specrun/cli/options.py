@@ -16,7 +16,7 @@ from specrun.errors import SpecrunError
 from specrun.files import decode_utf8, read_text
 from specrun.policy import parse_k
 from specrun.sampling import SamplerSettings
-from specrun.session import SessionConfig
+from specrun.session import BATCH, SessionConfig
 
 INT32_MAX = 2**31 - 1  # llama.cpp's context fields are 32-bit: larger values would wrap silently
 MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
@@ -96,8 +96,8 @@ CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", callback=in_range(8, I
 Threads = Annotated[int, typer.Option("--threads", "-t", callback=in_range(0, MAX_THREADS, f"an integer from 0 to {MAX_THREADS} (0 = all cores)"),
                                       help="CPU threads (0 = all cores).")]
 UbatchSize = Annotated[
-    int, typer.Option("--ubatch-size", "-ub", callback=in_range(0, 512, "an integer from 0 to 512 (0 = 512)"),
-                      help="Rows llama.cpp computes in one pass (0 = 512). On CPU, 6 or fewer make batched verification give the logits of one-token decoding, so greedy output equals plain decoding's, at a cost in speed (docs/benchmarks.md).")
+    int, typer.Option("--ubatch-size", "-ub", callback=in_range(0, BATCH, f"an integer from 0 to {BATCH} (0 = {BATCH})"),
+                      help=f"Rows llama.cpp computes in one pass (0 = {BATCH}). On CPU, 6 or fewer make batched verification give the logits of one-token decoding, so greedy output equals plain decoding's, at a cost in speed (docs/benchmarks.md).")
 ]
 _LAYERS = in_range(-1, INT32_MAX, "an integer >= -1 (-1 = all)")
 GpuLayers = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", callback=_LAYERS, help="Target layers to offload (-1 = all).")]
