@@ -6,7 +6,10 @@ enter the ratio. Prints each one's speed-up over plain decoding (total tokens / 
 time), the median tok/s per prompt, and per prompt group and lookup source how many
 drafted tokens the target accepted.
 
-    python scripts/lookup_ab.py --baseline REV [--prompts F | --builtin] [--k auto,16] [--rounds 3]
+    python scripts/lookup_ab.py --baseline REV [--prompts F | --builtin] [--k auto,16] [--rounds 3] [--keep-policy]
+
+--keep-policy keeps one policy per version and k across all prompts and rounds, as
+`specrun bench`, `chat` and `serve` keep theirs, so what auto learned carries over.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep-policy", action="store_true", help="one policy per version and k for the whole run")
     args = parser.parse_args()
     if args.builtin:
         prompts = [(p.group, p.text) for p in load_builtin()]
@@ -74,15 +78,16 @@ def main() -> None:
         config = SessionConfig(target=embedded_model_path(), lookup=True, n_ctx=2048, threads=args.threads)
         with Session(config) as session:
             costs = session.verify_costs()
+            kept = {(name, k): make_policy(modules[1], k, costs) for name, modules, k in runs if modules}
             for _ in range(args.rounds):
                 for i, (group, text) in enumerate(prompts):
                     tokens = session.tokenize(text)
                     for name, modules, k in runs:
                         session.target.truncate(0)
-                        # Each generation learns from nothing, like a fresh process.
+                        # Each generation learns from nothing, like a fresh process, unless kept.
                         if modules:
-                            generator = Generator(session.target, modules[0].PromptLookup(), config.sampler,
-                                                  k=make_policy(modules[1], k, costs))
+                            chosen = kept[(name, k)] if args.keep_policy else make_policy(modules[1], k, costs)
+                            generator = Generator(session.target, modules[0].PromptLookup(), config.sampler, k=chosen)
                         else:
                             generator = Generator(session.target, None, config.sampler, k=1)
                         for event in generator.generate(tokens, args.max_tokens):

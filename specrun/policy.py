@@ -291,9 +291,13 @@ class AutoK:
         if grow > 0:
             track.hits += [0.0] * grow
             track.tries += [0.0] * grow
+        # Evidence at positions this draft did not reach ages too: the deepest position a draft
+        # reached usually holds the rejection that ended it, and kept at full weight, that one
+        # miss would cap every later draft below it, however well shorter ones since went.
+        track.forget(self.decay)
         for i in range(reached):
-            track.hits[i] = track.hits[i] * self.decay + (i < accepted)
-            track.tries[i] = track.tries[i] * self.decay + 1
+            track.hits[i] += i < accepted
+            track.tries[i] += 1
             if confidences is not None:
                 b = min(int(confidences[i] * 10), 9)
                 self.conf_hits[b] += i < accepted

@@ -43,7 +43,8 @@ def test_low_acceptance_shortens_the_draft():
         caps.append(cap)
         policy.observe("lookup", cap, min(cap, 1), None, 0.0, costs[cap + 1])
     assert caps[0] >= 3  # the prior expects 70% acceptance
-    assert caps[-10:] == [1] * 10
+    # Mostly one token; as the second position's misses age, it is tried again now and then.
+    assert max(caps[-20:]) <= 2 and caps[-20:].count(1) >= 10
 
 
 def test_slow_source_falls_back_to_plain_and_probes_with_backoff():
@@ -200,3 +201,16 @@ def test_a_long_copy_accepted_in_full_earns_a_long_draft_and_a_rejection_shorten
         cap = policy.cap("lookup-copy", 127, prior=0.97)
         policy.observe("lookup-copy", cap, min(cap, 8), None, 0.0, costs[cap + 1])
     assert policy.cap("lookup-copy", 127, prior=0.97) <= 16
+
+
+def test_one_old_rejection_deep_in_a_copy_does_not_cap_later_drafts_below_it():
+    costs = [0.0] + [0.010 + 0.004 * w for w in range(1, 129)]
+    policy = AutoK(costs)
+    policy.cap("lookup-copy", 127, prior=0.99)
+    policy.observe("lookup-copy", 63, 17, None, 0.0, costs[64])  # one copy broke at its 18th token
+    caps = []
+    for _ in range(30):  # then every copy goes through: shorter drafts must be able to grow past 18 again
+        cap = policy.cap("lookup-copy", 127, prior=0.99)
+        caps.append(cap)
+        policy.observe("lookup-copy", cap, cap, None, 0.0, costs[cap + 1])
+    assert caps[0] <= 24 and caps[-1] >= 64
