@@ -17,7 +17,7 @@ asks for, the server's overhead per request (client wall time minus the server's
 prompt_ms + predicted_ms), and the first streamed chunk's latency after prefill (time to
 the first text chunk minus prompt_ms; it includes the first step's decode).
 
-    python scripts/bench_serve.py [--target GGUF] [--threads 2] [--agent-requests 20] [--max-tokens 128]
+    python scripts/bench_serve.py [--target GGUF] [--threads 2] [--agent-requests 20] [--max-tokens 128] [--rounds 1]
     python scripts/bench_serve.py --memory [--requests 1000]   # resident memory after 100 and after N requests
     python scripts/bench_serve.py --conversation [--turns 10]  # first chunk of each chat turn (the prompt cache)
     python scripts/bench_serve.py --target tiny.gguf --agent-requests 3 --copy-prompts 1 --max-tokens 16   # a quick run
@@ -225,16 +225,22 @@ def client() -> httpx.Client:
 
 
 def interleaved_replay(servers: dict[str, "Running"], workload: tuple[list[str], list[str]],
-                       max_tokens: int) -> dict[str, list[Timed]]:
-    """Each prompt sent to every server in turn, after one untimed warm-up request each."""
+                       max_tokens: int, rounds: int) -> dict[str, list[Timed]]:
+    """Each prompt sent to every server in turn, after one untimed warm-up request each.
+
+    Each round after the first begins every prompt with its number, so no server answers a
+    prompt it has seen whole from a prompt cache (llama-server keeps earlier prompts' caches).
+    """
     prompts, stop = workload
     runs: dict[str, list[Timed]] = {name: [] for name in servers}
     with client() as http:
         for server in servers.values():
             complete(http, server.url, "Warm-up: the quick brown fox", 8, [])  # first decodes allocate
-        for prompt in prompts:
-            for name, server in servers.items():
-                runs[name].append(complete(http, server.url, prompt, max_tokens, stop))
+        for round_ in range(rounds):
+            for prompt in prompts:
+                prompt = f"Round {round_ + 1}.\n{prompt}" if round_ else prompt
+                for name, server in servers.items():
+                    runs[name].append(complete(http, server.url, prompt, max_tokens, stop))
     return runs
 
 
@@ -248,7 +254,7 @@ def median(values) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def report(results: dict[str, dict[str, list[Timed]]], workloads: list[str]) -> None:
+def report(results: dict[str, dict[str, list[Timed]]], workloads: list[str], rounds: int) -> None:
     print(f"\n{'set-up':34} " + " ".join(f"{w + ' tok/s':>14}" for w in workloads)
           + f" {'overhead ms':>12} {'1st chunk ms':>13}")
     for name, by_workload in results.items():
@@ -264,6 +270,17 @@ def report(results: dict[str, dict[str, list[Timed]]], workloads: list[str]) -> 
             line += f"; / best n-gram ({best}) {ours / ngram[best]:.2f}"
         line += f"; cross-request / per-request lookup {ours / rate(results['specrun per-request lookup'][workload]):.2f}"
         print(line)
+        cross, per = results["specrun cross-request"][workload], results["specrun per-request lookup"][workload]
+        first = len(cross) // rounds
+        if rounds > 1:  # later rounds resend round 1's documents: the store has seen their answers
+            print(f"  cross-request / per-request lookup: round 1 {rate(cross[:first]) / rate(per[:first]):.2f}, "
+                  f"later rounds {rate(cross[first:]) / rate(per[first:]):.2f}")
+        if best:  # greedy paths can part after a near-tie: compare speeds where both wrote the same text
+            pairs = [(a, b) for a, b in zip(results["specrun cross-request"][workload], results[best][workload])
+                     if a.text == b.text]
+            if pairs:
+                print(f"  on the {len(pairs)}/{len(results[best][workload])} requests with the same text as {best}: "
+                      f"{rate([a for a, _ in pairs]) / rate([b for _, b in pairs]):.2f}")
         same = sum(a.text == b.text for a, b in zip(results["specrun cross-request"][workload],
                                                      results["llama-server none"][workload]))
         print(f"  outputs identical to llama-server none: {same}/{len(results['llama-server none'][workload])}")
@@ -319,6 +336,7 @@ def main() -> None:
     parser.add_argument("--ctx-size", type=int, default=4096)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--agent-requests", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=1, help="times each workload is replayed")
     parser.add_argument("--prompts", type=Path, default=HERE / "prompts" / "copy_heavy.txt")
     parser.add_argument("--copy-prompts", type=int, help="use only the first N copy-heavy prompts")
     parser.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "llbuild")
@@ -329,8 +347,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--turn-tokens", type=int, default=48, help="max tokens per --conversation reply")
     args = parser.parse_args()
-    if args.agent_requests < 1 or args.max_tokens < 1 or args.requests < 100:
-        sys.exit("bench_serve.py: --agent-requests and --max-tokens have to be >= 1, --requests >= 100")
+    if min(args.agent_requests, args.max_tokens, args.rounds) < 1 or args.requests < 100:
+        sys.exit("bench_serve.py: --agent-requests, --max-tokens and --rounds have to be >= 1, --requests >= 100")
     copy = read_prompts(args.prompts)[: args.copy_prompts]
     bin_dir, model = build_tools(args.build, ["llama-server"]), args.target or embedded_model_path()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
@@ -347,12 +365,13 @@ def main() -> None:
         for setup in setups(bin_dir):
             servers[setup.name] = Running(setup, bin_dir, model, args.threads, args.ctx_size,
                                           log_dir / f"{setup.name.replace(' ', '-')}.log")
-        results = {name: interleaved_replay(servers, workload, args.max_tokens) for name, workload in workloads.items()}
+        results = {name: interleaved_replay(servers, workload, args.max_tokens, args.rounds)
+                   for name, workload in workloads.items()}
     finally:
         for server in servers.values():
             server.stop()
     results = {name: {w: results[w][name] for w in workloads} for name in servers}
-    report(results, list(workloads))
+    report(results, list(workloads), args.rounds)
 
 
 if __name__ == "__main__":
