@@ -27,6 +27,7 @@ EVERY_WIDTH_TO = 17
 WIDE_WIDTHS = (24, 32, 48, 64)
 SPOT_CHECK_WIDTH = 64  # a kept table is checked at 1 row and this many (about 1 s on 2 CPU cores)
 WIDER_ROW_GAIN = 0.05  # keep doubling the widest width while a row gets at least this much cheaper
+FREE_DRAFT_SHARE = 0.01  # a draft token costing under 1% of a one-row decode counts as free
 
 
 def parse_k(text: str) -> int | str:
@@ -208,7 +209,11 @@ class AutoK:
         self._step_gain, self._step_alive, self._step_drafted_s = 1.0, 1.0, 0.0
         if limit < 1:
             return 0
-        measured_slow = track.steps >= 2 and track.rate < self.plain_rate
+        # A source that costs time to draft (a model) is judged by the rate its steps measured.
+        # A free one (lookup) is left to best_k: its past rate reflects past draft lengths, and
+        # one long copy that broke early would otherwise bench it while it still copies.
+        drafting_costs = track.draft_token_s > FREE_DRAFT_SHARE * self.costs[1]
+        measured_slow = drafting_costs and track.steps >= 2 and track.rate < self.plain_rate
         k = 0 if measured_slow else self.best_k(track, limit)
         if k:
             track.skipped = 0

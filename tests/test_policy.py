@@ -214,3 +214,13 @@ def test_one_old_rejection_deep_in_a_copy_does_not_cap_later_drafts_below_it():
         caps.append(cap)
         policy.observe("lookup-copy", cap, cap, None, 0.0, costs[cap + 1])
     assert caps[0] <= 24 and caps[-1] >= 64
+
+
+def test_a_free_source_is_not_benched_by_one_long_copy_that_broke_early():
+    costs = [0.0] + [0.010 + 0.004 * w for w in range(1, 129)]
+    policy = AutoK(costs)
+    for drafted, accepted in ((26, 3), (3, 3)):  # a long copy broke at its 4th token, then a short one held
+        policy.cap("lookup-copy", 127, prior=0.99)
+        policy.observe("lookup-copy", drafted, accepted, None, 1e-5, costs[drafted + 1])
+    assert policy.sources["lookup-copy"].rate < policy.plain_rate  # its steps so far were slower than plain
+    assert policy.cap("lookup-copy", 127, prior=0.99) >= 2  # but short drafts still pay: keep drafting
