@@ -264,27 +264,25 @@ def report(results: dict[str, dict[str, list[Timed]]], workloads: list[str], rou
     for workload in workloads:
         ngram = {n: rate(r[workload]) for n, r in results.items() if "ngram" in n}
         best = max(ngram, key=ngram.get) if ngram else None
-        ours = rate(results["specrun cross-request"][workload])
-        line = f"{workload}: specrun cross-request / llama-server none {ours / rate(results['llama-server none'][workload]):.2f}"
+        cross, per = results["specrun cross-request"][workload], results["specrun per-request lookup"][workload]
+        plain = results["llama-server none"][workload]
+        ours = rate(cross)
+        line = f"{workload}: specrun cross-request / llama-server none {ours / rate(plain):.2f}"
         if best:
             line += f"; / best n-gram ({best}) {ours / ngram[best]:.2f}"
-        line += f"; cross-request / per-request lookup {ours / rate(results['specrun per-request lookup'][workload]):.2f}"
+        line += f"; cross-request / per-request lookup {ours / rate(per):.2f}"
         print(line)
-        cross, per = results["specrun cross-request"][workload], results["specrun per-request lookup"][workload]
-        first = len(cross) // rounds
         if rounds > 1:  # later rounds resend round 1's documents: the store has seen their answers
+            first = len(cross) // rounds
             print(f"  cross-request / per-request lookup: round 1 {rate(cross[:first]) / rate(per[:first]):.2f}, "
                   f"later rounds {rate(cross[first:]) / rate(per[first:]):.2f}")
         if best:  # greedy paths can part after a near-tie: compare speeds where both wrote the same text
-            pairs = [(a, b) for a, b in zip(results["specrun cross-request"][workload], results[best][workload])
-                     if a.text == b.text]
+            pairs = [(a, b) for a, b in zip(cross, results[best][workload]) if a.text == b.text]
             if pairs:
                 print(f"  on the {len(pairs)}/{len(results[best][workload])} requests with the same text as {best}: "
                       f"{rate([a for a, _ in pairs]) / rate([b for _, b in pairs]):.2f}")
-        same = sum(a.text == b.text for a, b in zip(results["specrun cross-request"][workload],
-                                                     results["llama-server none"][workload]))
-        print(f"  outputs identical to llama-server none: {same}/{len(results['llama-server none'][workload])}")
-
+        same = sum(a.text == b.text for a, b in zip(cross, plain))
+        print(f"  outputs identical to llama-server none: {same}/{len(plain)}")
 
 def memory(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
     """Resident memory of each server after 100 requests and after --requests, on varied agent prompts."""
