@@ -42,18 +42,12 @@ KList = Annotated[Optional[str], typer.Option("--k", help="Comma list of draft l
 
 
 @app.command()
+@o.model_options
 def bench(
     prompts: Annotated[Optional[Path], typer.Argument(help="Prompts: .txt (one per line, or blocks split by ---) or .jsonl (default: the built-in sets).")] = None,
     prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)} (default: all of them).")] = None,
-    target: o.Target = None,
-    draft: o.Draft = None,
     methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of plain, lookup, draft, hybrid, store (default plain,lookup,draft; draft and hybrid need --draft; store: lookup, then n-grams of the earlier prompts and outputs of the run).")] = None,
     k: KList = None,
-    temp: o.Temp = 0.0,
-    top_k: o.TopK = 40,
-    top_p: o.TopP = 0.95,
-    min_p: o.MinP = 0.05,
-    seed: o.Seed = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"),
                                                       help="Tokens per run (default 96 on built-in sets, 128 on a file).")] = None,
     repeat: Annotated[Optional[int], typer.Option("--repeat", callback=o.in_range(1, allowed="an integer >= 1"),
@@ -61,18 +55,11 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", callback=o.in_range(0, allowed="an integer >= 0"),
                                         help="Untimed rounds of every method on the first prompt.")] = 1,
     store_tokens: o.StoreTokens = DEFAULT_LIMIT,
-    ctx_size: o.CtxSize = 4096,
-    threads: o.Threads = 0,
-    ubatch_size: o.UbatchSize = 0,
-    n_gpu_layers: o.GpuLayers = -1,
-    draft_n_gpu_layers: o.DraftGpuLayers = -1,
-    rpc: o.Rpc = None,
-    draft_rpc: o.DraftRpc = None,
-    tensor_split: o.TensorSplit = None,
-    rpc_timeout: o.RpcTimeout = 300.0,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE (default: none).")] = None,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE (default: none).")] = None,
     plot_out: Annotated[Optional[Path], typer.Option("--plot", help="Save acceptance and speed-up charts to FILE (.png, .svg, ...; needs the plot extra; default: none).")] = None,
+    *,
+    model: o.ModelOptions,
 ) -> None:
     """Measure speculative decoding against plain decoding on your prompts (or built-in sets)."""
     defaults = FILE_DEFAULTS if prompts else BUILTIN_DEFAULTS
@@ -81,24 +68,19 @@ def bench(
     ks = parse_k_values(k or defaults.k)
     loaded, source_name = _load_prompts(prompts, prompt_set)
     _check_outputs(json_out, csv_out, plot_out)
-    method_names = _methods(methods, draft)
-    if temp > 0 and seed is None:
-        seed = secrets.randbelow(2**31)  # one seed, shared by every method and recorded
-    uses_draft = bool(NEEDS_DRAFT_MODEL & set(method_names))
-    config = o.session_config(
-        target, draft if uses_draft else None, False, "auto", temp, top_k, top_p, min_p, seed,
-        ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
-        rpc_servers=rpc, draft_rpc=draft_rpc if uses_draft else None, tensor_split=tensor_split, rpc_timeout=rpc_timeout, ubatch_size=ubatch_size,
-    )
-    if NEEDS_STORE & set(method_names):
-        if store_tokens < 1:
-            raise SpecrunError(f"--methods includes store but --store-tokens is {store_tokens}: give it 1 or more")
-        config = dataclasses.replace(config, store_tokens=store_tokens)
+    method_names = _methods(methods, model.draft)
+    if model.temp > 0 and model.seed is None:
+        model = dataclasses.replace(model, seed=secrets.randbelow(2**31))  # one seed, shared by every method and recorded
+    uses_store = bool(NEEDS_STORE & set(method_names))
+    if uses_store and store_tokens < 1:
+        raise SpecrunError(f"--methods includes store but --store-tokens is {store_tokens}: give it 1 or more")
+    config = model.session_config(store_tokens=store_tokens if uses_store else 0,
+                                  use_draft=bool(NEEDS_DRAFT_MODEL & set(method_names)))
     variants = plan_variants(method_names, ks)
     err_console.print(
         f"[dim]bench: {len(loaded)} prompts ({source_name}) x {', '.join(v.label for v in variants)}; "
         f"max {max_tokens} tokens, repeat {repeat}, warmup {warmup}, "
-        f"{'greedy' if temp == 0 else f'temperature {temp}, seed {seed}'}[/]"
+        f"{'greedy' if model.temp == 0 else f'temperature {model.temp}, seed {model.seed}'}[/]"
     )
     with Session(config) as session:
         texts = _render_all(loaded, session)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -40,46 +39,25 @@ QUIT = object()
 
 
 @app.command()
+@o.model_options
 def chat(
-    target: o.Target = None,
-    draft: o.Draft = None,
-    quant: o.Quant = None,
-    draft_quant: o.DraftQuant = None,
-    offline: o.Offline = False,
     lookup: o.Lookup = False,
     store_tokens: o.StoreTokens = 0,
     k: o.K = "auto",
-    temp: o.Temp = 0.0,
-    top_k: o.TopK = 40,
-    top_p: o.TopP = 0.95,
-    min_p: o.MinP = 0.05,
-    seed: o.Seed = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System message for the conversation (default: none).")] = None,
     chat_format: o.ChatFormat = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"),
                                             help="Most tokens per reply.")] = 512,
-    ctx_size: o.CtxSize = 4096,
-    threads: o.Threads = 0,
-    ubatch_size: o.UbatchSize = 0,
-    n_gpu_layers: o.GpuLayers = -1,
-    draft_n_gpu_layers: o.DraftGpuLayers = -1,
-    rpc: o.Rpc = None,
-    draft_rpc: o.DraftRpc = None,
-    tensor_split: o.TensorSplit = None,
-    rpc_timeout: o.RpcTimeout = 300.0,
+    *,
+    model: o.ModelOptions,
 ) -> None:
     """Chat with the target, drafting by --draft model or --lookup; a live panel shows the speculation."""
-    if not 1 <= max_tokens <= ctx_size // 2:
-        raise SpecrunError(f"--max-tokens has to be between 1 and half of --ctx-size ({ctx_size // 2}), but is {max_tokens}")
+    if not 1 <= max_tokens <= model.ctx_size // 2:
+        raise SpecrunError(f"--max-tokens has to be between 1 and half of --ctx-size ({model.ctx_size // 2}), but is {max_tokens}")
     if chat_format not in (None, PLAIN):
         check_format_name(chat_format)  # before minutes of model loading
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
-    config = o.session_config(
-        target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
-        quant=quant, draft_quant=draft_quant, offline=offline,
-        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout, ubatch_size=ubatch_size,
-    )
-    config = dataclasses.replace(config, store_tokens=store_tokens)
+    config = model.session_config(lookup, k, store_tokens)
     with Session(config) as session:
         fmt = choose_format(session.target_model, chat_format)
         if fmt.source == "no chat template in the model":

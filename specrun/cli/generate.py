@@ -17,41 +17,21 @@ from specrun.session import Session
 
 
 @app.command()
+@o.model_options
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="Text to continue (default: --prompt-file, else standard input).")] = None,
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", "-f", help="Read the prompt from a file (default: PROMPT, else standard input).")] = None,
-    target: o.Target = None,
-    draft: o.Draft = None,
-    quant: o.Quant = None,
-    draft_quant: o.DraftQuant = None,
-    offline: o.Offline = False,
     lookup: o.Lookup = False,
     k: o.K = "auto",
-    temp: o.Temp = 0.0,
-    top_k: o.TopK = 40,
-    top_p: o.TopP = 0.95,
-    min_p: o.MinP = 0.05,
-    seed: o.Seed = None,
     max_tokens: o.MaxTokens = 256,
-    ctx_size: o.CtxSize = 4096,
-    threads: o.Threads = 0,
-    ubatch_size: o.UbatchSize = 0,
-    n_gpu_layers: o.GpuLayers = -1,
-    draft_n_gpu_layers: o.DraftGpuLayers = -1,
-    rpc: o.Rpc = None,
-    draft_rpc: o.DraftRpc = None,
-    tensor_split: o.TensorSplit = None,
-    rpc_timeout: o.RpcTimeout = 300.0,
     compare_plain: Annotated[bool, typer.Option("--compare-plain", help="Also decode plainly; report speed-up and match.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
+    *,
+    model: o.ModelOptions,
 ) -> None:
     """Continue PROMPT with the target, drafting by --draft model and/or --lookup."""
     text = o.read_prompt(prompt, prompt_file)
-    config = o.session_config(
-        target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
-        quant=quant, draft_quant=draft_quant, offline=offline,
-        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout, ubatch_size=ubatch_size,
-    )
+    config = model.session_config(lookup, k)
     with Session(config) as session:
         if config.draft is None and not config.lookup:
             err_console.print("[dim]no --draft or --lookup: plain decoding[/]")

@@ -1,11 +1,16 @@
-"""Option declarations shared by generate, chat and bench, and turning them into a session."""
+"""Option declarations shared by generate, chat, bench and serve, and turning them into a session."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import math
 import sys
+import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -129,42 +134,67 @@ ChatFormat = Annotated[
 ]
 
 
-def session_config(
-    target: str | None,
-    draft: str | None,
-    lookup: bool,
-    k: str,
-    temp: float,
-    top_k: int,
-    top_p: float,
-    min_p: float,
-    seed: int | None,
-    ctx_size: int,
-    threads: int,
-    n_gpu_layers: int,
-    draft_n_gpu_layers: int,
-    quant: str | None = None,
-    draft_quant: str | None = None,
-    offline: bool = False,
-    rpc_servers: str | None = None,
-    draft_rpc: str | None = None,
-    tensor_split: str | None = None,
-    rpc_timeout: float = 300.0,
-    ubatch_size: int = 0,
-) -> SessionConfig:
-    sampler = SamplerSettings(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    target_rpc = rpc.parse_endpoints(rpc_servers, "--rpc")
-    draft_endpoints = rpc.parse_endpoints(draft_rpc, "--draft-rpc")
-    if draft_endpoints and draft is None:
-        raise SpecrunError("--draft-rpc places a draft model's layers: give --draft too, or drop --draft-rpc")
-    # Paths, aliases and hub repos all go through the library's one resolver; it says which file and why.
-    return resolve(
-        target, draft, quant=quant, draft_quant=draft_quant, offline=offline, on_resolve=_report_model,
-        lookup=lookup, k=parse_k(k), sampler=sampler, n_ctx=ctx_size, threads=threads,
-        n_gpu_layers=n_gpu_layers, draft_n_gpu_layers=draft_n_gpu_layers, rpc=target_rpc,
-        draft_rpc=draft_endpoints, tensor_split=rpc.parse_tensor_split(tensor_split), rpc_timeout=rpc_timeout,
-        n_ubatch=ubatch_size,
-    )
+@dataclass(frozen=True)
+class ModelOptions:
+    """The model, sampling and runtime options that generate, chat, bench and serve share,
+    declared once: `model_options` gives them to a command, which receives them as `model`."""
+
+    target: Target = None
+    draft: Draft = None
+    quant: Quant = None
+    draft_quant: DraftQuant = None
+    offline: Offline = False
+    temp: Temp = 0.0
+    top_k: TopK = 40
+    top_p: TopP = 0.95
+    min_p: MinP = 0.05
+    seed: Seed = None
+    ctx_size: CtxSize = 4096
+    threads: Threads = 0
+    ubatch_size: UbatchSize = 0
+    n_gpu_layers: GpuLayers = -1
+    draft_n_gpu_layers: DraftGpuLayers = -1
+    rpc: Rpc = None
+    draft_rpc: DraftRpc = None
+    tensor_split: TensorSplit = None
+    rpc_timeout: RpcTimeout = 300.0
+
+    def session_config(self, lookup: bool = False, k: str = "auto", store_tokens: int = 0,
+                       use_draft: bool = True) -> SessionConfig:
+        """`use_draft` False leaves --draft and --draft-rpc out (bench methods that need none)."""
+        draft, draft_rpc = (self.draft, self.draft_rpc) if use_draft else (None, None)
+        draft_endpoints = rpc.parse_endpoints(draft_rpc, "--draft-rpc")
+        if draft_endpoints and draft is None:
+            raise SpecrunError("--draft-rpc places a draft model's layers: give --draft too, or drop --draft-rpc")
+        sampler = SamplerSettings(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+        # Paths, aliases and hub repos all go through the library's one resolver; it says which file and why.
+        return resolve(
+            self.target, draft, quant=self.quant, draft_quant=self.draft_quant, offline=self.offline, on_resolve=_report_model,
+            lookup=lookup, k=parse_k(k), sampler=sampler, n_ctx=self.ctx_size, threads=self.threads,
+            n_gpu_layers=self.n_gpu_layers, draft_n_gpu_layers=self.draft_n_gpu_layers,
+            rpc=rpc.parse_endpoints(self.rpc, "--rpc"), draft_rpc=draft_endpoints,
+            tensor_split=rpc.parse_tensor_split(self.tensor_split), rpc_timeout=self.rpc_timeout,
+            n_ubatch=self.ubatch_size, store_tokens=store_tokens,
+        )
+
+
+_OPTION_TYPES = typing.get_type_hints(ModelOptions, include_extras=True)  # the Annotated[..., typer.Option] above
+_SHARED = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=_OPTION_TYPES[f.name])
+           for f in dataclasses.fields(ModelOptions)]
+
+
+def model_options(command: Callable) -> Callable:
+    """Add ModelOptions' options to a Typer command after its own, passed to it as `model`."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "model"]
+
+    @functools.wraps(command)
+    def run(**values):
+        shared = {p.name: values.pop(p.name) for p in _SHARED}
+        return command(model=ModelOptions(**shared), **values)
+
+    run.__signature__ = inspect.Signature(own + _SHARED)
+    run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}
+    return run
 
 
 def _report_model(reason: str) -> None:

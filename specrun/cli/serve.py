@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Optional
 
 import typer
@@ -16,35 +15,19 @@ from specrun.session import Session, SessionConfig
 
 
 @app.command()
+@o.model_options
 def serve(
-    target: o.Target = None,
-    draft: o.Draft = None,
-    quant: o.Quant = None,
-    draft_quant: o.DraftQuant = None,
-    offline: o.Offline = False,
     lookup: Annotated[bool, typer.Option("--lookup/--no-lookup", help="Draft by prompt lookup (n-grams copied from the request); with --draft: hybrid.")] = True,
     store_tokens: o.StoreTokens = DEFAULT_LIMIT,
     k: o.K = "auto",
-    temp: o.Temp = 0.0,
-    top_k: o.TopK = 40,
-    top_p: o.TopP = 0.95,
-    min_p: o.MinP = 0.05,
-    seed: o.Seed = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"), help="Most tokens per request that names none (default: until the context is full).")] = None,
-    ctx_size: o.CtxSize = 4096,
-    threads: o.Threads = 0,
-    ubatch_size: o.UbatchSize = 0,
-    n_gpu_layers: o.GpuLayers = -1,
-    draft_n_gpu_layers: o.DraftGpuLayers = -1,
-    rpc: o.Rpc = None,
-    draft_rpc: o.DraftRpc = None,
-    tensor_split: o.TensorSplit = None,
-    rpc_timeout: o.RpcTimeout = 300.0,
     chat_format: o.ChatFormat = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface; mind --api-key).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", callback=o.in_range(0, 65535, "an integer from 0 to 65535"), help="Port to listen on (0: any free one).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECRUN_API_KEY", help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY; default: no key).")] = None,
     queue: Annotated[int, typer.Option("--queue", callback=o.in_range(1, 1_000_000, "an integer from 1 to 1000000"), help="Requests that may wait while one runs; more get HTTP 429.")] = 32,
+    *,
+    model: o.ModelOptions,
 ) -> None:
     """Serve the target over an OpenAI-compatible API (/v1/chat/completions, /v1/completions), drafting as generate does."""
     from specrun.serve.server import ServeOptions, Server  # uvicorn and FastAPI load only for this command
@@ -53,12 +36,7 @@ def serve(
         raise SpecrunError("--api-key is empty: give a key, or leave the option out to serve without one")
     if chat_format not in (None, PLAIN):
         check_format_name(chat_format)  # before minutes of model loading
-    config = o.session_config(
-        target, draft, lookup, k, temp, top_k, top_p, min_p, seed, ctx_size, threads, n_gpu_layers, draft_n_gpu_layers,
-        quant=quant, draft_quant=draft_quant, offline=offline,
-        rpc_servers=rpc, draft_rpc=draft_rpc, tensor_split=tensor_split, rpc_timeout=rpc_timeout, ubatch_size=ubatch_size,
-    )
-    config = dataclasses.replace(config, store_tokens=store_tokens)
+    config = model.session_config(lookup, k, store_tokens)
     options = ServeOptions(host=host, port=port, api_key=api_key, queue=queue, max_tokens=max_tokens, chat_format=chat_format)
     server = Server(config, options, on_ready=lambda session: note(f"ready: {describe(config, session)}"))
     note(f"specrun serve: listening on {server.url} (loading {config.target.name}; /health answers 503 until ready)")
