@@ -9,12 +9,12 @@ import time
 from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from specrun.serve import api
 from specrun.serve.api import ApiError, Shape
-from specrun.serve.metrics import Metrics
+from specrun.serve.metrics import MEDIA_TYPE, Metrics
 from specrun.serve.worker import Failed, Finished, Job, Text, Worker
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -61,14 +61,11 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
         return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "specrun"}]}
 
     @app.get("/metrics", dependencies=keyed)
-    async def prometheus() -> PlainTextResponse:
+    async def prometheus() -> Response:
         store = worker.session.store if worker.session is not None else None
-        gauges = {
-            "num_requests_running": ("Requests on the model now.", int(worker.running is not None)),
-            "num_requests_waiting": ("Requests waiting in the queue.", worker.waiting),
-            "ngram_store_tokens": ("Tokens of earlier requests held for drafting.", len(store) if store else 0),
-        }
-        return PlainTextResponse(metrics.render(gauges), media_type="text/plain; version=0.0.4")
+        text = metrics.render(running=int(worker.running is not None), waiting=worker.waiting,
+                              store_tokens=len(store) if store else 0)
+        return Response(text, media_type=MEDIA_TYPE)
 
     @app.post("/v1/chat/completions", dependencies=keyed)
     async def chat_completions(request: Request) -> Response:
