@@ -86,6 +86,8 @@ COMMAND_ROWS = [
     (["serve", "-m", "{tiny}", "--store-tokens", "-1"], ["--store-tokens", "-1"]),
     (["serve", "-m", "{tiny}", "--api-key", " "], ["--api-key is empty"]),
     (["serve", "-m", "{tiny}", "--chat-format", "nope"], ["--chat-format", "'nope'"]),
+    (["serve", "-m", "{tiny}", "--cors-origin", "localhost:3000"], ["--cors-origin", "'localhost:3000'", "scheme://host"]),
+    (["serve", "-m", "{tiny}", "--cors-origin", "http://example.com/app"], ["--cors-origin", "not an origin"]),
     # bench
     (["bench", "{missing}", "-m", "{tiny}"], ["prompts file not found", "missing.txt"]),
     (["bench", "{binary}", "-m", "{tiny}"], ["binary.txt line 2", "not UTF-8"]),

@@ -370,6 +370,27 @@ def _get(url: str) -> httpx.Response:
             time.sleep(0.05)
 
 
+def preflight(url: str, origin: str) -> httpx.Response:
+    return httpx.options(f"{url}/v1/chat/completions", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"})
+
+
+def test_browser_pages_on_this_machine_may_call_the_api_and_others_only_when_named(config):
+    running = RunningServer(config, ServeOptions(port=0, api_key="sesame", cors_origins=("https://ui.example",)))
+    try:
+        for origin in ("http://localhost:3000", "http://127.0.0.1:8081", "https://ui.example"):
+            allowed = preflight(running.url, origin)
+            assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == origin
+            assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+            reply = httpx.get(f"{running.url}/v1/models", headers={"Origin": origin, "Authorization": "Bearer sesame"})
+            assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == origin
+        for origin in ("https://evil.example", "http://localhost.evil.example"):
+            refused = preflight(running.url, origin)
+            assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
+    finally:
+        running.stop()
+
+
 def test_the_listening_socket_is_tcp_so_responses_are_not_held_for_delayed_acks():
     import socket
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Optional
+from urllib.parse import urlsplit
 
 import typer
 
@@ -12,6 +13,18 @@ from specrun.cli.app import app, err_console
 from specrun.errors import SpecrunError
 from specrun.ngram_store import DEFAULT_LIMIT
 from specrun.session import Session, SessionConfig
+
+
+def checked_origins(param: typer.CallbackParam, values: list[str] | None) -> list[str] | None:
+    """Origins as browsers send them: scheme://host[:port], no path (one trailing / is dropped)."""
+    checked = []
+    for value in values or []:
+        origin = value.removesuffix("/")
+        parts = urlsplit(origin)
+        if origin != "*" and not (parts.scheme in ("http", "https") and parts.hostname and not (parts.path or parts.query or parts.fragment)):
+            raise SpecrunError(f"--cors-origin {value!r} is not an origin: give scheme://host[:port], e.g. http://localhost:3000, or * for any")
+        checked.append(origin)
+    return checked
 
 
 @app.command()
@@ -25,6 +38,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface; mind --api-key).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", callback=o.in_range(0, 65535, "an integer from 0 to 65535"), help="Port to listen on (0: any free one).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECRUN_API_KEY", help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY; default: no key).")] = None,
+    cors_origin: Annotated[Optional[list[str]], typer.Option("--cors-origin", callback=checked_origins, help="A browser origin allowed to call the API besides this machine's own pages (scheme://host[:port]; '*': any), once per origin (default: none).")] = None,
     queue: Annotated[int, typer.Option("--queue", callback=o.in_range(1, 1_000_000, "an integer from 1 to 1000000"), help="Requests that may wait while one runs; more get HTTP 429.")] = 32,
     *,
     model: o.ModelOptions,
@@ -37,7 +51,8 @@ def serve(
     if chat_format not in (None, PLAIN):
         check_format_name(chat_format)  # before minutes of model loading
     config = model.session_config(lookup, k, store_tokens)
-    options = ServeOptions(host=host, port=port, api_key=api_key, queue=queue, max_tokens=max_tokens, chat_format=chat_format)
+    options = ServeOptions(host=host, port=port, api_key=api_key, queue=queue, max_tokens=max_tokens, chat_format=chat_format,
+                           cors_origins=tuple(cors_origin or ()))
     server = Server(config, options, on_ready=lambda session: note(f"ready: {describe(config, session)}"))
     note(f"specrun serve: listening on {server.url} (loading {config.target.name}; /health answers 503 until ready)")
     server.run()

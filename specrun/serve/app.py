@@ -9,6 +9,7 @@ import time
 from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -18,14 +19,21 @@ from specrun.serve.metrics import MEDIA_TYPE, Metrics
 from specrun.serve.worker import Failed, Finished, Job, Text, Worker
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Browser pages served from this machine may call the API, as Ollama allows by default; other
+# origins only when named (--cors-origin), since any web page could otherwise use the model.
+LOOPBACK_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
 class ClientGone(Exception):
     """The client closed the connection while its request waited or ran."""
 
 
-def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None = None) -> FastAPI:
+def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None = None,
+               cors_origins: tuple[str, ...] = ()) -> FastAPI:
+    """`cors_origins`: browser origins allowed besides this machine's ("*": any)."""
     app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_origin_regex=LOOPBACK_ORIGINS,
+                       allow_methods=["GET", "POST"], allow_headers=["*"], max_age=3600)
     created = int(time.time())
 
     @app.exception_handler(ApiError)

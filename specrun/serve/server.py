@@ -32,6 +32,7 @@ class ServeOptions:
     max_tokens: int | None = None  # per request when it names none; None: until the context is full
     chat_format: str | None = None
     model_name: str | None = None  # the id /v1/models reports (default: the target file's name)
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed besides loopback ones ("*": any)
 
 
 class Server:
@@ -42,7 +43,7 @@ class Server:
         self.worker = Worker(open_session or (lambda: Session(config)), self.metrics, options.queue, options.max_tokens,
                              options.chat_format, on_ready=on_ready, on_failed=lambda error: self.stop())
         model = options.model_name or config.target.stem
-        self.app = create_app(self.worker, self.metrics, model, options.api_key)
+        self.app = create_app(self.worker, self.metrics, model, options.api_key, options.cors_origins)
         self.socket = bind(options.host, options.port)
         host, port = self.socket.getsockname()[:2]
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
