@@ -1,16 +1,22 @@
-"""Counters for /metrics, kept and written out by prometheus_client under the names vLLM and
-llama-server use.
+"""Counters for /metrics under the names vLLM and llama-server use, written out by
+prometheus_client.
 
 The speculation counters are vLLM's (`spec_decode_num_drafts_total`, ...), which llama-server
-also exposes; the prefix is `specrun:` where theirs are `vllm:` and `llamacpp:`. Each server
-has its own registry, so servers in one process (tests) count apart. prometheus_client's
-metrics are thread-safe: the worker thread counts what happens on the model and the event loop
-counts rejected requests.
+also exposes; the prefix is `specrun:` where theirs are `vllm:` and `llamacpp:`. The counts
+are plain numbers under one lock, updated on every step by the model thread (a
+prometheus_client Counter per draft position would cost ~200 us a step), and handed to
+prometheus_client as metric families when /metrics is read. The event loop counts rejected
+requests. Each server has its own registry, so servers in one process (tests) count apart.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+import threading
+from collections import Counter
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from specrun.engine import Stats, StepEvent
@@ -22,58 +28,86 @@ MEDIA_TYPE = CONTENT_TYPE_LATEST
 
 class Metrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-
-        def counter(name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(PREFIX + name, help_text, labels, registry=self.registry)
-
-        def gauge(name: str, help_text: str) -> Gauge:
-            return Gauge(PREFIX + name, help_text, registry=self.registry)
-
-        self.finished = counter("request_success", "Requests finished, by finish reason (abort: the client left or the server stopped).",
-                                ("finished_reason",))
-        for reason in FINISH_REASONS:  # shown at 0 before the first request, as vLLM does
-            self.finished.labels(reason)
-        self.rejected = counter("requests_rejected", "Requests answered with an error, by reason.", ("reason",))
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
-        self.cached_prompt_tokens = counter("prompt_tokens_cached", "Prompt tokens found in the KV cache (not processed again).")
-        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
-        self.drafts = counter("spec_decode_num_drafts", "Steps that verified a draft.")
-        self.draft_tokens = counter("spec_decode_num_draft_tokens", "Drafted tokens verified.")
-        self.accepted_tokens = counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.")
-        self.accepted_by_position = counter("spec_decode_num_accepted_tokens_per_pos", "Drafted tokens accepted, by position in the draft.",
-                                            ("position",))
-        self.draft_tokens_by_source = counter("spec_decode_draft_tokens_by_source", "Drafted tokens verified, by draft source.",
-                                              ("source",))
-        self.accepted_by_source = counter("spec_decode_accepted_tokens_by_source", "Drafted tokens accepted, by draft source.",
-                                          ("source",))
-        self.running = gauge("num_requests_running", "Requests on the model now.")
-        self.waiting = gauge("num_requests_waiting", "Requests waiting in the queue.")
-        self.store_tokens = gauge("ngram_store_tokens", "Tokens of earlier requests held for drafting.")
+        self._lock = threading.Lock()
+        self.finished: Counter[str] = Counter({reason: 0 for reason in FINISH_REASONS})  # finish reason -> requests
+        self.rejected: Counter[str] = Counter()  # why -> requests answered with an error
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
+        self.generation_tokens = 0
+        self.drafts = 0  # steps that verified at least one drafted token
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.accepted_by_position: list[int] = []
+        self.draft_tokens_by_source: Counter[str] = Counter()
+        self.accepted_by_source: Counter[str] = Counter()
+        self._gauges = {"num_requests_running": 0, "num_requests_waiting": 0, "ngram_store_tokens": 0}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
 
     def step(self, event: StepEvent) -> None:
         if not event.drafted:
             return
-        self.drafts.inc()
-        self.draft_tokens.inc(event.drafted)
-        self.accepted_tokens.inc(event.accepted)
-        self.draft_tokens_by_source.labels(event.source).inc(event.drafted)
-        self.accepted_by_source.labels(event.source).inc(event.accepted)
-        for position in range(event.accepted):
-            self.accepted_by_position.labels(str(position)).inc()
+        with self._lock:
+            self.drafts += 1
+            self.draft_tokens += event.drafted
+            self.accepted_tokens += event.accepted
+            self.draft_tokens_by_source[event.source] += event.drafted
+            self.accepted_by_source[event.source] += event.accepted
+            grow = event.accepted - len(self.accepted_by_position)
+            self.accepted_by_position += [0] * max(grow, 0)
+            for position in range(event.accepted):
+                self.accepted_by_position[position] += 1
 
     def finish(self, reason: str, prompt_tokens: int, cached_tokens: int, stats: Stats) -> None:
-        self.finished.labels(reason).inc()
-        self.prompt_tokens.inc(prompt_tokens)
-        self.cached_prompt_tokens.inc(cached_tokens)
-        self.generation_tokens.inc(stats.tokens)
+        with self._lock:
+            self.finished[reason] += 1
+            self.prompt_tokens += prompt_tokens
+            self.cached_prompt_tokens += cached_tokens
+            self.generation_tokens += stats.tokens
 
     def reject(self, why: str) -> None:
-        self.rejected.labels(why).inc()
+        with self._lock:
+            self.rejected[why] += 1
 
     def render(self, running: int, waiting: int, store_tokens: int) -> bytes:
-        """The exposition text (media type MEDIA_TYPE), with the gauges at their current values."""
-        self.running.set(running)
-        self.waiting.set(waiting)
-        self.store_tokens.set(store_tokens)
+        """The exposition text (media type MEDIA_TYPE), with the gauges at these values."""
+        with self._lock:
+            self._gauges = {"num_requests_running": running, "num_requests_waiting": waiting,
+                            "ngram_store_tokens": store_tokens}
         return generate_latest(self.registry)
+
+    def collect(self) -> Iterator[Metric]:
+        """prometheus_client's collector interface: the counts as metric families."""
+        with self._lock:
+            yield _counter("request_success", "Requests finished, by finish reason (abort: the client left or the server stopped).",
+                           self.finished, "finished_reason")
+            yield _counter("requests_rejected", "Requests answered with an error, by reason.", self.rejected, "reason")
+            yield _counter("prompt_tokens", "Prompt tokens of finished requests.", self.prompt_tokens)
+            yield _counter("prompt_tokens_cached", "Prompt tokens found in the KV cache (not processed again).",
+                           self.cached_prompt_tokens)
+            yield _counter("generation_tokens", "Tokens generated.", self.generation_tokens)
+            yield _counter("spec_decode_num_drafts", "Steps that verified a draft.", self.drafts)
+            yield _counter("spec_decode_num_draft_tokens", "Drafted tokens verified.", self.draft_tokens)
+            yield _counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", self.accepted_tokens)
+            yield _counter("spec_decode_num_accepted_tokens_per_pos", "Drafted tokens accepted, by position in the draft.",
+                           {str(i): n for i, n in enumerate(self.accepted_by_position)}, "position")
+            yield _counter("spec_decode_draft_tokens_by_source", "Drafted tokens verified, by draft source.",
+                           self.draft_tokens_by_source, "source")
+            yield _counter("spec_decode_accepted_tokens_by_source", "Drafted tokens accepted, by draft source.",
+                           self.accepted_by_source, "source")
+            yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests on the model now.",
+                                    value=self._gauges["num_requests_running"])
+            yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting in the queue.",
+                                    value=self._gauges["num_requests_waiting"])
+            yield GaugeMetricFamily(PREFIX + "ngram_store_tokens", "Tokens of earlier requests held for drafting.",
+                                    value=self._gauges["ngram_store_tokens"])
+
+
+def _counter(name: str, help_text: str, values: int | dict[str, int], label: str = "") -> CounterMetricFamily:
+    """A counter family: one value, or one per value of `label`."""
+    if not isinstance(values, dict):
+        return CounterMetricFamily(PREFIX + name, help_text, value=values)
+    family = CounterMetricFamily(PREFIX + name, help_text, labels=[label])
+    for key, count in sorted(values.items()):
+        family.add_metric([key], count)
+    return family
