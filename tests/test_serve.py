@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from serve_helpers import Pace, RunningServer
+from specrun.serve.app import is_local_host
 from specrun.serve.server import ServeOptions
 from specrun.serve.worker import Job
 from specrun.session import SessionConfig
@@ -389,6 +390,22 @@ def test_browser_pages_on_this_machine_may_call_the_api_and_others_only_when_nam
             assert refused.status_code == 400 and "access-control-allow-origin" not in refused.headers
     finally:
         running.stop()
+
+
+def test_a_loopback_server_answers_only_requests_addressed_to_this_machine(idle):
+    refused = httpx.get(f"{idle.url}/v1/models", headers={"Host": "rebound.example:8080"})
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "forbidden_host" and "rebound.example" in refused.json()["error"]["message"]
+    for host in ("localhost:8080", "127.0.0.1", "[::1]:8080", "ui.localhost:3000"):
+        assert httpx.get(f"{idle.url}/v1/models", headers={"Host": host}).status_code == 200, host
+    assert metric(idle, "requests_rejected_total", '{reason="host"}') >= 1
+    assert idle.client().completions.create(model="any", prompt="the cat", max_tokens=2).usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("host, local", [("", True), ("LOCALHOST", True), ("127.0.0.2:80", True), ("[::1]", True),
+                                         ("10.0.0.5:8080", False), ("example.com", False), ("[2001:db8::1]:8080", False)])
+def test_which_host_headers_name_this_machine(host, local):
+    assert is_local_host(host) is local
 
 
 def test_the_listening_socket_is_tcp_so_responses_are_not_held_for_delayed_acks():

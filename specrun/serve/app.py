@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
+import socket
 import time
 from typing import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from specrun.serve import api
@@ -19,6 +22,7 @@ from specrun.serve.metrics import MEDIA_TYPE, Metrics
 from specrun.serve.worker import Failed, Finished, Job, Text, Worker
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+LOCAL_NAMES = ("localhost", socket.gethostname().lower())
 # Browser pages served from this machine may call the API, as Ollama allows by default; other
 # origins only when named (--cors-origin), since any web page could otherwise use the model.
 LOOPBACK_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
@@ -29,11 +33,14 @@ class ClientGone(Exception):
 
 
 def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None = None,
-               cors_origins: tuple[str, ...] = ()) -> FastAPI:
-    """`cors_origins`: browser origins allowed besides this machine's ("*": any)."""
+               cors_origins: tuple[str, ...] = (), local_hosts_only: bool = True) -> FastAPI:
+    """`cors_origins`: browser origins allowed besides this machine's ("*": any).
+    `local_hosts_only`: refuse requests addressed to another host name (for a loopback server)."""
     app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_origin_regex=LOOPBACK_ORIGINS,
                        allow_methods=["GET", "POST"], allow_headers=["*"], max_age=3600)
+    if local_hosts_only:
+        app.add_middleware(LocalHostsOnly, metrics=metrics)
     created = int(time.time())
 
     @app.exception_handler(ApiError)
@@ -111,6 +118,38 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
             watch.cancel()
 
     return app
+
+
+class LocalHostsOnly:
+    """Answers 403 to a request whose Host header names another machine, as Ollama does on
+    loopback: a web page whose domain an attacker points at 127.0.0.1 (DNS rebinding) would
+    otherwise reach the API as its own origin, past CORS."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        host = Headers(scope=scope).get("host", "") if scope["type"] == "http" else ""
+        if is_local_host(host):
+            await self.app(scope, receive, send)
+            return
+        self.metrics.reject("host")
+        error = ApiError(403, f"Host {host!r} is not this machine: a server on loopback answers only requests to "
+                              "localhost or 127.0.0.1 (start it with --host to serve others).", code="forbidden_host",
+                         kind="permission_error")
+        await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+
+
+def is_local_host(host: str) -> bool:
+    """Whether a Host header (name or address, with or without a port) names this machine; an
+    absent one (HTTP/1.0 clients, never browsers) passes."""
+    name = (host[1:].partition("]")[0] if host.startswith("[") else host.partition(":")[0]).lower()  # no port
+    if not name or name in LOCAL_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 async def _disconnected(request: Request) -> None:

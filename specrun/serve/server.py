@@ -8,6 +8,7 @@ its next step, let the responses end, and close the session.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import signal
 import socket
 import threading
@@ -43,9 +44,11 @@ class Server:
         self.worker = Worker(open_session or (lambda: Session(config)), self.metrics, options.queue, options.max_tokens,
                              options.chat_format, on_ready=on_ready, on_failed=lambda error: self.stop())
         model = options.model_name or config.target.stem
-        self.app = create_app(self.worker, self.metrics, model, options.api_key, options.cors_origins)
         self.socket = bind(options.host, options.port)
         host, port = self.socket.getsockname()[:2]
+        # Only a server other machines can reach answers to their names.
+        self.app = create_app(self.worker, self.metrics, model, options.api_key, options.cors_origins,
+                              local_hosts_only=ipaddress.ip_address(host).is_loopback)
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         self._uvicorn = _Uvicorn(
             uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5),
