@@ -379,7 +379,7 @@ def preflight(url: str, origin: str) -> httpx.Response:
 def test_browser_pages_on_this_machine_may_call_the_api_and_others_only_when_named(config):
     running = RunningServer(config, ServeOptions(port=0, api_key="sesame", cors_origins=("https://ui.example",)))
     try:
-        for origin in ("http://localhost:3000", "http://127.0.0.1:8081", "https://ui.example"):
+        for origin in ("http://localhost:3000", "http://127.0.0.1:8081", "http://ui.localhost:3000", "https://ui.example"):
             allowed = preflight(running.url, origin)
             assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == origin
             assert "authorization" in allowed.headers["access-control-allow-headers"].lower()

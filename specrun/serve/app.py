@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import re
 import socket
 import time
 from typing import AsyncIterator
@@ -22,10 +23,12 @@ from specrun.serve.metrics import MEDIA_TYPE, Metrics
 from specrun.serve.worker import Failed, Finished, Job, Text, Worker
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# The names of this machine, for the Host check and for CORS alike: these, *.localhost and loopback addresses.
 LOCAL_NAMES = ("localhost", socket.gethostname().lower())
 # Browser pages served from this machine may call the API, as Ollama allows by default; other
 # origins only when named (--cors-origin), since any web page could otherwise use the model.
-LOOPBACK_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+LOCAL_ORIGINS = (r"(?i)https?://(" + "|".join(map(re.escape, LOCAL_NAMES))
+                 + r"|[\w.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?")
 
 
 class ClientGone(Exception):
@@ -37,7 +40,7 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
     """`cors_origins`: browser origins allowed besides this machine's ("*": any).
     `local_hosts_only`: refuse requests addressed to another host name (for a loopback server)."""
     app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_origin_regex=LOOPBACK_ORIGINS,
+    app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_origin_regex=LOCAL_ORIGINS,
                        allow_methods=["GET", "POST"], allow_headers=["*"], max_age=3600)
     if local_hosts_only:
         app.add_middleware(LocalHostsOnly, metrics=metrics)
