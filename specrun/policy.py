@@ -123,8 +123,12 @@ def verify_costs_hold(context, costs: list[float], tolerance: float = 0.35, repe
     return all(abs(timed[width] / costs[width] - 1) <= tolerance for width in widths)
 
 
-def time_decodes(context, widths: Sequence[int], repeats: int) -> dict[int, float]:
-    """Best of `repeats` seconds for a decode of each width, leaving the cache as it was."""
+def time_decodes(context, widths: Sequence[int], repeats: int, every_row: bool = True) -> dict[int, float]:
+    """Best of `repeats` seconds for a decode of each width, leaving the cache as it was.
+
+    `every_row`: logits for every row, as a verify needs; without, for the last row only
+    (what the output head adds to a verify is the difference).
+    """
     keep = len(context.tokens)
     if context.free_slots < max(widths) + 1:
         raise SpecrunError("the context is too full to measure verify costs: raise --ctx-size")
@@ -135,7 +139,7 @@ def time_decodes(context, widths: Sequence[int], repeats: int) -> dict[int, floa
     for _ in range(repeats):
         for width in widths:
             started = time.perf_counter()
-            context.eval(filler * width, width)
+            context.eval(filler * width, width if every_row else 1)
             best[width] = min(best[width], time.perf_counter() - started)
             context.truncate(keep)
     return best

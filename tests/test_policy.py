@@ -4,7 +4,7 @@ import pytest
 
 from specrun.engine import TokenEvent
 from specrun.errors import SpecrunError
-from specrun.policy import AutoK, FixedK, PMinPolicy, SourceTrack, measure_verify_costs, parse_k
+from specrun.policy import AutoK, FixedK, PMinPolicy, SourceTrack, measure_verify_costs, parse_k, time_decodes
 from specrun.session import Session, SessionConfig
 from reference import CONFIDENT_ATOL
 from test_engine import PROMPT, assert_greedy_exact
@@ -181,6 +181,29 @@ def test_the_widest_verify_width_follows_the_cost_curve(fake_timing, cost, wides
     assert fake_timing[:21] == [*range(1, 18), 24, 32, 48, 64]  # every width to 17, then a few
     assert costs[40] == pytest.approx((cost(32) + cost(48)) / 2)  # interpolated between timed widths
     assert AutoK(costs).max_k == widest - 1
+
+
+class RecordingContext:
+    """Records each decode's width and logits rows; the cache grows and shrinks as a real one."""
+
+    def __init__(self):
+        self.tokens, self.free_slots, self.decodes = [7], 100, []
+        self.model = type("Model", (), {"bos": 2})()
+
+    def eval(self, tokens, logits_rows):
+        self.decodes.append((len(tokens), logits_rows))
+        self.tokens += tokens
+
+    def truncate(self, n_keep):
+        del self.tokens[n_keep:]
+
+
+@pytest.mark.parametrize("every_row, rows", [(True, [4, 9]), (False, [1, 1])])
+def test_timed_decodes_ask_logits_for_every_row_or_the_last(every_row, rows):
+    context = RecordingContext()
+    assert set(time_decodes(context, [4, 9], repeats=1, every_row=every_row)) == {4, 9}
+    assert context.decodes[1:] == list(zip([4, 9], rows))  # after the one-row warm-up
+    assert context.tokens == [7]  # the cache is left as it was
 
 
 def test_a_small_batch_or_context_caps_the_widths(fake_timing):
