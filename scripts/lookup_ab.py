@@ -49,6 +49,13 @@ def module_at(revision: str, name: str, tmp: Path):
     return module
 
 
+def new_lookup(drafters_module, session: Session):
+    """A PromptLookup as `drafters_module` (now or a revision's) builds it for the session's model."""
+    if hasattr(drafters_module, "blank_lines"):
+        return drafters_module.PromptLookup(breaks=drafters_module.blank_lines(session.target.model))
+    return drafters_module.PromptLookup()
+
+
 def make_policy(policies, k: int | str, costs: list[float]):
     return policies.AutoK(costs) if k == "auto" else policies.FixedK(k)
 
@@ -87,7 +94,7 @@ def main() -> None:
                         # Each generation learns from nothing, like a fresh process, unless kept.
                         if modules:
                             chosen = kept[(name, k)] if args.keep_policy else make_policy(modules[1], k, costs)
-                            generator = Generator(session.target, modules[0].PromptLookup(), config.sampler, k=chosen)
+                            generator = Generator(session.target, new_lookup(modules[0], session), config.sampler, k=chosen)
                         else:
                             generator = Generator(session.target, None, config.sampler, k=1)
                         for event in generator.generate(tokens, args.max_tokens):

@@ -64,6 +64,12 @@ class PromptLookup:
     "lookup" (short matches), "lookup-long" (LONG_MATCH tokens or more) and "lookup-copy"
     (COPY_MATCH or more: the text has been copying for a while, so a long draft pays; one
     rejection drops the next match back to a short one).
+
+    The end of a copied block (a function, a quote, a table row set) is where copies most
+    often break: past it, the source goes on with text of its own. So a copy stops after a
+    blank line of its source (`breaks`: the vocabulary's blank-line tokens) until copies
+    have more often than not gone on past one, as they do where whole sections with blank
+    lines inside are copied.
     """
 
     name = "lookup"
@@ -73,22 +79,27 @@ class PromptLookup:
     # Acceptance per position expected before any is measured, by how far back the match reaches.
     PRIORS = {"lookup": PRIOR, "lookup-long": 0.9, "lookup-copy": 0.99}
 
-    def __init__(self, n_min: int = 2, n_max: int = 4):
+    def __init__(self, n_min: int = 2, n_max: int = 4, breaks: frozenset[int] = frozenset()):
         if not 1 <= n_min <= n_max:
             raise SpecrunError(f"lookup n-gram range has to satisfy 1 <= min <= max, but is {n_min}..{n_max}")
         self.n_min, self.n_max = n_min, n_max
         self._index: dict[tuple[int, ...], int] = {}
         self._ambiguous: set[tuple[int, ...]] = set()  # n-grams seen with more than one follower
         self._indexed: list[int] = []  # the history the index was built from
+        self.breaks = breaks
+        self._crossings = [0, 0]  # copies that went on past a blank line of their source, of those seen
+        self._crossing: tuple[int, int] | None = None  # (position, token) the last copy expected past a blank line
 
     def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
         self._extend_index(history)
+        self._learn_crossing(history)
         end = self._match_end(history)
         if end is None:
             return Draft(self.name)
         # The policy sizes what the copy can offer: a cost-aware one then sees the real choice.
         agreed = self._match_length(history, end)
         copy = self._unambiguous_prefix(history, history[end + 1 : end + 1 + limit], agreed)
+        copy = self._to_block_end(len(history), copy)
         if not copy:
             return Draft(self.name)
         source = self._source(agreed)
@@ -131,6 +142,25 @@ class PromptLookup:
             length += 1
         return length
 
+    def _to_block_end(self, start: int, copy: list[int]) -> list[int]:
+        """The copy up to its first blank line, unless copies have mostly gone on past one."""
+        for i, token in enumerate(copy[:-1]):
+            if token in self.breaks:
+                self._crossing = (start + i + 1, copy[i + 1])
+                hits, tries = self._crossings
+                return copy if (hits + 1) / (tries + 2) > 0.5 else copy[: i + 1]
+        return copy
+
+    def _learn_crossing(self, history: Sequence[int]) -> None:
+        """Whether the text went on as the last copy's source did past its blank line (known
+        once the text reaches past it; a copy rejected before it says nothing)."""
+        if self._crossing is not None:
+            position, token = self._crossing
+            if len(history) > position:
+                self._crossings[0] += history[position] == token
+                self._crossings[1] += 1
+            self._crossing = None
+
     def rollback(self, history: Sequence[int]) -> None:
         pass  # the index only ever holds n-grams of the history itself
 
@@ -140,6 +170,7 @@ class PromptLookup:
             self._index.clear()  # a different conversation: start over
             self._ambiguous.clear()
             self._indexed = []
+            self._crossing = None
             done = 0
         self._indexed.extend(history[done:])
         # Positions that now have a follower: n-grams ending at done-1 .. len-2.
@@ -150,6 +181,12 @@ class PromptLookup:
                 if earlier is not None and history[earlier + 1] != history[end + 1]:
                     self._ambiguous.add(ngram)
                 self._index[ngram] = end
+
+
+def blank_lines(model) -> frozenset[int]:
+    """The tokens of this model's vocabulary that are a blank line and nothing else ("\\n\\n", ...)."""
+    spellings = (model.tokenize("\n" * n, add_special=False, parse_special=False) for n in range(2, 9))
+    return frozenset(tokens[0] for tokens in spellings if len(tokens) == 1)
 
 
 class DraftModel:

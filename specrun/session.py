@@ -16,7 +16,7 @@ import numpy as np
 from specrun import cost_cache
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.compat import check_vocab
-from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
+from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup, blank_lines
 from specrun.engine import Done, Event, Generator, Stats, TokenEvent
 from specrun.errors import IncompatibleError, SpecrunError
 from specrun.ngram_store import NgramStore, StoreLookup
@@ -127,7 +127,7 @@ class Session:
 
     def _make_drafter(self) -> DraftSource | None:
         c = self.config
-        sources: list[DraftSource] = [PromptLookup(*c.lookup_ngram)] if c.lookup else []
+        sources: list[DraftSource] = [self.prompt_lookup()] if c.lookup else []
         if self.store is not None:
             sources.append(StoreLookup(self.store))  # what earlier requests wrote, after this one's own context
         if c.draft is not None:
@@ -135,6 +135,10 @@ class Session:
         if len(sources) < 2:
             return sources[0] if sources else None
         return Hybrid(*sources)
+
+    def prompt_lookup(self) -> PromptLookup:
+        """A new prompt lookup as configured, knowing the target's blank-line tokens."""
+        return PromptLookup(*self.config.lookup_ngram, breaks=blank_lines(self.target.model))
 
     def _draft_model(self) -> DraftModel:
         c = self.config

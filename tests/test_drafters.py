@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specrun.drafters import PromptLookup
+from specrun.drafters import PromptLookup, blank_lines
 from specrun.errors import SpecrunError
 from specrun.policy import FixedK
 
@@ -96,6 +96,41 @@ def test_a_copy_in_step_for_copy_match_tokens_is_offered_whole_as_its_own_source
     assert draft.source == "lookup-copy"
     assert draft.tokens == source[PromptLookup.COPY_MATCH :][:150]  # as much as the policy asks for
     assert lookup.propose(source + [1] + in_step[:-1], 4, RNG, FixedK(4)).source == "lookup-long"
+
+
+BLANK = 0  # the blank-line token in these tests
+
+
+def test_a_copy_stops_after_a_blank_line_of_its_source_until_copies_go_on_past_one():
+    lookup = PromptLookup(2, 4, breaks=frozenset({BLANK}))
+    block = [10, 11, 12, BLANK, 13, 14, 15, BLANK, 16, 17]
+    history = [9, *block, 1, 9, 10, 11]
+    assert lookup.propose(history, 8, RNG, FixedK(8)).tokens == [12, BLANK]  # the end of a block, maybe
+    history += [12, BLANK, 13]  # the text went on as the source did past the blank line
+    assert lookup.propose(history, 5, RNG, FixedK(5)).tokens == [14, 15, BLANK, 16, 17]  # now it goes on past one
+
+
+def test_a_copy_that_ended_at_a_blank_line_keeps_stopping_there():
+    lookup = PromptLookup(2, 4, breaks=frozenset({BLANK}))
+    history = [9, 10, 11, 12, BLANK, 13, 14, 1, 9, 10, 11]
+    assert lookup.propose(history, 8, RNG, FixedK(8)).tokens == [12, BLANK]
+    history += [12, BLANK, 20]  # the text went its own way after the block
+    lookup.propose(history, 8, RNG, FixedK(8))
+    assert lookup._crossings == [0, 1]
+    # Rejected before the blank line: says nothing of what follows one.
+    history = [*history, 5, 9, 10, 11]
+    assert lookup.propose(history, 8, RNG, FixedK(8)).tokens == [12, BLANK]
+    history += [7]
+    lookup.propose(history, 8, RNG, FixedK(8))
+    assert lookup._crossings == [0, 1]
+
+
+def test_blank_line_tokens_come_from_the_vocabulary():
+    class Vocabulary:
+        def tokenize(self, text, add_special, parse_special):
+            return [100 + len(text)] if len(text) <= 3 else [103] * (len(text) // 3)  # "\n\n", "\n\n\n" single
+
+    assert blank_lines(Vocabulary()) == {102, 103}
 
 
 def test_bad_ngram_range():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup
+from specrun.drafters import DraftModel, DraftSource, Hybrid
 from specrun.errors import SpecrunError
 from specrun.ngram_store import StoreLookup
 from specrun.policy import parse_k
@@ -15,7 +15,7 @@ PLAIN = "plain"
 
 
 def _lookup(session: Session) -> DraftSource:
-    return PromptLookup(*session.config.lookup_ngram)  # fresh per run: its index is the run's history
+    return session.prompt_lookup()  # fresh per run: its index is the run's history
 
 
 def _draft_model(session: Session) -> DraftSource:
