@@ -48,13 +48,13 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+        return error_response(error)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return JSONResponse(ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", kind=kind).body(),
-                            status_code=error.status_code, headers=getattr(error, "headers", None))
+        return error_response(ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", kind=kind,
+                                       headers=getattr(error, "headers", None)))
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -72,7 +72,7 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
         if worker.state == "ready":
             return JSONResponse({"status": "ok"})
         message = "Loading model" if worker.state == "loading" else f"the server is {worker.state}"
-        return JSONResponse(ApiError(503, message, code="unavailable", kind="unavailable_error").body(), status_code=503)
+        return error_response(ApiError(503, message, code="unavailable", kind="unavailable_error"))
 
     @app.get("/v1/models", dependencies=keyed)
     async def models() -> dict:
@@ -123,6 +123,11 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
     return app
 
 
+def error_response(error: ApiError) -> JSONResponse:
+    """OpenAI's error object with the error's status and headers."""
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
 class LocalHostsOnly:
     """Answers 403 to a request whose Host header names another machine, as Ollama does on
     loopback: a web page whose domain an attacker points at 127.0.0.1 (DNS rebinding) would
@@ -140,7 +145,7 @@ class LocalHostsOnly:
         error = ApiError(403, f"Host {host!r} is not this machine: a server on loopback answers only requests to "
                               "localhost or 127.0.0.1 (start it with --host to serve others).", code="forbidden_host",
                          kind="permission_error")
-        await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+        await error_response(error)(scope, receive, send)
 
 
 def is_local_host(host: str) -> bool:
