@@ -148,7 +148,7 @@ class PromptLookup:
             if token in self.breaks:
                 self._crossing = (start + i + 1, copy[i + 1])
                 hits, tries = self._crossings
-                return copy if (hits + 1) / (tries + 2) > 0.5 else copy[: i + 1]
+                return copy if 2 * hits > tries else copy[: i + 1]  # gone on past one more often than not
         return copy
 
     def _learn_crossing(self, history: Sequence[int]) -> None:
