@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 import typer
 
-from specrun.cli.app import COMMAND_ORDER, _register_commands, app, run_app
+from specrun.cli.app import COMMAND_ORDER, app, run_app
 
 
 @pytest.fixture(scope="module")
 def root():
-    _register_commands()
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert run_app(["--help"]) == 0  # the first run registers every command on the app
     return typer.main.get_command(app)
 
 
@@ -20,6 +24,35 @@ def all_commands(group, path=("specrun",)):
             yield from all_commands(command, (*path, name))
         else:
             yield " ".join((*path, name)), command
+
+
+def help_pages(group, path=("specrun",)):
+    """The group's own page, then every sub-command's, groups included."""
+    yield " ".join(path), group
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):
+            yield from help_pages(command, (*path, name))
+        else:
+            yield " ".join((*path, name)), command
+
+
+def test_every_help_page_renders_with_all_its_options(root, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # no option folded over lines
+    broken = []
+    for path, command in help_pages(root):
+        try:
+            code = run_app([*path.split()[1:], "--help"])
+        except Exception as exc:  # a help text rich cannot render: list them all, not just the first
+            broken.append(f"{path} --help: {type(exc).__name__}: {exc}")
+            capsys.readouterr()
+            continue
+        out, err = capsys.readouterr()
+        options = [opt for param in command.params if param.param_type_name == "option" and not param.hidden
+                   for opt in (*param.opts, *param.secondary_opts)]
+        missing = [opt for opt in options if opt not in out]
+        if code != 0 or "Traceback" in out + err or missing:
+            broken.append(f"{path} --help: exit {code}, options missing: {missing}, stderr: {err.strip()!r}")
+    assert not broken, "\n".join(broken)
 
 
 def test_specrun_help_lists_every_command_in_a_new_users_order(root, capsys, monkeypatch):

@@ -27,8 +27,8 @@ AcceptOpt = Annotated[Optional[float], typer.Option(
 
 @pair_app.command("check")
 def check(
-    target: Annotated[str, typer.Argument(help="Target: .gguf path, alias, owner/repo[/file.gguf] or ollama:NAME.")],
-    draft: Annotated[str, typer.Argument(help="Draft: .gguf path, alias, owner/repo[/file.gguf] or ollama:NAME.")],
+    target: Annotated[str, typer.Argument(help="Target: a .gguf path, alias, owner/repo, owner/repo/file.gguf or ollama:NAME.")],
+    draft: Annotated[str, typer.Argument(help="Draft: a .gguf path, alias, owner/repo, owner/repo/file.gguf or ollama:NAME.")],
     json_out: JsonOpt = False,
     offline: OfflineOpt = False,
     n_ctx: CtxOpt = 4096,
