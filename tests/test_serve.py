@@ -6,6 +6,7 @@ Most tests share one in-process server (a free loopback port, stopped by its han
 
 import json
 import re
+import socket
 import threading
 import time
 
@@ -16,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serve_helpers import Pace, RunningServer
 from specrun.serve.app import is_local_host
-from specrun.serve.server import ServeOptions
+from specrun.serve.server import ServeOptions, bind
 from specrun.serve.worker import Job
 from specrun.session import SessionConfig
 from tinymodels import write_tiny_llama
@@ -150,23 +151,36 @@ def test_requests_pick_their_sampling_and_drafting(idle):
     one = client.completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0.9, seed=7)
     two = client.completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0.9, seed=7)
     assert one.choices[0].text == two.choices[0].text  # the same seed, the same sample
+    hot = client.completions.create(model="any", prompt=prompt, max_tokens=4, temperature=3.5)  # the library's range
+    assert hot.usage.completion_tokens >= 1
 
 
 @pytest.mark.parametrize(
     "body, param, fragment",
     [
-        ({"prompt": "hi", "temperature": "hot"}, "temperature", "expected a number"),
+        ({"prompt": "hi", "temperature": "hot"}, "temperature",
+         "Invalid type for 'temperature': expected a number, but got a string instead."),
+        ({"prompt": "hi", "temperature": -1}, "temperature",
+         "Invalid value for 'temperature': it has to be a number >= 0 (0 is greedy), but is -1."),
         ({"prompt": "hi", "n": 3}, "n", "3 were asked for"),
-        ({"prompt": "hi", "max_tokens": -5}, "max_tokens", "has to be >= 1"),
-        ({"prompt": "hi", "max_tokens": True}, "max_tokens", "expected an integer"),
-        ({"prompt": "hi", "top_p": 1.5}, "top_p", "(0.0, 1.0]"),
-        ({"prompt": "hi", "stop": [1, 2]}, "stop", "array of strings"),
-        ({"prompt": "hi", "k": 0}, "k", ">= 1"),
+        ({"prompt": "hi", "max_tokens": -5}, "max_tokens", "it has to be an integer >= 1, but is -5."),
+        ({"prompt": "hi", "max_completion_tokens": 0}, "max_completion_tokens", "it has to be an integer >= 1, but is 0."),
+        ({"prompt": "hi", "max_tokens": True}, "max_tokens", "expected an integer, but got a boolean"),
+        ({"prompt": "hi", "top_p": 1.5}, "top_p", "it has to be a number in (0, 1] (1 disables it), but is 1.5."),
+        ({"prompt": "hi", "top_k": -1}, "top_k", "it has to be an integer >= 0 (0 disables it), but is -1."),
+        ({"prompt": "hi", "min_p": 2}, "min_p", "it has to be a number in [0, 1] (0 disables it), but is 2."),
+        ({"prompt": "hi", "stop": [1, 2]}, "stop", "expected a string or an array of strings"),
+        ({"prompt": "hi", "k": 0}, "k", "it has to be an integer >= 1, 'auto' or 'llama.cpp', but is 0."),
+        ({"prompt": "hi", "k": "fast"}, "k", "but is 'fast'."),
+        ({"prompt": "hi", "k": 1.5}, "k", 'expected an integer, "auto" or "llama.cpp", but got a number'),
         ({"prompt": "hi", "k": 2, "speculative": {"n_max": 4}}, "k", "not both"),
-        ({"prompt": "hi", "speculative": {"n_max": 2, "n_min": 3}}, "speculative.n_min", "<= n_max"),
+        ({"prompt": "hi", "speculative": {"n_max": 2, "n_min": 3}}, "speculative.n_min", "it has to be <= n_max (2), but is 3."),
+        ({"prompt": "hi", "speculative": {"p_min": 2}}, "speculative.p_min", "it has to be a number in [0, 1], but is 2."),
         ({"prompt": "hi", "speculative": {"n_max": 600}}, "speculative.n_max", "at most 511"),
-        ({"prompt": 5}, "prompt", "expected a string"),
-        ({}, "prompt", "Missing required parameter"),
+        ({"prompt": "hi", "speculative": 5}, "speculative", "expected an object, but got a number"),
+        ({"prompt": 5}, "prompt", "expected a string (or an array of one string), but got a number"),
+        ({"prompt": ["a", "b"]}, "prompt", "expected a string (or an array of one string), but got an array"),
+        ({}, "prompt", "Missing required parameter: 'prompt'."),
     ],
 )
 def test_bad_completion_requests_get_400_and_the_server_answers_the_next(idle, body, param, fragment):
@@ -183,7 +197,11 @@ def test_bad_completion_requests_get_400_and_the_server_answers_the_next(idle, b
     "body, param",
     [
         ({"messages": "hello"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{}]}, "messages[0].role"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
         ({"messages": [{"role": "user", "content": "hi"}], "stream_options": 3}, "stream_options"),
     ],
@@ -415,10 +433,6 @@ def test_which_host_headers_name_this_machine(host, local):
 
 
 def test_the_listening_socket_is_tcp_so_responses_are_not_held_for_delayed_acks():
-    import socket
-
-    from specrun.serve.server import bind
-
     sock = bind("127.0.0.1", 0)
     try:
         # asyncio sets TCP_NODELAY only on connections of IPPROTO_TCP sockets; without it each

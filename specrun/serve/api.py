@@ -1,31 +1,37 @@
 """OpenAI's request and response shapes, with llama-server's additions, and its error objects.
 
-Parsing checks every field this server uses, by type and range, and ignores the rest
-(as OpenAI does); a bad field becomes an `ApiError` naming it. Builders turn a finished
-generation into `chat.completion` / `text_completion` bodies and stream chunks, each
-carrying `usage` and llama-server's `timings`.
+Request bodies are pydantic models parsed from the raw bytes, whose Rust JSON parser bounds
+nesting and refuses lone surrogates and bytes that are not UTF-8. The models check only types
+and shapes, and ignore fields they do not name (as OpenAI does); what a setting may be is the
+library's rule (`specrun.settings`, `SpeculativeSettings`, `parse_k`), applied before the
+request is queued. `body_error` and `setting_error` turn those errors into OpenAI's error
+object. Builders turn a finished generation into `chat.completion` / `text_completion` bodies
+and stream chunks, each carrying `usage` and llama-server's `timings`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, WrapValidator,
+                      field_validator, model_validator)
+from pydantic_core import PydanticCustomError
 
 from specrun.engine import Stats
-from specrun.policy import parse_k
-from specrun.errors import SpecrunError
+from specrun.policy import SpeculativeSettings, parse_k
+from specrun.settings import SettingError, check
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-SAMPLING = {  # request field -> (kind, low, high, low open): checked, then passed to SamplerSettings
-    "temperature": (float, 0.0, 2.0, False),
-    "top_p": (float, 0.0, 1.0, True),
-    "top_k": (int, 0, None, False),
-    "min_p": (float, 0.0, 1.0, False),
+SAMPLING = {"temperature", "top_p", "top_k", "min_p"}  # request fields passed on to SamplerSettings, named as there
+SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `speculative` object
+EXPECTED = {  # pydantic's type errors, by what the field takes
+    "int_type": "an integer", "float_type": "a number", "string_type": "a string", "bool_type": "a boolean",
+    "list_type": "an array", "dict_type": "an object", "model_type": "an object",
 }
+CONTENT = "a string or an array of text parts"
 
 
 class ApiError(Exception):
@@ -42,194 +48,189 @@ class ApiError(Exception):
 
 
 @dataclass(frozen=True)
-class Speculative:
-    """llama-server's per-request `speculative` object (its defaults)."""
-
-    n_max: int = 16
-    n_min: int = 0
-    p_min: float = 0.75
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
     messages: list[dict[str, str]] | None = None  # a chat request
     prompt: str | None = None  # a completion request
     max_tokens: int | None = None  # None: the server's default
-    sampling: dict[str, Any] = field(default_factory=dict)  # overrides of the server's sampler settings
+    sampling: dict[str, Any] = field(default_factory=dict)  # SamplerSettings overrides, checked by the library's rules
     seed: int | None = None  # None: the server's; a negative seed draws a fresh one
     stops: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
     k: int | str | None = None  # None: the server's --k
-    speculative: Speculative | None = None
+    speculative: SpeculativeSettings | None = None
 
     @property
     def chat(self) -> bool:
         return self.messages is not None
 
 
-def read_json(raw: bytes) -> dict:
-    try:
-        payload = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(400, f"We could not parse the JSON body of your request ({exc}): send a JSON object.",
-                       code="invalid_json") from None
-    if not isinstance(payload, dict):
-        raise ApiError(400, f"The request body has to be a JSON object, but is {_json_type(payload)}.", code="invalid_json")
-    return payload
+# --- request bodies ------------------------------------------------------------------
+def expecting(expected: str) -> WrapValidator:
+    """For a field that takes several shapes: when the value or its items have the wrong
+    types, one error saying what the field takes, in place of pydantic's one per item or
+    union member. Other errors (a bad part of a message) are kept as they are."""
+
+    def validate(value: Any, handler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as error:
+            if all(problem["type"] in EXPECTED for problem in error.errors()):
+                raise PydanticCustomError("invalid_type", "expected {expected}", {"expected": expected}) from None
+            raise
+
+    return WrapValidator(validate)
 
 
-def parse_chat(payload: dict) -> GenerationRequest:
-    messages = payload.get("messages")
-    if messages is None:
-        raise ApiError(400, "Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
-    if not isinstance(messages, list) or not messages:
-        raise _type_error("messages", "a non-empty array of messages", messages)
-    return _common(payload, messages=[_message(m, i) for i, m in enumerate(messages)])
+def _listed(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
 
 
-def parse_completion(payload: dict) -> GenerationRequest:
-    prompt = payload.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if prompt is None:
-        raise ApiError(400, "Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter")
-    if not isinstance(prompt, str):
-        raise _type_error("prompt", "a string (or an array of one string)", prompt)
-    return _common(payload, prompt=prompt)
+def _only_item(value: Any) -> Any:
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
 
 
-def _message(message: Any, index: int) -> dict[str, str]:
-    param = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise _type_error(param, "an object", message)
-    role = message.get("role")
-    if role not in ROLES:
-        raise ApiError(400, f"Invalid value for '{param}.role': {role!r}; supported roles are {', '.join(ROLES)}.",
-                       f"{param}.role", "invalid_value")
-    content = message.get("content")
-    if content is None and role == "assistant":
-        content = ""
-    if isinstance(content, list):
-        content = "\n".join(_text_part(part, f"{param}.content[{i}]") for i, part in enumerate(content))
-    if not isinstance(content, str):
-        raise _type_error(f"{param}.content", "a string or an array of text parts", content)
-    return {"role": ROLES[role], "content": content}
+def _as_parts(value: Any) -> Any:
+    return [{"type": "text", "text": value}] if isinstance(value, str) else value
 
 
-def _text_part(part: Any, param: str) -> str:
-    if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-        raise ApiError(400, f"Invalid value for '{param}': only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported.",
-                       param, "invalid_value")
-    return part["text"]
+class Strict(BaseModel):
+    # No string is taken for a number, nor a number for a boolean; unknown fields are ignored.
+    model_config = ConfigDict(strict=True, extra="ignore")
 
 
-def _common(payload: dict, **what: Any) -> GenerationRequest:
-    n = _integer(payload, "n", 1, None)
-    if n not in (None, 1):
-        raise ApiError(400, f"Invalid value for 'n': specrun returns one choice per request, but {n} were asked for.",
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _text_only(cls, value: Any, handler) -> "TextPart":
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("invalid_value", 'only text parts ({"type": "text", "text": ...}) are supported') from None
+
+
+class Message(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Annotated[list[TextPart], BeforeValidator(_as_parts), expecting(CONTENT)] | None = Field(
+        None, validate_default=True)  # None only in an assistant's turn (one that only called tools)
+
+    @field_validator("content")
+    @classmethod
+    def _given(cls, content: list[TextPart] | None, info: ValidationInfo) -> list[TextPart] | None:
+        if content is None and info.data.get("role") != "assistant":
+            raise PydanticCustomError("invalid_type", "expected {expected}", {"expected": CONTENT})
+        return content
+
+    def turn(self) -> dict[str, str]:
+        return {"role": ROLES[self.role], "content": "\n".join(part.text for part in self.content or ())}
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+
+
+class Speculative(Strict):
+    """llama-server's per-request `speculative` object; what it leaves out keeps its default."""
+
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+
+
+class Body(Strict):
+    """The fields both endpoints read."""
+
+    n: int | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None  # OpenAI's newer name, before max_tokens
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: Annotated[list[str], BeforeValidator(_listed), expecting("a string or an array of strings")] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    k: Annotated[int | str, expecting('an integer, "auto" or "llama.cpp"')] | None = None
+    speculative: Speculative | None = None
+
+
+class ChatBody(Body):
+    messages: Annotated[list[Message], Field(min_length=1)]
+
+
+class CompletionBody(Body):
+    prompt: Annotated[str, BeforeValidator(_only_item), expecting("a string (or an array of one string)")]
+
+
+def parse_chat(raw: bytes) -> GenerationRequest:
+    """Raises ValidationError for a body of the wrong shape, SettingError for a setting out of range."""
+    body = ChatBody.model_validate_json(raw)
+    return _request(body, messages=[message.turn() for message in body.messages])
+
+
+def parse_completion(raw: bytes) -> GenerationRequest:
+    """Raises ValidationError for a body of the wrong shape, SettingError for a setting out of range."""
+    body = CompletionBody.model_validate_json(raw)
+    return _request(body, prompt=body.prompt)
+
+
+def _request(body: Body, **what: Any) -> GenerationRequest:
+    """What the worker runs, every setting checked by the library's rule."""
+    if body.n not in (None, 1):
+        raise ApiError(400, f"Invalid value for 'n': specrun returns one choice per request, but {body.n} were asked for.",
                        "n", "invalid_value")
-    max_tokens = _integer(payload, "max_completion_tokens", 1, None)
-    if max_tokens is None:
-        max_tokens = _integer(payload, "max_tokens", 1, None)
-    sampling = {}
-    for name, (kind, low, high, low_open) in SAMPLING.items():
-        value = _integer(payload, name, low, high) if kind is int else _number(payload, name, low, high, low_open)
-        if value is not None:
-            sampling[name] = value
-    seed = _integer(payload, "seed", None, None)
-    stream = _boolean(payload, "stream") or False
-    options = payload.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise _type_error("stream_options", "an object", options)
-    include_usage = bool(options and _boolean(options, "include_usage", "stream_options.include_usage"))
-    k, speculative = _k(payload), _speculative(payload)
-    if k is not None and speculative is not None:
+    if body.k is not None and body.speculative is not None:
         raise ApiError(400, "Give either 'k' or 'speculative', not both.", "k", "invalid_value")
-    return GenerationRequest(max_tokens=max_tokens, sampling=sampling, seed=seed, stops=_stops(payload), stream=stream,
-                             include_usage=include_usage, k=k, speculative=speculative, **what)
+    sampling = body.model_dump(include=SAMPLING, exclude_none=True)
+    check(**sampling)
+    speculative = SpeculativeSettings(**body.speculative.model_dump(exclude_none=True)) if body.speculative else None
+    options = body.stream_options
+    return GenerationRequest(max_tokens=_max_tokens(body), sampling=sampling, seed=body.seed,
+                             stops=tuple(stop for stop in body.stop or () if stop), stream=bool(body.stream),
+                             include_usage=bool(options and options.include_usage),
+                             k=None if body.k is None else parse_k(body.k), speculative=speculative, **what)
 
 
-def _stops(payload: dict) -> tuple[str, ...]:
-    stop = payload.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise _type_error("stop", "a string or an array of strings", stop)
-    return tuple(s for s in stops if s)
-
-
-def _k(payload: dict) -> int | str | None:
-    k = payload.get("k")
-    if k is None:
-        return None
-    if isinstance(k, str) and k in ("auto", "llama.cpp"):
-        return k
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise _type_error("k", "an integer or \"auto\"", k)
+def _max_tokens(body: Body) -> int | None:
+    """max_completion_tokens (OpenAI's newer name) or max_tokens; an error names the one given."""
+    name = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
     try:
-        return parse_k(str(k))
-    except SpecrunError:
-        raise ApiError(400, f"Invalid 'k': a draft length has to be >= 1, but is {k}.", "k", "invalid_value") from None
+        check(max_tokens=getattr(body, name))
+    except SettingError as error:
+        raise setting_error(error, name) from None
+    return getattr(body, name)
 
 
-def _speculative(payload: dict) -> Speculative | None:
-    settings = payload.get("speculative")
-    if settings is None:
-        return None
-    if not isinstance(settings, dict):
-        raise _type_error("speculative", "an object", settings)
-    defaults = Speculative()
-    n_max = _integer(settings, "n_max", 1, None, "speculative.n_max")
-    n_min = _integer(settings, "n_min", 0, None, "speculative.n_min")
-    p_min = _number(settings, "p_min", 0.0, 1.0, False, "speculative.p_min")
-    result = Speculative(defaults.n_max if n_max is None else n_max, defaults.n_min if n_min is None else n_min,
-                         defaults.p_min if p_min is None else p_min)
-    if result.n_min > result.n_max:
-        raise ApiError(400, f"Invalid 'speculative.n_min': it has to be <= n_max ({result.n_max}), but is {result.n_min}.",
-                       "speculative.n_min", "invalid_value")
-    return result
+# --- errors ----------------------------------------------------------------------------
+def setting_error(error: SettingError, param: str | None = None) -> ApiError:
+    """A library setting's error as OpenAI's 400. `param` is the request field; by default
+    the library's name, under `speculative.` for llama-server's speculative settings."""
+    param = param or (f"speculative.{error.param}" if error.param in SPECULATIVE else error.param)
+    return ApiError(400, f"Invalid value for '{param}': {error.phrase('it')}.", param, "invalid_value")
 
 
-def _integer(payload: dict, name: str, low: int | None, high: int | None, param: str | None = None) -> int | None:
-    value = payload.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _type_error(param or name, "an integer", value)
-    _check_range(param or name, value, low, high, False)
-    return value
-
-
-def _number(payload: dict, name: str, low: float, high: float, low_open: bool, param: str | None = None) -> float | None:
-    value = payload.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _type_error(param or name, "a number", value)
-    _check_range(param or name, value, low, high, low_open)
-    return float(value)
-
-
-def _boolean(payload: dict, name: str, param: str | None = None) -> bool | None:
-    value = payload.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise _type_error(param or name, "a boolean", value)
-    return value
-
-
-def _check_range(param: str, value: float, low: float | None, high: float | None, low_open: bool) -> None:
-    below = low is not None and (value <= low if low_open else value < low)
-    if below or (high is not None and value > high):
-        bounds = f"{'(' if low_open else '['}{low}, {high}]" if high is not None else f">= {low}"
-        raise ApiError(400, f"Invalid value for '{param}': it has to be {'in ' if high is not None else ''}{bounds}, but is {value}.",
-                       param, "invalid_value")
-
-
-def _type_error(param: str, expected: str, value: Any) -> ApiError:
-    return ApiError(400, f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead.",
-                    param, "invalid_type")
+def body_error(error: ValidationError) -> ApiError:
+    """The first problem pydantic found in a request body, as OpenAI's 400."""
+    problem = error.errors(include_url=False)[0]
+    kind, location, value = problem["type"], problem["loc"], problem.get("input")
+    param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location).lstrip(".")
+    if kind == "json_invalid":
+        return ApiError(400, f"We could not parse the JSON body of your request ({problem['ctx']['error']}): "
+                             "send a JSON object.", code="invalid_json")
+    if not location:
+        return ApiError(400, f"The request body has to be a JSON object, but is {_json_type(value)}.", code="invalid_json")
+    if kind == "missing":
+        return ApiError(400, f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
+    expected = problem["ctx"]["expected"] if kind == "invalid_type" else EXPECTED.get(kind)
+    if expected:
+        return ApiError(400, f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead.",
+                        param, "invalid_type")
+    message = problem["msg"]
+    return ApiError(400, f"Invalid value for '{param}': {message[0].lower()}{message[1:]}.", param, "invalid_value")
 
 
 def _json_type(value: Any) -> str:

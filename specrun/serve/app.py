@@ -14,6 +14,7 @@ from typing import AsyncIterator
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
@@ -21,6 +22,7 @@ from specrun.serve import api
 from specrun.serve.api import ApiError, Shape
 from specrun.serve.metrics import MEDIA_TYPE, Metrics
 from specrun.serve.worker import Failed, Finished, Job, Text, Worker
+from specrun.settings import SettingError
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # The names of this machine, for the Host check and for CORS alike: these, *.localhost and loopback addresses.
@@ -46,15 +48,8 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
         app.add_middleware(LocalHostsOnly, metrics=metrics)
     created = int(time.time())
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        return error_response(error)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return error_response(ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", kind=kind,
-                                       headers=getattr(error, "headers", None)))
+    for kind in (ApiError, ValidationError, SettingError, HTTPException):
+        app.add_exception_handler(kind, error_object)
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -95,8 +90,8 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
 
     async def _generate(request: Request, parse, shape: Shape) -> Response:
         try:
-            parsed = parse(api.read_json(await request.body()))
-        except ApiError:
+            parsed = parse(await request.body())
+        except (ApiError, ValidationError, SettingError):
             metrics.reject("invalid")
             raise
         job = worker.submit(parsed, asyncio.get_running_loop())
@@ -121,6 +116,26 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
             watch.cancel()
 
     return app
+
+
+async def error_object(request: Request, error: ApiError | ValidationError | SettingError | HTTPException) -> JSONResponse:
+    """The one handler of every error a request meets: OpenAI's error object, with its status."""
+    return error_response(as_api_error(request, error))
+
+
+def as_api_error(request: Request, error: ApiError | ValidationError | SettingError | HTTPException) -> ApiError:
+    """Any error a request meets, as the ApiError that answers it."""
+    match error:
+        case ApiError():
+            return error
+        case ValidationError():
+            return api.body_error(error)
+        case SettingError():
+            return api.setting_error(error)
+        case _:
+            kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+            return ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", kind=kind,
+                            headers=error.headers)
 
 
 def error_response(error: ApiError) -> JSONResponse:
