@@ -4,6 +4,7 @@ Most tests share one in-process server (a free loopback port, stopped by its han
 `Pace` slows its decodes when a test needs a generation to stay on the model.
 """
 
+import copy
 import json
 import re
 import socket
@@ -223,6 +224,104 @@ def test_malformed_json_and_an_over_long_prompt_get_400_naming_the_problem(idle)
         idle.client().chat.completions.create(model="any", messages=[{"role": "user", "content": "the cat " * 400}],
                                               stream=True)
     assert idle.client().completions.create(model="any", prompt="hello", max_tokens=3).usage.completion_tokens == 3
+
+
+CHAT_PATH, COMPLETION_PATH = "/v1/chat/completions", "/v1/completions"
+VALID = {  # a body each endpoint serves; the malformed ones below change one thing in it
+    CHAT_PATH: {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 1},
+    COMPLETION_PATH: {"prompt": "hi", "max_tokens": 1},
+}
+DEEP = "[" * 5000 + "]" * 5000
+# One value of each JSON kind, and numbers no setting takes: not finite, beyond a double, 400 digits below zero.
+KINDS = {"null": "null", "boolean": "true", "integer": "7", "number": "1.5", "string": '"x"', "array": '["x"]',
+         "object": '{"x": 1}'}
+EXTREMES = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "-1" + "0" * 400]
+# Field -> the kinds whose value in KINDS is a valid one there (null leaves a setting out); the others are malformed.
+COMMON = {
+    "n": {"null"},  # only 1
+    "max_tokens": {"null", "integer"},
+    "max_completion_tokens": {"null", "integer"},
+    "temperature": {"null", "integer", "number"},
+    "top_p": {"null"},  # in (0, 1]
+    "top_k": {"null", "integer"},
+    "min_p": {"null"},  # in [0, 1]
+    "seed": {"null", "integer"},
+    "stop": {"null", "string", "array"},
+    "stream": {"null", "boolean"},
+    "stream_options": {"null", "object"},
+    "stream_options.include_usage": {"null", "boolean"},
+    "k": {"null", "integer"},
+    "speculative": {"null", "object"},
+    "speculative.n_max": {"null", "integer"},
+    "speculative.n_min": {"null", "integer"},
+    "speculative.p_min": {"null"},  # in [0, 1]
+}
+OWN = {
+    CHAT_PATH: {"messages": set(), "messages.0": set(), "messages.0.role": set(), "messages.0.content": {"string"},
+                "messages.0.content.0": set(), "messages.0.content.0.type": set(), "messages.0.content.0.text": {"string"}},
+    COMPLETION_PATH: {"prompt": {"string", "array"}},  # ["x"]: an array of one string
+}
+NUMERIC = ["n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "k", "speculative.n_max",
+           "speculative.n_min", "speculative.p_min"]  # not seed: a negative one draws a fresh seed
+NOT_A_REQUEST = [b"", b"[]", b'"hi"', b"7", b"null", b'{"prompt": ', DEEP.encode(), b'{"prompt": "\xff"}', b"\xff\xfe{}",
+                 b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]}']  # the last: a surrogate in UTF-8
+
+
+def with_value(body: dict, field: str, literal: str) -> bytes:
+    """`body` as JSON with the JSON text `literal` at `field` (dotted; numbers index arrays)."""
+    body = copy.deepcopy(body)
+    *parents, last = (int(key) if key.isdigit() else key for key in field.split("."))
+    target = body
+    for key in parents:
+        target = target.setdefault(key, {}) if isinstance(key, str) else target[key]
+    target[last] = "<malformed>"
+    return json.dumps(body).replace('"<malformed>"', literal).encode()
+
+
+def malformed_bodies(path: str) -> list[bytes]:
+    fields = {**COMMON, **OWN[path]}
+    wrong_kinds = [with_value(VALID[path], field, KINDS[kind]) for field, takes in fields.items()
+                   for kind in KINDS if kind not in takes]
+    return wrong_kinds + [with_value(VALID[path], field, number) for field in NUMERIC for number in EXTREMES] + NOT_A_REQUEST
+
+
+def post_raw(client, path: str, raw: bytes) -> httpx.Response:
+    return client.post(path, content=raw, headers={"Content-Type": "application/json"})
+
+
+def assert_refused(response: httpx.Response, raw: bytes) -> dict:
+    assert response.status_code == 400, (raw[:200], response.status_code, response.text[:300])
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error", (raw[:200], error)
+    assert isinstance(error["message"], str) and error["message"], raw[:200]
+    return error
+
+
+@pytest.mark.parametrize("path", VALID)
+def test_json_nested_thousands_deep_and_lone_surrogates_get_400_not_500(idle, path):
+    """Both were 500s: Python's json module raised RecursionError on the first, and tokenizing
+    the second raised UnicodeEncodeError on the model thread. The JSON parser refuses both."""
+    valid = json.dumps(VALID[path])
+    nested = [DEEP, valid[:-1] + f', "ignored": {DEEP}}}', valid[:-1] + f', "stop": {DEEP}}}']
+    spoken = {"messages": [{"role": "user", "content": "hi \ud800"}]} if path == CHAT_PATH else {"prompt": "hi \ud800"}
+    surrogates = [{**VALID[path], **spoken}, {**VALID[path], "stop": ["\udc00"]}]  # json.dumps writes them as \uXXXX
+    for raw in [body.encode() for body in nested] + [json.dumps(body).encode() for body in surrogates]:
+        error = assert_refused(post_raw(idle, path, raw), raw)
+        assert error["code"] == "invalid_json" and re.search(r"at line 1 column \d+", error["message"]), error
+    assert idle.post(path, json=VALID[path]).status_code == 200
+
+
+@pytest.mark.parametrize("path", VALID)
+def test_every_malformed_body_gets_a_400_error_object_and_never_reaches_the_model(idle, path):
+    bodies = malformed_bodies(path)
+    rejected = metric(idle, "requests_rejected_total", reason="invalid")
+    generated = metric(idle, "generation_tokens_total")
+    with httpx.Client(base_url=idle.url, timeout=60) as client:
+        for raw in bodies:
+            assert_refused(post_raw(client, path, raw), raw)
+    assert metric(idle, "requests_rejected_total", reason="invalid") == rejected + len(bodies)
+    assert metric(idle, "generation_tokens_total") == generated
+    assert idle.post(path, json=VALID[path]).json()["usage"]["completion_tokens"] == 1
 
 
 def test_unknown_routes_get_openai_error_objects(idle):
