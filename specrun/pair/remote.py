@@ -16,8 +16,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 from gguf import GGUFReader
+from huggingface_hub import get_session
+from huggingface_hub.utils import build_hf_headers
 
 from specrun.errors import SpecrunError
+from specrun.hub.containment import check_name
+from specrun.hub.download import hub_endpoint
 from specrun.pair.header import ModelFacts, PlainArrayReader, facts_from_reader
 
 FIRST_FETCH = 4 << 20  # most headers fit (Gemma 3: 6.2 MiB with its 262k-token vocabulary)
@@ -27,9 +31,6 @@ CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 def read_remote(repo_id: str, filename: str, revision: str | None = None,
                 endpoint: str | None = None) -> ModelFacts:
-    from specrun.hub.containment import check_name
-    from specrun.hub.download import hub_endpoint
-
     check_name(filename, f"{repo_id}: file name")
     # The hub's resolve URL, built like hf_hub_url but with the endpoint the hub
     # package uses (HF_ENDPOINT read now, not at import time).
@@ -75,9 +76,6 @@ def _parse_prefix(sparse: Path, fetched: int, total: int) -> GGUFReader | None:
 
 def fetch_range(url: str, source: str, start: int, end: int) -> tuple[bytes, int]:
     """Bytes [start, end) of url and the file's total size, via one Range request."""
-    from huggingface_hub import get_session
-    from huggingface_hub.utils import build_hf_headers
-
     headers = {**build_hf_headers(), "Range": f"bytes={start}-{end - 1}"}
     try:
         with get_session().stream("GET", url, headers=headers) as response:

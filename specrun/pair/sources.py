@@ -1,24 +1,22 @@
 """Model specs to what is known of them, without loading or downloading weights.
 
-In order: a local path, an `ollama:` model or a file already in a store (the Hugging Face
-cache, Ollama, LM Studio, llama.cpp) is read from disk; otherwise a hub file is read by
-its header alone (range requests); offline, an alias's profile is all there is. Each
-answer says which of these it came from.
+The file is the one `generate` would load, found by the hub's resolver (`locate_model`),
+except that every file already on disk, the Hugging Face cache's included, is taken before
+the hub is asked: a local path, an `ollama:` model or a stored file is read from disk;
+otherwise a hub file is read by its header alone (range requests); offline, an alias's
+profile is all there is. Each answer says which of these it came from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from specrun.default_model import DEFAULT_ALIAS, embedded_model_path
 from specrun.errors import SpecrunError
+from specrun.hub.profiles import ModelProfile, load_profiles
+from specrun.hub.resolve import HubLookupError, ModelLocation, locate_model
 from specrun.pair.header import ModelFacts, read_local
-
-if TYPE_CHECKING:
-    from specrun.hub.profiles import ModelProfile
-    from specrun.hub.spec import ModelSpec
 
 LOCAL_HEADER = "local header"
 REMOTE_HEADER = "remote header"
@@ -52,87 +50,54 @@ def locate(spec: str, offline: bool = False, for_draft: bool = False,
     profile_fallback: when no header can be read (offline, or the hub failed), an alias
     or a profile's repository is answered from its profile instead of an error.
     """
-    from specrun.hub.profiles import load_profiles
-    from specrun.hub.spec import local_model_path, ollama_name, parse_spec
-
-    local = local_model_path(spec)
-    if local is not None:
-        return Known(spec, LOCAL_HEADER, read_local(local), path=local)
-    profiles = load_profiles()
-    name = ollama_name(spec)
-    if name is not None:
-        from specrun.hub.stores import ollama_model
-
-        model = ollama_model(name, profiles)
-        assert model.path is not None  # ollama_model refuses unusable models
-        return Known(spec, LOCAL_HEADER, read_local(model.path), profiles.get(model.alias or ""),
-                     model.path, model.source)
-    if spec == DEFAULT_ALIAS:
-        path = embedded_model_path()
-        return Known(spec, LOCAL_HEADER, read_local(path), profiles.get(DEFAULT_ALIAS), path)
-    parsed = parse_spec(spec, profiles)
-    profile = profiles.get(parsed.alias) if parsed.alias else profile_of_repo(parsed.repo, profiles)
-    stored = stored_file(parsed, profiles, for_draft)
-    if stored is not None:
-        return replace(stored, spec=spec, profile=profile)
     try:
-        return replace(hub_facts(parsed, profiles, offline, for_draft), spec=spec, profile=profile)
+        location = locate_model(spec, offline=offline, for_draft=for_draft, disk_first=True)
+    except HubLookupError as exc:
+        return profile_answer(spec, exc, exc.repo, exc.profile, offline, profile_fallback)
+    profile = location.profile or profile_of_repo(location.repo)
+    if location.files:
+        facts = merge_split_parts([read_local(part) for part in location.files])
+        return Known(spec, LOCAL_HEADER, facts, profile, location.path, location.store)
+    try:
+        facts = remote_facts(location)
     except SpecrunError as exc:
-        if not profile_fallback:
-            raise
-        if profile is not None:
-            return Known(spec, PROFILE, profile=profile, note=str(exc))
-        if offline:
-            raise SpecrunError(nothing_known_message(spec, parsed.repo or "", profiles)) from None
-        raise
+        return profile_answer(spec, exc, location.repo or "", profile, offline, profile_fallback)
+    return Known(spec, REMOTE_HEADER, facts, profile)
 
 
-def profile_of_repo(repo: str | None, profiles: dict[str, ModelProfile]) -> ModelProfile | None:
+def remote_facts(location: ModelLocation) -> ModelFacts:
+    """The header of each hub file a location would download, read by range requests."""
+    # huggingface_hub's HTTP client comes with it: about 175 ms to import (`python -X importtime
+    # -c 'import specrun.pair.remote'`), paid only by headers read from the hub.
+    from specrun.pair.remote import read_remote
+
+    listing = location.listing
+    assert listing is not None  # a location without files names its hub files
+    return merge_split_parts([read_remote(listing.repo, part.path, revision=listing.commit or None)
+                              for part in location.hub_files])
+
+
+def profile_answer(spec: str, error: SpecrunError, repo: str, profile: ModelProfile | None,
+                   offline: bool, fallback: bool) -> Known:
+    """The profile, when no header could be read and the caller takes one; else the error."""
+    if not fallback:
+        raise error
+    profile = profile or profile_of_repo(repo)
+    if profile is not None:
+        return Known(spec, PROFILE, profile=profile, note=str(error))
+    if offline:
+        raise SpecrunError(nothing_known_message(spec, repo, load_profiles())) from None
+    raise error
+
+
+def profile_of_repo(repo: str | None) -> ModelProfile | None:
     """The profile whose repository a repo spec names (owner/repo[:QUANT] of an alias)."""
-    for profile in profiles.values():
-        if repo is not None and profile.repo.lower() == repo.lower():
+    if repo is None:
+        return None
+    for profile in load_profiles().values():
+        if profile.repo.lower() == repo.lower():
             return profile
     return None
-
-
-def stored_file(parsed: ModelSpec, profiles: dict[str, ModelProfile], for_draft: bool) -> Known | None:
-    """The file `generate` would pick among those already on disk, read from there."""
-    from specrun.hub.quants import NEVER_AUTO, NEVER_AUTO_FOR_DRAFT
-    from specrun.hub.resolve import stored_choice
-
-    excluded = NEVER_AUTO_FOR_DRAFT if for_draft else NEVER_AUTO
-    chosen = stored_choice(parsed, profiles, parsed.quant, None, 0, excluded, include_hf=True)
-    if chosen is None:
-        return None
-    facts = merge_split_parts([read_local(part) for part in chosen.files])
-    return Known(parsed.text, LOCAL_HEADER, facts, path=chosen.path, store=chosen.store)
-
-
-def hub_facts(parsed: ModelSpec, profiles: dict[str, ModelProfile], offline: bool, for_draft: bool) -> Known:
-    """The header of the file `generate` would download: from the cache when it is there."""
-    from specrun.hub import download
-    from specrun.hub.quants import NEVER_AUTO, NEVER_AUTO_FOR_DRAFT
-    from specrun.hub.resolve import choose_file, repo_listing
-
-    profile = profiles.get(parsed.alias) if parsed.alias else None
-    repo = profile.repo if profile else parsed.repo
-    assert repo is not None  # parse_spec gives an alias or a repo
-    listing = repo_listing(repo, offline or download.offline_mode(), parsed.text, parsed.filename)
-    excluded = NEVER_AUTO_FOR_DRAFT if for_draft else NEVER_AUTO
-    choice = choose_file(listing, parsed, profile, parsed.quant, None, 0, excluded).quant_choice
-    if not listing.cached:
-        from specrun.pair.remote import read_remote
-
-        parts = [read_remote(listing.repo, p.path, revision=listing.commit or None) for p in choice.parts]
-        return Known(parsed.text, REMOTE_HEADER, merge_split_parts(parts))
-    paths = []
-    for part in choice.parts:
-        path = download.cached_path(listing.repo, listing.commit, part.path)
-        if path is None:
-            raise SpecrunError(f"{parsed.text}: {part.path} vanished from the cache: run `specrun pull {parsed.text}`")
-        paths.append(path)
-    facts = merge_split_parts([read_local(path) for path in paths])
-    return Known(parsed.text, LOCAL_HEADER, facts, path=paths[0], store="hf")
 
 
 def nothing_known_message(spec: str, repo: str, profiles: dict[str, ModelProfile]) -> str:
