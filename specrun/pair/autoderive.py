@@ -19,8 +19,10 @@ from typing import Callable
 
 import numpy as np
 
+from specrun import settings
+from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.pair.cost import best_k, decode_cost
-from specrun.pair.derive import BLOCK_TENSOR, write_subset
+from specrun.pair.derive import BLOCK_TENSOR, describe_layers, write_subset
 from specrun.pair.header import ModelFacts, facts_from_reader, open_reader
 
 SAMPLE_PROMPTS = (
@@ -60,8 +62,6 @@ class Probe:
     """One loaded model with a context: greedy decoding, batch argmax and step timing."""
 
     def __init__(self, path: Path, n_ctx: int, threads: int):
-        from specrun.backend import Context, ContextOptions, Model, ModelOptions
-
         self.model = Model(path, ModelOptions(n_gpu_layers=0), role="candidate")
         self.ctx = Context(self.model, ContextOptions(n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads))
 
@@ -92,6 +92,7 @@ class Probe:
 def measure(target: Path, n_tokens: int = 24, threads: int = 0,
             report: Callable[[str], None] = lambda line: None) -> list[Measured]:
     """Acceptance, cost ratio and predicted speed-up of each candidate subset."""
+    settings.check(threads=threads)
     reader = open_reader(target)
     arch = str(reader.fields["general.architecture"].contents())
     n_layers = int(reader.fields[f"{arch}.block_count"].contents())
@@ -146,6 +147,4 @@ def subset_bytes_ratio(target: ModelFacts, layers: tuple[int, ...]) -> float:
 
 
 def _short(layers: tuple[int, ...]) -> str:
-    from specrun.pair.derive import describe_layers
-
     return describe_layers(list(layers))

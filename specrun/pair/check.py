@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from specrun import settings
 from specrun.compat import CompatReport, check_vocab
-from specrun.hub.memory import MemoryBudget
+from specrun.hub.memory import MemoryBudget, memory_budget
 from specrun.pair.cost import (
     MODEL_ASSUMPTIONS,
     DecodeCost,
@@ -16,6 +17,7 @@ from specrun.pair.cost import (
     verdict,
 )
 from specrun.pair.header import ModelFacts
+from specrun.pair.sources import load_facts
 
 DEFAULT_CTX = 4096
 
@@ -131,11 +133,23 @@ class PairCheck:
         }
 
 
-def check_pair(target: ModelFacts, draft: ModelFacts, n_ctx: int = DEFAULT_CTX,
+def check_models(target: str, draft: str, *, ctx: int = DEFAULT_CTX, acceptance: float | None = None,
+                 offline: bool = False, rpc: tuple[str, ...] = ()) -> PairCheck:
+    """`pair check` of two model specs: their headers (from disk, else the hub's by range
+    requests) and the memory they would run in, the `rpc` servers' free memory included."""
+    settings.check(ctx=ctx, acceptance=acceptance)
+    facts = load_facts(target, offline), load_facts(draft, offline)
+    return check_pair(*facts, ctx, acceptance, budget=memory_budget(rpc=rpc))
+
+
+def check_pair(target: ModelFacts, draft: ModelFacts, ctx: int = DEFAULT_CTX,
                acceptance: float | None = None, why: str = "given", budget: MemoryBudget | None = None) -> PairCheck:
+    """The pair's compatibility, costs and predicted speed-up; memory counted for `ctx` tokens,
+    acceptance assumed from the families unless given."""
+    settings.check(ctx=ctx, acceptance=acceptance)
     prior = Prior(acceptance, why) if acceptance is not None else acceptance_prior(target, draft)
     return PairCheck(target, draft, check_vocab(target.vocab, draft.vocab),
-                     decode_cost(target), decode_cost(draft), prior, n_ctx, budget)
+                     decode_cost(target), decode_cost(draft), prior, ctx, budget)
 
 
 def acceptance_prior(target: ModelFacts, draft: ModelFacts) -> Prior:

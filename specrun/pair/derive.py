@@ -15,6 +15,7 @@ from typing import Any
 
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+from specrun.backend import Model, ModelOptions
 from specrun.errors import SpecrunError
 from specrun.files import atomic_path
 from specrun.pair.header import ModelFacts, open_reader, read_local
@@ -174,8 +175,6 @@ def describe_layers(layers: list[int]) -> str:
 
 def check_loads(path: Path, shown_as: Path) -> None:
     """llama.cpp must load the draft, or nothing is left behind."""
-    from specrun.backend import Model, ModelOptions
-
     try:
         Model(path, ModelOptions(n_gpu_layers=0), role="derived draft").close()
     except SpecrunError:

@@ -8,6 +8,7 @@ from specrun.pair.check import DEFAULT_CTX, PairCheck
 from specrun.pair.derive import DerivedDraft, describe_layers
 from specrun.pair.cost import MODEL_ASSUMPTIONS, DecodeCost
 from specrun.pair.header import ModelFacts
+from specrun.pair.make import MEASURED
 from specrun.pair.sources import Known
 from specrun.pair.suggest import Suggestion
 
@@ -109,7 +110,7 @@ def derive_lines(derived: DerivedDraft, result: PairCheck) -> list[str]:
         f"verdict    {result.verdict}",
     ]
     lines += [f"warning    {w}" for w in result.warnings()]
-    if result.prior.why != "measured by --auto":
+    if result.prior.why != MEASURED:
         lines.append("acceptance of a layer subset is not predictable from its size: measure "
                      "it with --auto or specrun generate --compare-plain")
     return lines

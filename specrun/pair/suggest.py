@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from specrun import settings
+from specrun.default_model import cache_dir
 from specrun.errors import SpecrunError
+from specrun.hub.profiles import load_profiles
+from specrun.hub.quants import RepoFile, group_quants
+from specrun.hub.stores import stored_models
 from specrun.pair.check import PRIOR_OTHER_FAMILY, PRIOR_SAME_FAMILY, PairCheck, Prior, check_pair
 from specrun.pair.cost import best_k, verdict
 from specrun.pair.sources import PROFILE, Known, locate
@@ -119,8 +124,6 @@ def has_weights(model: Known) -> bool:
 
 def profile_candidates(target: Known) -> list[Candidate]:
     """The target profile's drafts first, then the models of its family (or tokenizer)."""
-    from specrun.hub.profiles import load_profiles
-
     profiles = load_profiles()
     own = target.profile
     keys = {family_key(target.facts.family), family_key(target.facts.arch)} if target.facts else set()
@@ -134,10 +137,6 @@ def profile_candidates(target: Known) -> list[Candidate]:
 
 def stored_candidates(target: Known, report: Callable[[str], None]) -> list[Candidate]:
     """Single-file GGUFs already on disk, smaller than the target (a larger file is no cheaper draft)."""
-    from specrun.default_model import cache_dir
-    from specrun.hub.profiles import load_profiles
-    from specrun.hub.stores import stored_models
-
     models = [m for m in stored_models(load_profiles()) if m.usable and len(m.parts) == 1]
     files = [(m.path, m.size, f"ollama:{m.name}" if m.source == "ollama" else str(m.path),
               STORE_ORIGINS[m.source]) for m in models]
@@ -161,10 +160,11 @@ def stored_candidates(target: Known, report: Callable[[str], None]) -> list[Cand
 
 def hub_candidates(target: Known, limit: int = HUB_HEADERS_MAX) -> list[Candidate]:
     """GGUF repositories the hub finds for the target's family and base models."""
+    # huggingface_hub's client: about 175 ms to import (`python -X importtime -c 'import
+    # specrun.hub.download'`), paid only by a hub search, not by every command's start.
     from huggingface_hub import HfApi
 
     from specrun.hub.download import hub_endpoint, hub_errors
-    from specrun.hub.quants import RepoFile, group_quants
 
     assert target.facts is not None
     api = HfApi(endpoint=hub_endpoint())
@@ -186,8 +186,10 @@ def hub_candidates(target: Known, limit: int = HUB_HEADERS_MAX) -> list[Candidat
 
 def suggest(target_spec: str, offline: bool, top: int,
             report: Callable[[str], None] = lambda line: None) -> tuple[Known, list[Suggestion]]:
-    from specrun.hub.download import NetworkUnavailable, offline_mode
+    """The target as known, and the `top` drafts that fit it best, best first."""
+    from specrun.hub.download import NetworkUnavailable, offline_mode  # huggingface_hub, as in hub_candidates
 
+    settings.check(top=top)
     offline = offline or offline_mode()  # HF_HUB_OFFLINE=1 means --offline
     target = locate(target_spec, offline, profile_fallback=True)
     if target.note and not offline:  # offline, the profile is the expected answer
