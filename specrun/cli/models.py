@@ -9,6 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from specrun.cli.app import app, err_console
+from specrun.hub.memory import format_bytes
+from specrun.hub.profiles import load_profiles
+from specrun.hub.stores import SOURCE_LABELS, store_roots, stored_models
 
 
 @app.command()
@@ -17,8 +20,6 @@ def models(
     aliases: bool = typer.Option(False, "--aliases", help="List the known aliases instead of the models on disk."),
 ) -> None:
     """List the models on disk: the Hugging Face cache, Ollama, LM Studio and llama.cpp (read-only)."""
-    from specrun.hub.profiles import load_profiles
-
     profiles = load_profiles()
     if aliases:
         rows = [
@@ -27,8 +28,6 @@ def models(
             for p in profiles.values()
         ]
         return _print(rows, as_json, ["alias", "family", "repo", "params", "drafts", "k"])
-    from specrun.hub.stores import SOURCE_LABELS, store_roots, stored_models
-
     found = stored_models(profiles)
     if not found:
         places = [f"{SOURCE_LABELS[source]} ({root})" for source, root in store_roots().items()]
@@ -64,8 +63,6 @@ def _cell(column: str, value: object) -> str:
     if value is None:
         return "-"
     if column == "size":
-        from specrun.hub.memory import format_bytes
-
         return format_bytes(int(value))  # type: ignore[arg-type]
     if column == "params":
         return f"{int(value) / 1e9:.2f}B"  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ from typing import List, Optional
 import typer
 
 from specrun.cli.app import app, err_console
+from specrun.hub import resolve_model
 
 
 @app.command()
@@ -16,8 +17,6 @@ def pull(
     offline: bool = typer.Option(False, "--offline", help="Only check the cache; never use the network."),
 ) -> None:
     """Download models (with their split parts) into the Hugging Face cache; print their paths."""
-    from specrun.hub import resolve_model
-
     for spec in specs:
         model = resolve_model(spec, quant=quant, offline=offline)
         err_console.print(model.reason, highlight=False)
