@@ -64,6 +64,7 @@ def resolve(
 ) -> SessionConfig:
     """The `SessionConfig` that `load` would load, with the arguments of `load`: the model
     files are found (and downloaded) but not loaded. `Session(config)` loads them."""
+    SessionConfig.check_settings(options)  # before any download: a bad setting fails at once
     for name in ("rpc", "draft_rpc"):  # HOST:PORT strings, or one comma-separated string
         if name in options:
             value = options[name]

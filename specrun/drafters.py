@@ -9,13 +9,13 @@ import numpy as np
 
 from specrun.backend import Context
 from specrun.errors import SpecrunError
-from specrun.policy import PRIOR
-from specrun.sampling import Distribution, SamplerSettings, filtered
+from specrun.policy import PRIOR, DraftPolicy, Source
+from specrun.sampling import Distribution, Sampler, filtered
 
 
 @dataclass(frozen=True)
 class Draft:
-    source: str  # which drafter produced it ("lookup", "lookup-long", "draft"); policies learn per source
+    source: Source  # which drafter produced it ("lookup", "lookup-long", "draft"); policies learn per source
     tokens: list[int] = field(default_factory=list)
     # q_i for each token when the drafter sampled; None when it is deterministic.
     dists: list[Distribution] | None = None
@@ -23,28 +23,23 @@ class Draft:
     confidences: list[float] | None = None
 
 
-class DraftPolicy(Protocol):
-    def cap(self, source: str, limit: int, prior: float = PRIOR) -> int:
-        """How many tokens `source` may draft this step (0: do not draft).
-
-        `prior`: the acceptance the drafter expects from this source before any is measured.
-        """
-        ...
-
-    def keep(self, source: str, position: int, confidence: float) -> bool:
-        """Whether a model-drafted token at `position` with this probability is worth verifying."""
-        ...
-
-
 class DraftSource(Protocol):
+    """Anything that guesses the next tokens: the engine asks, verifies and rolls back."""
+
     name: str
 
-    def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
-        """Up to `limit` tokens guessed to follow `history` (which ends with the last emitted token)."""
+    def propose(self, history: Sequence[int], limit: int, policy: DraftPolicy, sampler: Sampler) -> Draft:
+        """Up to `limit` tokens guessed to follow `history` (which ends with the last emitted token),
+        as many as `policy` grants; a drafter that samples draws with `sampler`."""
         ...
 
     def rollback(self, history: Sequence[int]) -> None:
-        """Forget any state (cached drafts) that is not part of `history`."""
+        """Forget any state (cached drafts) that is not part of `history`; [] empties it."""
+        ...
+
+    @property
+    def model(self) -> "DraftModel | None":
+        """The source in here that drafts with a model of its own, or None."""
         ...
 
 
@@ -90,7 +85,9 @@ class PromptLookup:
         self._crossings = [0, 0]  # copies that went on past a blank line of their source, of those seen
         self._crossing: tuple[int, int] | None = None  # (position, token) the last copy expected past a blank line
 
-    def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
+    model = None  # copies from the history: no model of its own
+
+    def propose(self, history: Sequence[int], limit: int, policy: DraftPolicy, sampler: Sampler) -> Draft:
         self._extend_index(history)
         self._learn_crossing(history)
         end = self._match_end(history)
@@ -103,7 +100,7 @@ class PromptLookup:
         if not copy:
             return Draft(self.name)
         source = self._source(agreed)
-        return Draft(source, copy[: policy.cap(source, len(copy), self.PRIORS[source])])
+        return Draft(source, copy[: policy.cap(source, len(copy), self.PRIORS[source]).k])
 
     def _source(self, agreed: int) -> str:
         if agreed >= self.COPY_MATCH:
@@ -194,45 +191,54 @@ class DraftModel:
 
     name = "draft"
 
-    def __init__(self, context: Context, settings: SamplerSettings, sample: bool):
+    def __init__(self, context: Context, sample: bool = True):
+        """`sample`: at temperature > 0, sample the drafts (verified by the p/q rule); else greedy."""
         self.context = context
-        self.settings = settings
-        self.sample = sample and not settings.greedy
+        self.sample = sample
         # Reused every token: no vocab-sized allocation per draft.
         self._softmax = np.empty(context.model.n_vocab, dtype=np.float32)
         self._scratch = np.empty(context.model.n_vocab, dtype=bool)
 
-    def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
-        k = policy.cap(self.name, min(limit, self.context.free_slots - 1))
-        if k < 1:
+    @property
+    def model(self) -> "DraftModel":
+        return self
+
+    def propose(self, history: Sequence[int], limit: int, policy: DraftPolicy, sampler: Sampler) -> Draft:
+        budget = policy.cap(self.name, min(limit, self.context.free_slots - 1))
+        if budget.k < 1:
             return Draft(self.name)
         # Reuse the cached prefix; this also catches up after a fully accepted draft.
         common = self.context.reuse_prefix(history)
         if common == len(history):
             self.context.truncate(common - 1)  # we need the last position's logits again
         logits = self.context.eval(history[len(self.context.tokens) :])
-        wants_confidence = getattr(policy, "wants_confidence", False)
+        sample = self.sample and not sampler.settings.greedy
         tokens: list[int] = []
         dists: list[Distribution] = []
         confidences: list[float] = []
-        for i in range(k):
-            if self.sample:
-                q = filtered(logits[-1], self.settings, self._scratch)
-                token = q.sample(rng)
-                confidence = q.prob(token)
-            else:
-                token = int(np.argmax(logits[-1]))
-                confidence = self._top_probability(logits[-1]) if wants_confidence else 1.0
-            if not policy.keep(self.name, i, confidence):
+        for i in range(budget.k):
+            token, q, confidence = self._guess(logits[-1], sampler, sample, policy.wants_confidence)
+            budget = policy.keep(budget, confidence)
+            if budget is None:
                 break
             tokens.append(token)
             confidences.append(confidence)
-            if self.sample:
+            if q is not None:
                 dists.append(q)
-            if i < k - 1:
+            if i < budget.k - 1:
                 logits = self.context.eval([token])
-        measured = self.sample or wants_confidence
-        return Draft(self.name, tokens, dists if self.sample else None, confidences if measured else None)
+        measured = sample or policy.wants_confidence
+        return Draft(self.name, tokens, dists if sample else None, confidences if measured else None)
+
+    def _guess(self, row: np.ndarray, sampler: Sampler, sample: bool,
+               wants_confidence: bool) -> tuple[int, Distribution | None, float]:
+        """The next draft token, the distribution it was sampled from (None: argmax), its probability."""
+        if sample:
+            q = filtered(row, sampler.settings, self._scratch)
+            token = q.sample(sampler.rng)
+            return token, q, q.prob(token)
+        token = int(np.argmax(row))
+        return token, None, self._top_probability(row) if wants_confidence else 1.0
 
     def _top_probability(self, row: np.ndarray) -> float:
         np.subtract(row, row.max(), out=self._softmax)
@@ -253,11 +259,11 @@ class Hybrid:
 
     @property
     def model(self) -> DraftModel | None:
-        return next((source for source in self.sources if isinstance(source, DraftModel)), None)
+        return next((source.model for source in self.sources if source.model is not None), None)
 
-    def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
+    def propose(self, history: Sequence[int], limit: int, policy: DraftPolicy, sampler: Sampler) -> Draft:
         for source in self.sources:
-            draft = source.propose(history, limit, rng, policy)
+            draft = source.propose(history, limit, policy, sampler)
             if draft.tokens:
                 break
         return draft

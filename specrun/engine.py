@@ -1,38 +1,47 @@
 """The speculative core: draft, verify in one target decode, accept/reject, roll back.
 
-`Generator.generate` yields `TokenEvent`s and `StepEvent`s and ends with one `Done`
-carrying raw counters; rates are derived in `Stats`. Plain decoding is the same loop
-without a drafter, so every speed-up is measured against the same code path.
+`Generator.generate` yields a `StepEvent` per round and a `TokenEvent` per token and
+ends with one `Done` carrying raw counters; rates are derived in `Stats`. `Generator.run`
+is the one consumer of that stream that every front end uses. Plain decoding is the same
+loop without a drafter, so every speed-up is measured against the same code path.
 """
 
 from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import dataclass, field
-from typing import Iterator, Sequence, Union
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator, Literal, Sequence, Union
 
 import numpy as np
 
 from specrun.backend import Context
-from specrun.drafters import Draft, DraftPolicy, DraftSource
+from specrun.drafters import Draft, DraftSource
 from specrun.errors import SpecrunError
-from specrun.policy import FixedK
-from specrun.sampling import Distribution, SamplerSettings, filtered, verify
+from specrun.policy import DraftPolicy, FixedK, Source, StepRecord
+from specrun.sampling import Distribution, Sampler, filtered, verify
+
+
+TokenSource = Literal["draft", "target", "bonus"]
+"""Where an emitted token came from: an accepted guess, the target's own token, or the one
+the target adds after a fully accepted draft."""
+StopReason = Literal["eog", "max_tokens", "context_full", "stop_string", "interrupted"]
+"""Why a generation ended: the model ended it, a limit, or (set by the consumer) a stop
+string or an interruption."""
 
 
 @dataclass(frozen=True)
 class TokenEvent:
     token: int
     text: str  # decoded text this token completes (may be "" inside a UTF-8 sequence)
-    source: str  # "draft" (accepted guess), "target" (target's own sample), "bonus"
+    source: TokenSource
 
 
 @dataclass(frozen=True)
 class StepEvent:
     drafted: int
     accepted: int
-    source: str = ""  # the drafter that proposed ("" for a plain step)
+    draft_source: Source | None = None  # the source that proposed (None for a plain step)
 
 
 @dataclass
@@ -52,7 +61,7 @@ class Stats:
     verify_s: float = 0.0  # the target's verify decodes
     check_s: float = 0.0  # reading the verified logits rows (argmax or filtering) and accept/reject
     generate_s: float = 0.0  # wall time after the prompt was processed
-    stop_reason: str = ""
+    stop_reason: StopReason | Literal[""] = ""  # "" while it runs
 
     @property
     def acceptance_rate(self) -> float:
@@ -78,6 +87,7 @@ class Stats:
         return 1000 * rest / self.steps if self.steps else 0.0
 
     def count_step(self, drafted: int, accepted: int) -> None:
+        """One draft-and-verify round: `drafted` tokens verified, the first `accepted` kept."""
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -132,26 +142,49 @@ class Done:
 Event = Union[TokenEvent, StepEvent, Done]
 
 
+@dataclass(frozen=True)
+class Step:
+    """What one round did: the draft, how much of it the target kept, the tokens it emits."""
+
+    draft: Draft
+    accepted: int
+    emitted: list[tuple[int, TokenSource]]
+    draft_s: float  # proposing the draft
+    verify_s: float  # the target's decode of the last token and the draft
+    check_s: float  # reading the verified rows and accepting or rejecting
+
+    @property
+    def event(self) -> StepEvent:
+        return StepEvent(len(self.draft.tokens), self.accepted, self.draft.source)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A generation driven to its end by `Generator.run`."""
+
+    tokens: list[int]  # every emitted token, an end-of-generation token included
+    stats: Stats
+    stop_reason: StopReason
+
+
+OnToken = Callable[[TokenEvent], "StopReason | None"]
+OnStep = Callable[[StepEvent, Stats], "StopReason | None"]
+NO_DRAFT = Draft(None)
+
+
 class Generator:
     """Speculative (or, without a drafter, plain) generation on one target context."""
 
-    def __init__(
-        self,
-        target: Context,
-        drafter: DraftSource | None,
-        settings: SamplerSettings,
-        k: int | DraftPolicy = 8,
-        rng: np.random.Generator | None = None,
-    ):
-        """`k` is a fixed draft length or a policy (FixedK, PMinPolicy, AutoK)."""
-        self.policy = FixedK(k) if isinstance(k, int) else k
-        if self.policy.max_k + 1 > target.n_batch:
-            raise SpecrunError(f"k = {self.policy.max_k} needs a batch of {self.policy.max_k + 1} rows but n_batch is {target.n_batch}")
+    def __init__(self, target: Context, drafter: DraftSource | None, sampler: Sampler, policy: DraftPolicy = FixedK(8),
+                 eog: frozenset[int] | None = None):
+        """`eog`: the tokens that end a generation (default: the target model's end-of-generation tokens)."""
+        if policy.max_k + 1 > target.n_batch:
+            raise SpecrunError(f"k = {policy.max_k} needs a batch of {policy.max_k + 1} rows but n_batch is {target.n_batch}")
         self.target = target
         self.drafter = drafter
-        self.settings = settings
-        self.rng = rng if rng is not None else np.random.default_rng(settings.seed)
-        self.eog = target.model.eog_ids
+        self.sampler = sampler
+        self.policy = policy
+        self.eog = target.model.eog_ids if eog is None else eog
         self.stats = Stats()  # the running (or last) generation's counters
         self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
@@ -170,22 +203,20 @@ class Generator:
         started = time.perf_counter()
         text = codecs.getincrementaldecoder("utf-8")("replace")
         try:
-            while not stats.stop_reason:
-                room = self.target.free_slots  # the last token needs a slot, each draft one more
-                if stats.tokens >= max_tokens:
-                    stats.stop_reason = "max_tokens"
-                elif room < 1:
-                    stats.stop_reason = "context_full"
-                else:
-                    limit = min(max_tokens - stats.tokens - 1, room - 1, self.policy.max_k)
-                    source, drafted, accepted, emitted = self._step(history, limit, stats, prompt_logits)
-                    prompt_logits = None
-                    yield StepEvent(drafted, accepted, source)
-                    for token, source in emitted:
-                        stats.tokens += 1
-                        yield TokenEvent(token, text.decode(self.target.model.piece(token)), source)
-                    if emitted[-1][0] in self.eog:
-                        stats.stop_reason = "eog"
+            while not (stop := self._stop_reason(stats, max_tokens)):
+                limit = min(max_tokens - stats.tokens - 1, self.target.free_slots - 1, self.policy.max_k)
+                step = self._step(history, limit, prompt_logits)
+                prompt_logits = None
+                self._count(step, stats)
+                history += [token for token, _ in step.emitted]
+                self._rollback(history)
+                yield step.event
+                for token, source in step.emitted:
+                    stats.tokens += 1
+                    yield TokenEvent(token, text.decode(self.target.model.piece(token)), source)
+                if step.emitted[-1][0] in self.eog:
+                    stats.stop_reason = "eog"
+            stats.stop_reason = stop
         finally:
             # Whatever happened (including an abandoned generator), caches hold only history;
             # a generator closed after its session has no caches left to roll back.
@@ -193,6 +224,38 @@ class Generator:
                 self._rollback(history)
             stats.generate_s = time.perf_counter() - started
         yield Done(stats)
+
+    def run(self, prompt: Sequence[int], max_tokens: int, on_token: OnToken | None = None,
+            on_step: OnStep | None = None) -> RunResult:
+        """Drive `generate` to its end: the one consumer of the event stream.
+
+        `on_token` and `on_step` see each event as it comes; one that returns a stop reason
+        ends the generation there (the caches roll back to what was emitted). However the
+        loop ends, even by an exception, the generator is closed before this returns.
+        """
+        tokens: list[int] = []
+        events = self.generate(prompt, max_tokens)
+        try:
+            for event in events:
+                if isinstance(event, Done):
+                    return RunResult(tokens, event.stats, event.stats.stop_reason)
+                if isinstance(event, TokenEvent):
+                    tokens.append(event.token)
+                    stop = on_token(event) if on_token else None
+                else:
+                    stop = on_step(event, self.stats) if on_step else None
+                if stop:
+                    return RunResult(tokens, self.stats, stop)
+        finally:
+            events.close()
+        raise SpecrunError("the generation ended without its Done event")  # generate() always yields one
+
+    def _stop_reason(self, stats: Stats, max_tokens: int) -> StopReason | None:
+        if stats.stop_reason:
+            return stats.stop_reason
+        if stats.tokens >= max_tokens:
+            return "max_tokens"
+        return "context_full" if self.target.free_slots < 1 else None  # the last token needs a slot
 
     def _checked_prompt(self, prompt: Sequence[int]) -> list[int]:
         if not prompt:
@@ -211,39 +274,39 @@ class Generator:
         self.target.truncate(cached)
         return len(history) - cached, self.target.eval(history[cached:], logits_rows=1)
 
-    def _step(self, history: list[int], limit: int, stats: Stats,
-              prompt_logits: np.ndarray | None = None) -> tuple[str, int, int, list[tuple[int, str]]]:
+    def _step(self, history: list[int], limit: int, prompt_logits: np.ndarray | None) -> Step:
         """One round: draft, verify last token + drafts in one decode, keep the agreed prefix.
 
         The first round samples from `prompt_logits`, the prefill's last row, without a draft.
         """
         started = time.perf_counter()
         first = prompt_logits is not None
-        draft = self.drafter.propose(history, limit, self.rng, self.policy) if limit > 0 and self.drafter and not first else Draft("")
+        drafting = limit > 0 and self.drafter is not None and not first
+        draft = self.drafter.propose(history, limit, self.policy, self.sampler) if drafting else NO_DRAFT
+        draft = self._verifiable(draft, limit)
         drafted_at = time.perf_counter()
-        tokens = self._cut_after_eog(draft.tokens[:limit])
-        dists = draft.dists[: len(tokens)] if draft.dists is not None else None
-        logits = prompt_logits if first else self.target.eval([history[-1], *tokens], logits_rows=len(tokens) + 1)
+        logits = prompt_logits if first else self.target.eval([history[-1], *draft.tokens], logits_rows=len(draft.tokens) + 1)
         verified_at = time.perf_counter()
 
         def target_dist(i: int) -> Distribution:
-            return filtered(logits[i], self.settings, self._scratch)
+            return filtered(logits[i], self.sampler.settings, self._scratch)
 
-        accepted, next_token = verify(tokens, dists, target_dist, self.rng)
-        checked_at = time.perf_counter()
-        stats.count_step(len(tokens), accepted)
-        stats.draft_s += drafted_at - started
-        stats.verify_s += verified_at - drafted_at
-        stats.check_s += checked_at - verified_at
-        if not first:  # the prefill's decode says nothing of verify costs
-            self.policy.observe(draft.source, len(tokens), accepted, draft.confidences, drafted_at - started,
-                                checked_at - drafted_at)
-        emitted = [(t, "draft") for t in tokens[:accepted]]
+        accepted, next_token = verify(draft.tokens, draft.dists, target_dist, self.sampler.rng)
+        emitted: list[tuple[int, TokenSource]] = [(t, "draft") for t in draft.tokens[:accepted]]
         if not (emitted and emitted[-1][0] in self.eog):  # nothing follows an accepted end of generation
-            emitted.append((next_token, "bonus" if tokens and accepted == len(tokens) else "target"))
-        history += [token for token, _ in emitted]
-        self._rollback(history)
-        return draft.source, len(tokens), accepted, emitted
+            emitted.append((next_token, "bonus" if draft.tokens and accepted == len(draft.tokens) else "target"))
+        step = Step(draft, accepted, emitted, drafted_at - started, verified_at - drafted_at, time.perf_counter() - verified_at)
+        if not first:  # the prefill's decode says nothing of verify costs
+            self.policy.observe(StepRecord(draft.source, len(draft.tokens), accepted, draft.confidences, step.draft_s,
+                                           step.verify_s + step.check_s))
+        return step
+
+    @staticmethod
+    def _count(step: Step, stats: Stats) -> None:
+        stats.count_step(len(step.draft.tokens), step.accepted)
+        stats.draft_s += step.draft_s
+        stats.verify_s += step.verify_s
+        stats.check_s += step.check_s
 
     def _rollback(self, history: list[int]) -> None:
         """Drop rejected drafts: the target holds all but the last token, the drafter no more than history."""
@@ -251,9 +314,13 @@ class Generator:
         if self.drafter:
             self.drafter.rollback(history)
 
-    def _cut_after_eog(self, tokens: list[int]) -> list[int]:
-        """Drafts past an end-of-generation token could never be emitted: don't verify them."""
-        for i, token in enumerate(tokens):
-            if token in self.eog:
-                return tokens[: i + 1]
-        return tokens
+    def _verifiable(self, draft: Draft, limit: int) -> Draft:
+        """The draft within `limit`, cut after an end-of-generation token: what follows one
+        could never be emitted, so it is not verified."""
+        tokens = draft.tokens[:limit]
+        cut = next((i + 1 for i, token in enumerate(tokens) if token in self.eog), len(tokens))
+        if cut == len(draft.tokens):
+            return draft
+        dists = draft.dists[:cut] if draft.dists is not None else None
+        confidences = draft.confidences[:cut] if draft.confidences is not None else None
+        return replace(draft, tokens=tokens[:cut], dists=dists, confidences=confidences)

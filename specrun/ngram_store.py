@@ -17,8 +17,10 @@ from typing import Sequence
 
 import numpy as np
 
-from specrun.drafters import Draft, DraftPolicy
+from specrun.drafters import Draft
 from specrun.errors import SpecrunError
+from specrun.policy import DraftPolicy
+from specrun.sampling import Sampler
 
 END = -1  # written after each sequence, so no match runs from one request into the next
 DEFAULT_LIMIT = 65536  # tokens: 256 KiB, searched in tens of microseconds a step
@@ -116,7 +118,9 @@ class StoreLookup:
     def __init__(self, store: NgramStore):
         self.store = store
 
-    def propose(self, history: Sequence[int], limit: int, rng: np.random.Generator, policy: DraftPolicy) -> Draft:
+    model = None  # drafts from earlier requests' tokens: no model of its own
+
+    def propose(self, history: Sequence[int], limit: int, policy: DraftPolicy, sampler: Sampler) -> Draft:
         ends, matched = self.store.matches(history[-NgramStore.MAX_MATCH :])
         tokens: list[int] = []
         path = 1.0
@@ -134,7 +138,7 @@ class StoreLookup:
         if not tokens:
             return Draft(self.name)
         source = f"{self.name}-long" if matched >= self.LONG_MATCH else self.name
-        return Draft(source, tokens[: policy.cap(source, len(tokens))])
+        return Draft(source, tokens[: policy.cap(source, len(tokens)).k])
 
     def rollback(self, history: Sequence[int]) -> None:
         pass  # nothing here depends on the current request's history

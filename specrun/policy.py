@@ -1,8 +1,9 @@
 """How many tokens to draft: fixed k, llama.cpp's rule, or `auto` (cost-aware, measured).
 
-Drafters ask the policy `cap(source, limit)` before drafting and, for model drafts,
-`keep(source, position, confidence)` before adding each token; the engine reports what
-happened with `observe`. Auto maximises expected tokens per second:
+`DraftPolicy` is the whole contract: drafters ask `cap(source, limit)` for a step's
+`Budget` before drafting and, for model drafts, hand it to `keep(budget, confidence)`
+before adding each token; the engine reports each verified step to `observe` as a
+`StepRecord`. Auto maximises expected tokens per second:
     E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i     (a_i: acceptance at draft position i)
     T(k) = verify_cost[k + 1] + k * draft_cost
 and falls back to plain decoding (k = 0) when speculation measures slower, probing now
@@ -12,12 +13,13 @@ and then so it comes back when the text turns predictable.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol, Sequence
 
 import numpy as np
 
 from specrun.errors import SpecrunError
+from specrun.settings import SettingError, check
 
 LLAMA_CPP_DRAFT_MAX = 16  # llama.cpp's --draft-max default, for --k llama.cpp
 PRIOR = 0.7  # acceptance per position assumed of a draft source before any is measured
@@ -30,37 +32,99 @@ WIDER_ROW_GAIN = 0.05  # keep doubling the widest width while a row gets at leas
 FREE_DRAFT_SHARE = 0.01  # a draft token costing under 1% of a one-row decode counts as free
 
 
-def parse_k(text: str) -> int | str:
-    """A --k value: a draft length >= 1, 'auto', or 'llama.cpp' (its draft-max/p-min rule)."""
-    if text in ("auto", "llama.cpp"):
-        return text
+K_ALLOWED = "an integer >= 1, 'auto' or 'llama.cpp'"
+
+
+def parse_k(value: int | str) -> int | str:
+    """A k: a draft length >= 1, 'auto', or 'llama.cpp' (its draft-max/p-min rule), as a number or text."""
+    if value in ("auto", "llama.cpp"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise SettingError("k", K_ALLOWED, value)
     try:
-        k = int(text)
+        k = int(value)
     except ValueError:
         k = 0
     if k < 1:
-        raise SpecrunError(f"--k has to be an integer >= 1, 'auto' or 'llama.cpp', but is {text!r}")
+        raise SettingError("k", K_ALLOWED, value)
     return k
+
+
+Source = Literal["lookup", "lookup-long", "lookup-copy", "store", "store-long", "draft"]
+"""The name a draft source reports its drafts under; a policy learns each apart."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One step's allowance for one source: what `cap` granted and what `keep` has kept of it.
+
+    Drafters hand it back to `keep` with each model-drafted token; nothing about the step in
+    flight lives in the policy.
+    """
+
+    source: Source
+    k: int  # the most tokens the source may draft this step (0: a plain step)
+    kept: int = 0  # model-drafted tokens kept so far
+    gain: float = 1.0  # auto: tokens the step is expected to yield with the tokens kept so far
+    alive: float = 1.0  # auto: the chance that every kept token is accepted
+    drafted_s: float = 0.0  # auto: expected seconds spent drafting the tokens kept so far
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one verified step did, as a policy learns from it."""
+
+    source: Source | None  # None for a plain step (nothing was proposed)
+    drafted: int
+    accepted: int
+    confidences: Sequence[float] | None  # the drafter's probability per drafted token, when it measured them
+    draft_s: float  # seconds spent drafting
+    verify_s: float  # seconds of the verify decode and the check of its rows
+
+
+class DraftPolicy(Protocol):
+    """How many tokens to draft, per step and source. Drafters call `cap` before drafting and,
+    for model drafts, `keep` before adding each token; the engine reports each step to `observe`."""
+
+    label: str  # how --k and the chat panel name it ("auto", "8", "llama.cpp")
+    max_k: int  # the longest draft it ever grants: the verify batch needs max_k + 1 rows
+    wants_confidence: bool  # whether `keep` reads a token's probability (drafters compute it only then)
+
+    def cap(self, source: Source, limit: int, prior: float = PRIOR) -> Budget:
+        """This step's budget for `source`, at most `limit` tokens (k = 0: do not draft).
+
+        `prior`: the acceptance the drafter expects from this source before any is measured.
+        """
+        ...
+
+    def keep(self, budget: Budget, confidence: float) -> Budget | None:
+        """The budget with one more model-drafted token (probability `confidence`) kept, or
+        None when that token is not worth verifying: the draft ends before it."""
+        ...
+
+    def observe(self, step: StepRecord) -> None:
+        """Learn from a verified step."""
+        ...
 
 
 class FixedK:
     """Draft k tokens whenever the drafter offers them (a lookup copy may offer fewer)."""
 
+    wants_confidence = False
+
     def __init__(self, k: int):
-        if k < 1:
-            raise SpecrunError(f"--k has to be >= 1 or 'auto', but is {k}")
-        self.k = k
-        self.max_k = k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise SettingError("k", K_ALLOWED, k)
+        self.k = self.max_k = k
         self.label = str(k)
 
-    def cap(self, source: str, limit: int, prior: float = PRIOR) -> int:
-        return min(self.k, limit)
+    def cap(self, source: Source, limit: int, prior: float = PRIOR) -> Budget:
+        return Budget(source, max(0, min(self.k, limit)))
 
-    def keep(self, source: str, position: int, confidence: float) -> bool:
-        return True
+    def keep(self, budget: Budget, confidence: float) -> Budget | None:
+        return replace(budget, kept=budget.kept + 1)
 
-    def observe(self, source: str, drafted: int, accepted: int, confidences: Sequence[float] | None,
-                draft_s: float, verify_s: float) -> None:
+    def observe(self, step: StepRecord) -> None:
         pass
 
 
@@ -74,8 +138,37 @@ class PMinPolicy(FixedK):
         self.p_min = p_min
         self.label = "llama.cpp"
 
-    def keep(self, source: str, position: int, confidence: float) -> bool:
-        return confidence >= self.p_min
+    def keep(self, budget: Budget, confidence: float) -> Budget | None:
+        return replace(budget, kept=budget.kept + 1) if confidence >= self.p_min else None
+
+
+@dataclass(frozen=True)
+class SpeculativeSettings:
+    """llama-server's per-request `speculative` object, with its defaults."""
+
+    n_max: int = LLAMA_CPP_DRAFT_MAX  # the most tokens drafted
+    n_min: int = 0  # a copied draft shorter than this is not verified
+    p_min: float = 0.75  # a model draft stops below this probability
+
+    def __post_init__(self) -> None:
+        check(n_max=self.n_max, n_min=self.n_min, p_min=self.p_min)
+        if self.n_min > self.n_max:
+            raise SettingError("n_min", f"<= n_max ({self.n_max})", self.n_min)
+
+
+class SpeculativeRule(PMinPolicy):
+    """llama-server's per-request `speculative`: at most n_max drafted, p_min for model drafts,
+    and a copied draft shorter than n_min is not verified (a model draft's length is not
+    known before it is drafted, so n_min does not apply to it)."""
+
+    def __init__(self, settings: SpeculativeSettings):
+        super().__init__(settings.n_max, settings.p_min)
+        self.n_min = settings.n_min
+        self.label = "speculative"
+
+    def cap(self, source: Source, limit: int, prior: float = PRIOR) -> Budget:
+        budget = super().cap(source, limit, prior)
+        return budget if budget.k >= self.n_min else replace(budget, k=0)
 
 
 def measure_verify_costs(context, repeats: int = 2) -> list[float]:
@@ -198,21 +291,18 @@ class AutoK:
         self.max_k = len(self.costs) - 2
         self.decay = decay
         self.label = "auto"
-        self.sources: dict[str, SourceTrack] = {}
+        self.sources: dict[Source, SourceTrack] = {}
         # Acceptance by draft confidence (10 bins); the prior trusts the confidence itself.
         self.conf_hits = [0.0] * 10
         self.conf_tries = [0.0] * 10
-        self._step_gain = 1.0  # expected tokens of the model draft being built
-        self._step_alive = 1.0
-        self._step_drafted_s = 0.0
 
     # --- decisions ------------------------------------------------------------------
-    def cap(self, source: str, limit: int, prior: float = PRIOR) -> int:
+    def cap(self, source: Source, limit: int, prior: float = PRIOR) -> Budget:
         limit = min(limit, self.max_k)
         track = self.sources.setdefault(source, SourceTrack(prior=prior))
-        self._step_gain, self._step_alive, self._step_drafted_s = 1.0, 1.0, 0.0
-        if limit < 1:
-            return 0
+        return Budget(source, self._k(track, limit) if limit >= 1 else 0)
+
+    def _k(self, track: SourceTrack, limit: int) -> int:
         # A source that costs time to draft (a model) is judged by the rate its steps measured.
         # A free one (lookup) is left to best_k: its past rate reflects past draft lengths, and
         # one long copy that broke early would otherwise bench it while it still copies.
@@ -254,18 +344,17 @@ class AutoK:
                 best_k, best_rate = k, rate
         return best_k
 
-    def keep(self, source: str, position: int, confidence: float) -> bool:
-        """Add this model-drafted token only if it raises the step's expected tokens/s."""
-        track = self.sources[source]
-        alive = self._step_alive * self.confidence_acceptance(confidence)
-        width = position + 1  # rows verified before this token: last token + earlier drafts
-        before = self._step_gain / (self.costs[width] + self._step_drafted_s)
-        drafted_s = self._step_drafted_s + track.draft_token_s
-        after = (self._step_gain + alive) / (self.costs[width + 1] + drafted_s)
+    def keep(self, budget: Budget, confidence: float) -> Budget | None:
+        """Keep this model-drafted token only if it raises the step's expected tokens/s."""
+        track = self.sources[budget.source]
+        alive = budget.alive * self.confidence_acceptance(confidence)
+        width = budget.kept + 1  # rows verified before this token: last token + earlier drafts
+        before = budget.gain / (self.costs[width] + budget.drafted_s)
+        drafted_s = budget.drafted_s + track.draft_token_s
+        after = (budget.gain + alive) / (self.costs[width + 1] + drafted_s)
         if after <= before:
-            return False
-        self._step_gain, self._step_alive, self._step_drafted_s = self._step_gain + alive, alive, drafted_s
-        return True
+            return None
+        return replace(budget, kept=budget.kept + 1, gain=budget.gain + alive, alive=alive, drafted_s=drafted_s)
 
     def confidence_acceptance(self, confidence: float) -> float:
         b = min(int(confidence * 10), 9)
@@ -276,26 +365,31 @@ class AutoK:
         return 1.0 / self.costs[1]
 
     # --- learning -------------------------------------------------------------------
-    def observe(self, source: str, drafted: int, accepted: int, confidences: Sequence[float] | None,
-                draft_s: float, verify_s: float) -> None:
-        width = drafted + 1
+    def observe(self, step: StepRecord) -> None:
+        width = step.drafted + 1
         if width < len(self.costs):
-            self.costs[width] = ema(self.costs[width], verify_s, 0.1, False)
-        if source not in self.sources or (not drafted and draft_s < 0.1 * verify_s):
+            self.costs[width] = ema(self.costs[width], step.verify_s, 0.1, False)
+        if step.source not in self.sources or (not step.drafted and step.draft_s < 0.1 * step.verify_s):
             return  # a plain step, or a lookup miss that cost nothing: only the verify cost was news
-        track = self.sources[source]
-        if track.probing and accepted:
+        track = self.sources[step.source]
+        self._learn_rate(track, step)
+        self._learn_acceptance(track, step)
+
+    def _learn_rate(self, track: SourceTrack, step: StepRecord) -> None:
+        if track.probing and step.accepted:
             track.steps = 0  # a useful probe: judge the source afresh, from this step on
         track.probing = False
         first = track.steps == 0
         track.steps += 1
-        if drafted:
-            track.draft_token_s = ema(track.draft_token_s, draft_s / drafted, 0.2, first)
-        track.tokens_per_step = ema(track.tokens_per_step, accepted + 1, 0.1, first)
-        track.seconds_per_step = ema(track.seconds_per_step, draft_s + verify_s, 0.1, first)
-        if drafted and accepted:
+        if step.drafted:
+            track.draft_token_s = ema(track.draft_token_s, step.draft_s / step.drafted, 0.2, first)
+        track.tokens_per_step = ema(track.tokens_per_step, step.accepted + 1, 0.1, first)
+        track.seconds_per_step = ema(track.seconds_per_step, step.draft_s + step.verify_s, 0.1, first)
+        if step.drafted and step.accepted:
             track.probe_interval = 16  # it paid: if it falls back to plain, probe again soon
-        reached = min(drafted, accepted + 1)  # positions reached by verification
+
+    def _learn_acceptance(self, track: SourceTrack, step: StepRecord) -> None:
+        reached = min(step.drafted, step.accepted + 1)  # positions reached by verification
         grow = reached - len(track.hits)
         if grow > 0:
             track.hits += [0.0] * grow
@@ -305,9 +399,9 @@ class AutoK:
         # miss would cap every later draft below it, however well shorter ones since went.
         track.forget(self.decay)
         for i in range(reached):
-            track.hits[i] += i < accepted
+            track.hits[i] += i < step.accepted
             track.tries[i] += 1
-            if confidences is not None:
-                b = min(int(confidences[i] * 10), 9)
-                self.conf_hits[b] += i < accepted
+            if step.confidences is not None:
+                b = min(int(step.confidences[i] * 10), 9)
+                self.conf_hits[b] += i < step.accepted
                 self.conf_tries[b] += 1

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specrun.errors import SpecrunError
+from specrun.settings import check
 
 
 @dataclass(frozen=True)
@@ -24,20 +24,24 @@ class SamplerSettings:
     seed: int | None = None  # None draws a fresh seed
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise SpecrunError(f"temperature has to be a number >= 0, but is {self.temperature}")
-        if self.top_k < 0:
-            raise SpecrunError(f"top_k has to be >= 0 (0 disables it), but is {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise SpecrunError(f"top_p has to be in (0, 1], but is {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise SpecrunError(f"min_p has to be in [0, 1], but is {self.min_p}")
-        if self.seed is not None and self.seed < 0:  # numpy refuses it later, with a traceback
-            raise SpecrunError(f"seed has to be an integer >= 0 (None draws one), but is {self.seed}")
+        check(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """One generation's sampling: its settings and the random stream every draw takes from."""
+
+    settings: SamplerSettings
+    rng: np.random.Generator
+
+    @classmethod
+    def seeded(cls, settings: SamplerSettings) -> "Sampler":
+        """A fresh stream from the settings' seed: the same seed gives the same draws."""
+        return cls(settings, np.random.default_rng(settings.seed))
 
 
 @dataclass(frozen=True)

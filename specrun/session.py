@@ -6,25 +6,22 @@ reused across prompts, not recreated, so hundreds of prompts cost no reloads.
 
 from __future__ import annotations
 
-from contextlib import closing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Iterator, Sequence
-
-import numpy as np
+from typing import Any, Iterator, Sequence
 
 from specrun import cost_cache
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.compat import check_vocab
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup, blank_lines
-from specrun.engine import Done, Event, Generator, Stats, TokenEvent
+from specrun.engine import Event, Generator, Stats
 from specrun.errors import IncompatibleError, SpecrunError
 from specrun.ngram_store import NgramStore, StoreLookup
-from specrun.policy import AutoK, FixedK, PMinPolicy, measure_verify_costs, parse_k, verify_costs_hold
-from specrun.sampling import SamplerSettings
+from specrun.policy import AutoK, DraftPolicy, FixedK, PMinPolicy, measure_verify_costs, parse_k, verify_costs_hold
+from specrun.sampling import Sampler, SamplerSettings
+from specrun.settings import BATCH, check
 
-
-BATCH = 512  # rows in the widest decode a session makes; verify batches and micro-batches fit in it
+CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens")
 
 
 @dataclass(frozen=True)
@@ -76,15 +73,15 @@ class SessionConfig:
             object.__setattr__(self, "draft", Path(self.draft))
         for name in ("rpc", "draft_rpc", "tensor_split"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        parse_k(str(self.k))
-        if self.store_tokens < 0:
-            raise SpecrunError(f"--store-tokens has to be >= 0 (0 disables the store), but is {self.store_tokens}")
-        if self.n_ctx < 8:
-            raise SpecrunError(f"--ctx-size has to be >= 8, but is {self.n_ctx}")
-        if not 0 <= self.n_ubatch <= BATCH:
-            raise SpecrunError(f"--ubatch-size has to be an integer from 0 to {BATCH} (0 = {BATCH}), but is {self.n_ubatch}")
-        if not self.rpc_timeout >= 0:
-            raise SpecrunError(f"--rpc-timeout has to be >= 0 seconds (0 waits forever), but is {self.rpc_timeout}")
+        self.check_settings({f.name: getattr(self, f.name) for f in fields(self)})
+
+    @staticmethod
+    def check_settings(options: dict[str, Any]) -> None:
+        """Check the settings among `options` (SessionConfig's field names) before anything is
+        resolved or loaded: a SettingError names the first one that is out of range."""
+        if "k" in options:
+            parse_k(options["k"])
+        check(**{name: options[name] for name in CHECKED_FIELDS if name in options})
 
 
 class Session:
@@ -149,7 +146,7 @@ class Session:
                 f"draft {c.draft.name} cannot draft for target {c.target.name}: " + "; ".join(report.problems)
             )
         context = self._own(Context(draft_model, self._context_options()))
-        return DraftModel(context, c.sampler, c.draft_sampling)
+        return DraftModel(context, sample=c.draft_sampling)
 
     def close(self) -> None:
         """Free the models and contexts, keeping the verify costs auto refined for the next session."""
@@ -166,14 +163,6 @@ class Session:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def set_sampler(self, sampler: SamplerSettings) -> None:
-        """Sample later generations (and the draft model's guesses) with new settings, e.g. chat's /temp."""
-        self.config = replace(self.config, sampler=sampler)
-        model = self.drafter.model if isinstance(self.drafter, Hybrid) else self.drafter
-        if isinstance(model, DraftModel):
-            model.settings = sampler
-            model.sample = self.config.draft_sampling and not sampler.greedy
-
     def remember(self, tokens: list[int]) -> None:
         """Let later generations draft from a finished one's prompt and output (with a store)."""
         if self.store is not None:
@@ -188,23 +177,28 @@ class Session:
         """The text of the target's `tokens` (control tokens such as end-of-turn render empty)."""
         return self.target_model.detokenize(tokens)
 
-    def generator(self, plain: bool = False, k: int | str | None = None, seed: int | None = None) -> Generator:
-        """A fresh generator; the same seed gives the same random stream for plain and speculative."""
-        settings = self.config.sampler if seed is None else replace(self.config.sampler, seed=seed)
-        drafter = None if plain else self.drafter
-        return Generator(
-            self.target,
-            drafter,
-            settings,
-            # Plain decoding needs no policy, nor auto's start-up measurement of verify costs.
-            k=self.policy(self.config.k if k is None else k) if drafter else 1,
-            rng=np.random.default_rng(settings.seed),
-        )
+    def generator(self, *, plain: bool = False, policy: DraftPolicy | int | str | None = None,
+                  sampler: SamplerSettings | None = None, drafter: DraftSource | None = None) -> Generator:
+        """A fresh generator over the session's target, with this call's settings.
+
+        `plain` decodes without drafting; `policy` is a draft length, "auto" or "llama.cpp"
+        (the session's kept policy for that k) or a `DraftPolicy` of the caller's (default:
+        the session's k); `sampler` replaces the session's sampler settings (its seed seeds
+        the random stream, so the same seed gives the same stream for plain and speculative);
+        `drafter` replaces the session's draft source (bench measures one method at a time).
+        """
+        settings = sampler or self.config.sampler
+        drafter = None if plain else drafter or self.drafter
+        if drafter is None:  # plain decoding needs no policy, nor auto's start-up measurement of verify costs
+            return Generator(self.target, None, Sampler.seeded(settings))
+        if policy is None or isinstance(policy, (int, str)):
+            policy = self.policy(self.config.k if policy is None else policy)
+        return Generator(self.target, drafter, Sampler.seeded(settings), policy)
 
     def policy(self, k: int | str) -> FixedK | PMinPolicy | AutoK:
         """One policy per k for the session's life: what auto has learned (costs, acceptance,
         that a draft is too slow) carries over to the next generation, chat turn or bench prompt."""
-        k = parse_k(str(k))
+        k = parse_k(k)
         if k not in self._policies:
             if k == "auto":
                 self._policies[k] = AutoK(self.verify_costs())
@@ -237,36 +231,41 @@ class Session:
                                     n_ctx=self.target.n_ctx, **placement)  # a small context caps the widths measured
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 256, plain: bool = False,
-               k: int | str | None = None, seed: int | None = None) -> Iterator[Event]:
+               k: int | str | None = None, seed: int | None = None,
+               sampler: SamplerSettings | None = None) -> Iterator[Event]:
         """Generate a continuation of `prompt` (text, or token ids), event by event.
 
         Yields a `StepEvent` per draft-and-verify round, a `TokenEvent` per emitted token
         (its `source`: "draft" for an accepted guess, "target" for the target's own token,
         "bonus" for the one that follows a fully accepted draft), and last a `Done` with
-        the `Stats`. `plain` decodes without drafting, through the same loop; `k` overrides
-        the session's draft length ("auto", "llama.cpp" or a number) and `seed` its
-        sampler's seed, for this generation only. Stopping early is safe: the generator
-        rolls the caches back when it is closed (`contextlib.closing`, or garbage collection).
+        the `Stats`. For this generation only: `plain` decodes without drafting, through
+        the same loop; `k` overrides the session's draft length ("auto", "llama.cpp" or a
+        number); `sampler` replaces the session's sampler settings and `seed` their seed.
+        Stopping early is safe: the generator rolls the caches back when it is closed
+        (`contextlib.closing`, or garbage collection).
         """
-        if max_tokens < 1:
-            raise SpecrunError(f"max_tokens has to be an integer >= 1, but is {max_tokens}")
-        if isinstance(prompt, str) and not prompt.strip():
-            raise SpecrunError("the prompt is empty: give some text to continue")  # not "continue the start token"
-        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        return self.generator(plain=plain, k=k, seed=seed).generate(tokens, max_tokens)
+        generator, tokens = self._prepared(prompt, max_tokens, plain, k, seed, sampler)
+        return generator.generate(tokens, max_tokens)
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 256, plain: bool = False,
-                 k: int | str | None = None, seed: int | None = None) -> Generation:
+                 k: int | str | None = None, seed: int | None = None,
+                 sampler: SamplerSettings | None = None) -> Generation:
         """Generate a continuation of `prompt` in one call: its text, token ids and stats.
 
         The arguments are `stream`'s. The text is decoded from all the tokens at once, so a
         character split across tokens comes out whole.
         """
-        tokens: list[int] = []
-        with closing(self.stream(prompt, max_tokens, plain, k, seed)) as events:
-            for event in events:
-                if isinstance(event, TokenEvent):
-                    tokens.append(event.token)
-                elif isinstance(event, Done):
-                    return Generation(self.detokenize(tokens), tokens, event.stats)
-        raise AssertionError("the event stream ended without Done")
+        generator, tokens = self._prepared(prompt, max_tokens, plain, k, seed, sampler)
+        run = generator.run(tokens, max_tokens)
+        return Generation(self.detokenize(run.tokens), run.tokens, run.stats)
+
+    def _prepared(self, prompt: str | Sequence[int], max_tokens: int, plain: bool, k: int | str | None,
+                  seed: int | None, sampler: SamplerSettings | None) -> tuple[Generator, list[int]]:
+        check(max_tokens=max_tokens)
+        if isinstance(prompt, str) and not prompt.strip():
+            raise SpecrunError("the prompt is empty: give some text to continue")  # not "continue the start token"
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        settings = sampler or self.config.sampler
+        if seed is not None:
+            settings = replace(settings, seed=seed)
+        return self.generator(plain=plain, policy=k, sampler=settings), tokens

@@ -66,9 +66,10 @@ def test_plain_k_and_seed_apply_to_one_call(tiny):
         with closing(events):
             steps = [e for e in events if isinstance(e, specrun.StepEvent)]
         assert max(e.drafted for e in steps) <= 4
-        session.set_sampler(specrun.SamplerSettings(temperature=1.0))
-        first = session.generate(PROMPT, max_tokens=10, seed=3)
-        assert session.generate(PROMPT, max_tokens=10, seed=3).tokens == first.tokens
+        warm = specrun.SamplerSettings(temperature=1.0)
+        first = session.generate(PROMPT, max_tokens=10, seed=3, sampler=warm)
+        assert session.generate(PROMPT, max_tokens=10, seed=3, sampler=warm).tokens == first.tokens
+        assert session.config.sampler.greedy  # the session's own settings are untouched
 
 
 def test_breaking_out_of_a_stream_leaves_the_session_usable(tiny):
@@ -97,7 +98,7 @@ def test_resolve_finds_files_without_loading_them(tiny):
 @pytest.mark.parametrize("call, error, fragment", [
     (lambda t: specrun.load(t["target"], draft=t["different"], n_ctx=128), specrun.IncompatibleError, "cannot draft for target"),
     (lambda t: specrun.load(t["target"].parent / "missing.gguf"), specrun.SpecrunError, "no such model file"),
-    (lambda t: specrun.load(t["target"], k=0), specrun.SpecrunError, "--k has to be"),
+    (lambda t: specrun.load(t["target"], k=0), specrun.SpecrunError, "k has to be an integer >= 1"),
     (lambda t: specrun.load(t["target"], rpc="not an endpoint"), specrun.SpecrunError, "is not HOST:PORT"),
     (lambda t: specrun.load(t["target"], no_such_option=1), TypeError, "no_such_option"),
 ])

@@ -8,12 +8,10 @@ import sys
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from specrun.bench.methods import METHODS, plan_variants
-from specrun.bench.runner import _generate, measure
-from specrun.engine import Generator, TokenEvent
+from specrun.bench.runner import measure, run_variant
 from specrun.cli.app import run_app
 from specrun.sampling import SamplerSettings
 from specrun.session import Session, SessionConfig
@@ -66,9 +64,9 @@ def generated(session, variant, prompt, settings=SamplerSettings(), seed=0):
     """The tokens one run of `variant` produces, from a generator made here, not by the bench."""
     drafter = METHODS[variant.method](session)
     session.target.truncate(0)
-    k = session.policy(variant.k) if drafter else 1
-    generator = Generator(session.target, drafter, settings, k=k, rng=np.random.default_rng(seed))
-    return [e.token for e in generator.generate(prompt, 10) if isinstance(e, TokenEvent)]
+    generator = session.generator(plain=drafter is None, policy=variant.k, sampler=replace(settings, seed=seed),
+                                  drafter=drafter)
+    return generator.run(prompt, 10).tokens
 
 
 PLAIN_VARIANT = plan_variants([], [])[0]
@@ -83,7 +81,7 @@ def test_same_seed_gives_a_deterministic_drafter_the_tokens_of_plain_at_temperat
         settings = SamplerSettings(temperature=0.8, seed=seed)
         with Session(replace(config, sampler=settings)) as session:
             prompt = session.tokenize(PROMPTS[0])
-            streams = {variant: _generate(session, variant, prompt, settings, seed, 12) for variant in variants}
+            streams = {variant: run_variant(session, variant, prompt, settings, seed, 12) for variant in variants}
         plain_tokens = streams[PLAIN_VARIANT][0]
         assert len(plain_tokens) == 12
         assert sum(stats.drafted for _, stats in streams.values()) > 0

@@ -55,7 +55,7 @@ def test_piped_multi_line_message(tiny, tmp_path):
     "args, fragment",
     [
         (["--chat-format", "nope", "-n", "8"], "unknown --chat-format 'nope'"),
-        (["--max-tokens", "300"], "--max-tokens has to be between 1 and half of --ctx-size"),
+        (["--max-tokens", "300"], "--max-tokens has to be at most half the context (256 tokens"),
     ],
 )
 def test_bad_options_are_one_line_errors(tiny, args, fragment):
@@ -97,7 +97,7 @@ def test_terminal_chat_panel_commands_and_quit(tiny):
     child.sendline("/k 2")
     assert "k = 2 from the next reply on" in until_prompt(child)
     child.sendline("/k zero")
-    assert "error: --k has to be an integer >= 1, 'auto' or 'llama.cpp', but is 'zero'" in until_prompt(child)
+    assert "error: /k has to be an integer >= 1, 'auto' or 'llama.cpp', but is 'zero'" in until_prompt(child)
     child.sendline("and the dog")
     second = until_prompt(child)
     assert "k 2" in second

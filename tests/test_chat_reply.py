@@ -1,7 +1,7 @@
 """Streaming a reply: stop strings held back and trimmed, Ctrl-C keeps what was written."""
 
 from specrun.chat.reply import StopScanner, stream_reply
-from specrun.engine import Done, Stats, StepEvent, TokenEvent
+from specrun.engine import Done, Generator, Stats, StepEvent, TokenEvent
 
 EOG = 99
 
@@ -37,6 +37,7 @@ class ScriptedGenerator:
     """Yields a fixed event script like Generator.generate; records being closed."""
 
     eog = frozenset({EOG})
+    run = Generator.run  # the engine's one consumer of the stream, over this script
 
     def __init__(self, pieces, interrupt_after=None):
         self.pieces = pieces  # (token, text, source)

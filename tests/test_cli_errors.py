@@ -79,7 +79,7 @@ COMMAND_ROWS = [
     # chat
     (["chat", "-m", "{tiny}", "--k", "-2"], ["--k", "'-2'"]),
     (["chat", "-m", "{tiny}", "--chat-format", "nope"], ["--chat-format", "'nope'", "chatml"]),
-    (["chat", "-m", "{tiny}", "-n", "3000"], ["--max-tokens", "half of --ctx-size"]),
+    (["chat", "-m", "{tiny}", "-n", "3000"], ["--max-tokens", "at most half the context (2048 tokens", "but is 3000"]),
     # serve
     (["serve", "-m", "{tiny}", "--port", "70000"], ["--port", "70000", "0 to 65535"]),
     (["serve", "-m", "{tiny}", "--queue", "0"], ["--queue", "but is 0"]),

@@ -1,17 +1,16 @@
 """Verify costs are measured once per model and set-up, refined while running, kept, and spot-checked."""
 
 import json
-import time
 from types import SimpleNamespace
 
 import pytest
 
 from specrun.engine import TokenEvent
 from specrun.policy import verify_costs_hold
-
-WIDEST = 64  # the widest width the fake measurement times
 from specrun.session import Session, SessionConfig
 from test_engine import PROMPT
+
+WIDEST = 64  # the widest width the fake measurement times
 
 
 @pytest.fixture
@@ -32,24 +31,30 @@ def config(tiny, **changes):
     return SessionConfig(target=tiny["target"], lookup=True, k="auto", n_ctx=256, **changes)
 
 
-class SleepingContext:
-    """Stands in for a target whose decode of w rows takes 10 ms per row."""
+class ClockedContext:
+    """Stands in for a target whose decode of w rows takes 10 ms per row, on a clock of its own
+    that the policy's timing reads: no real sleep, so a busy machine cannot move the result."""
 
     def __init__(self):
         self.tokens, self.free_slots, self.n_batch, self.model = [], 100, 512, SimpleNamespace(bos=1)
+        self.now = 0.0
 
     def eval(self, tokens, logits_rows):
-        time.sleep(0.010 * len(tokens))
+        self.now += 0.010 * len(tokens)
 
     def truncate(self, n):
         pass
 
 
-def test_the_spot_check_passes_a_table_that_holds_and_fails_one_that_does_not():
+def test_the_spot_check_passes_a_table_that_holds_and_fails_one_that_does_not(monkeypatch):
+    context = ClockedContext()
+    monkeypatch.setattr("specrun.policy.time", SimpleNamespace(perf_counter=lambda: context.now))
     right = [0.0] + [0.010 * w for w in range(1, 21)]  # spot-checked at 1 and 20 rows
-    assert verify_costs_hold(SleepingContext(), right)
-    assert not verify_costs_hold(SleepingContext(), [c * 2 for c in right])  # a faster GPU, say
-    assert not verify_costs_hold(SleepingContext(), [c / 2 for c in right])  # measured on a busy machine
+    assert verify_costs_hold(context, right)
+    assert not verify_costs_hold(context, [c * 2 for c in right])  # a faster GPU, say
+    assert not verify_costs_hold(context, [c / 2 for c in right])  # measured on a busy machine
+    assert not verify_costs_hold(context, [c * 0.7 for c in right])  # decodes 43% slower: beyond the 35% tolerance
+    assert verify_costs_hold(context, [c * 0.8 for c in right])  # 25% slower: within it
 
 
 def test_a_kept_table_the_spot_check_rejects_is_measured_again(tiny, measured, monkeypatch):

@@ -17,12 +17,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from specrun import settings
+from specrun.bench.methods import parse_k_values
+from specrun.cli.options import ModelOptions
+from specrun.errors import SpecrunError
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -105,26 +114,28 @@ def shell_commands(text: str) -> list[list[str]]:
     return cleaned
 
 
-def documented_commands() -> list[tuple[str, list[str]]]:
-    """(where, words) of every command the docs show."""
+def documented_commands() -> list[tuple[str, list[str], bool]]:
+    """(where, words, complete) of every command the docs show: complete in shell blocks, where
+    it is meant to be run as it stands; in prose a command may be named without its arguments."""
     found = []
     for path in DOCS:
         for block in blocks(path):
             if block.lang in SHELL:
                 for offset, line in enumerate(block.text.replace("\\\n", " ").splitlines(), 1):
-                    found += [(f"{block.where}+{offset}", words) for words in shell_commands(line)]
+                    found += [(f"{block.where}+{offset}", words, True) for words in shell_commands(line)]
         for number, line in prose_lines(path):
             for span in SPAN.findall(line):
                 if re.match(r"^(time )?(specrun |python3? scripts/)", span):
-                    found += [(f"{path.relative_to(ROOT)}:{number}", words) for words in shell_commands(span)]
+                    found += [(f"{path.relative_to(ROOT)}:{number}", words, False) for words in shell_commands(span)]
     return found
 
 
 COMMANDS = documented_commands()
 
 
-def parse_specrun(root, argv: list[str]) -> None:
-    """Parse argv as `specrun` would, without running the command."""
+def parse_specrun(root, argv: list[str], complete: bool = True) -> None:
+    """Parse argv as `specrun` would and check its values as the command checks them first,
+    without running it. `complete` False (a command named in prose) allows missing arguments."""
     command, path = root, ["specrun"]
     args = [arg for arg in argv if arg != "--help"]
     while hasattr(command, "commands"):  # a group: the next word names a command
@@ -135,35 +146,69 @@ def parse_specrun(root, argv: list[str]) -> None:
         assert name in command.commands, f"`{' '.join(path)}` has no command {name!r}"
         command, path = command.commands[name], [*path, name]
     try:
-        command.make_context(" ".join(path), args)
+        context = command.make_context(" ".join(path), args, resilient_parsing="--help" in argv)
     except Exception as exc:
-        if type(exc).__name__ != "MissingParameter":  # prose may name a command without its arguments
+        if complete or type(exc).__name__ != "MissingParameter":
             raise
+        return
+    check_values(context.params)
+
+
+def check_values(params: dict) -> None:
+    """The library's checks of the values a command line gives, as the commands run them first."""
+    shared = {f.name for f in dataclasses.fields(ModelOptions)}
+    if shared <= params.keys():
+        ModelOptions(**{name: params[name] for name in shared})
+    if isinstance(params.get("k"), str):
+        parse_k_values(params["k"])  # one k, or bench's comma list
+    settings.check(**{name: value for name, value in params.items() if name in settings.RULES and value is not None})
+
+
+@functools.cache
+def script_help(script: str) -> str:
+    result = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"{script} --help failed: {result.stderr[-500:]}"
+    return result.stdout
 
 
 def check_script(words: list[str]) -> None:
     script = ROOT / words[1]
     assert script.is_file(), f"no script {words[1]}"
-    source = script.read_text()
     for word in words[2:]:
         if word.startswith("--"):
             option = word.split("=", 1)[0]
-            assert f'"{option}"' in source, f"{words[1]} declares no option {option}"
+            assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", script_help(words[1])), (
+                f"{words[1]} --help lists no option {option}")
 
 
-@pytest.mark.parametrize("where, words", COMMANDS, ids=[f"{w}:{' '.join(c)[:40]}" for w, c in COMMANDS])
-def test_documented_commands_parse(where, words, cli):
+# What else the docs may tell users to run; a command not here (a typo, a renamed tool) fails.
+OTHER_COMMANDS = {"pip", "bash", "curl", "printf", "git", "cmake"}
+
+
+@pytest.mark.parametrize("where, words, complete", COMMANDS, ids=[f"{w}:{' '.join(c)[:40]}" for w, c, _ in COMMANDS])
+def test_documented_commands_parse(where, words, complete, cli):
     if words[0] == "specrun":
-        parse_specrun(cli, words[1:])
+        parse_specrun(cli, words[1:], complete)
     elif words[0] in ("python", "python3") and len(words) > 1 and words[1].startswith("scripts/"):
         check_script(words)
+    elif words[0] in ("python", "python3"):
+        assert words[1:3] in (["-m", "pytest"], ["-m", "specrun"]) or words[1] == "-c", f"{where}: {' '.join(words)}"
+    else:
+        assert words[0] in OTHER_COMMANDS, f"{where}: the docs tell users to run {words[0]!r}, which these checks do not know"
 
 
 def test_the_checks_catch_a_bad_command(cli):
     with pytest.raises(Exception):
         parse_specrun(cli, ["generate", "--no-such-option"])
-    with pytest.raises(Exception):
+    with pytest.raises(SpecrunError, match="k has to be"):
         parse_specrun(cli, ["generate", "--k", "0"])
+    with pytest.raises(SpecrunError, match="temperature has to be"):
+        parse_specrun(cli, ["generate", "hi", "--temp", "-1"])
+    with pytest.raises(SpecrunError, match="repeat has to be"):
+        parse_specrun(cli, ["bench", "--repeat", "0"])
+    with pytest.raises(Exception, match="Missing"):
+        parse_specrun(cli, ["pair", "check", "one.gguf"])  # a shell block's command must be complete
+    parse_specrun(cli, ["pair", "check", "one.gguf"], complete=False)  # prose may leave arguments out
     with pytest.raises(AssertionError):
         parse_specrun(cli, ["pair", "nothing"])
     with pytest.raises(AssertionError):

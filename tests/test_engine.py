@@ -9,7 +9,8 @@ from specrun.backend import Context, ContextOptions, Model
 from specrun.drafters import DraftModel, Hybrid, PromptLookup
 from specrun.engine import Done, Generator, StepEvent, TokenEvent
 from specrun.errors import IncompatibleError, SpecrunError
-from specrun.sampling import SamplerSettings
+from specrun.policy import FixedK
+from specrun.sampling import Sampler, SamplerSettings
 from specrun.session import Session, SessionConfig
 
 PROMPT = "the cat sat on the mat and the dog sat on the log , the cat sat on the"
@@ -29,10 +30,9 @@ def run(session, prompt, max_tokens, plain=False, on_step=None):
             return tokens, steps, sources, event.stats
 
 
-def draft_context(session_or_drafter):
-    drafter = getattr(session_or_drafter, "drafter", session_or_drafter)
-    model = drafter.model if isinstance(drafter, Hybrid) else drafter
-    return model.context if isinstance(model, DraftModel) else None
+def draft_context(session):
+    model = session.drafter.model if session.drafter is not None else None
+    return model.context if model is not None else None
 
 
 def assert_greedy_exact(session, prompt, max_tokens=40, atol=TINY_ATOL):
@@ -43,12 +43,12 @@ def assert_greedy_exact(session, prompt, max_tokens=40, atol=TINY_ATOL):
     draft_reads = record_reads(draft) if draft else []
     tokens, steps, sources, stats = run(session, prompt, max_tokens)
     prompt_tokens = session.tokenize(prompt)
-    with FreshContexts(session.config.target, session.target.n_ctx) as fresh:
+    with FreshContexts(session.config.target, session.target.n_ctx, session.config.n_ubatch) as fresh:
         assert assert_reads_match(target_reads, fresh, atol) >= len(tokens)
         for i, token in enumerate(tokens):
             assert_greedy_choice(fresh.logits(prompt_tokens + tokens[:i]), token, atol)
     if draft is not None and draft_reads:
-        with FreshContexts(session.config.draft, draft.n_ctx) as fresh:
+        with FreshContexts(session.config.draft, draft.n_ctx, session.config.n_ubatch) as fresh:
             assert_reads_match(draft_reads, fresh, atol)
     return tokens, sources, stats
 
@@ -107,8 +107,8 @@ def test_prompts_longer_than_the_batch_are_prefilled_and_drafted_in_chunks(tiny)
     try:
         options = ContextOptions(n_ctx=256, n_batch=8)
         target, draft = Context(target_model, options), Context(draft_model, options)
-        settings = SamplerSettings()
-        generator = Generator(target, Hybrid(PromptLookup(), DraftModel(draft, settings, sample=False)), settings, k=4)
+        generator = Generator(target, Hybrid(PromptLookup(), DraftModel(draft, sample=False)), Sampler.seeded(SamplerSettings()),
+                              FixedK(4))
         prompt = target_model.tokenize(PROMPT)
         assert len(prompt) > 3 * options.n_batch
         target_reads, draft_reads = record_reads(target), record_reads(draft)
@@ -181,8 +181,8 @@ def test_stops_at_end_of_generation_and_never_past_it(tiny):
     with Session(config) as session:
         reference = run(session, PROMPT, 30, plain=True)[0]
         stop_token = reference[5]
-        generator = session.generator()
-        generator.eog = frozenset({stop_token})
+        generator = Generator(session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(6),
+                              eog=frozenset({stop_token}))
         events = list(generator.generate(session.tokenize(PROMPT), 30))
     tokens = [e.token for e in events if isinstance(e, TokenEvent)]
     assert tokens == reference[: reference.index(stop_token) + 1]
@@ -197,7 +197,7 @@ def test_auto_keeps_what_it_learned_across_generations(tiny):
         learned = first.policy.sources["draft"].steps
         second = session.generator()
         assert second.policy is first.policy and learned > 0
-        assert session.generator(k=4).policy is not first.policy
+        assert session.generator(policy=4).policy is not first.policy
 
 
 def test_plain_decoding_skips_the_verify_cost_measurement(tiny, monkeypatch):
@@ -215,9 +215,9 @@ def test_a_drafter_is_asked_for_no_more_than_the_policy_allows(tiny, monkeypatch
     asked = []
     propose = PromptLookup.propose
 
-    def recording_propose(self, history, limit, rng, policy):
+    def recording_propose(self, history, limit, policy, sampler):
         asked.append(limit)
-        return propose(self, history, limit, rng, policy)
+        return propose(self, history, limit, policy, sampler)
 
     monkeypatch.setattr(PromptLookup, "propose", recording_propose)
     with Session(SessionConfig(target=tiny["target"], lookup=True, k=3, n_ctx=256)) as session:
@@ -230,8 +230,8 @@ def test_max_tokens_and_context_full(tiny):
         prompt_len = len(session.tokenize(PROMPT))
         tokens, _, _, stats = run(session, PROMPT, 7)
         assert len(tokens) == 7 and stats.stop_reason == "max_tokens"
-        generator = session.generator()
-        generator.eog = frozenset()  # random weights may pick </s> before the context fills
+        # No end-of-generation token: random weights may pick </s> before the context fills.
+        generator = Generator(session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(8), eog=frozenset())
         events = list(generator.generate(session.tokenize(PROMPT), 500))
         assert events[-1].stats.stop_reason == "context_full"
         n_ctx = session.target.n_ctx  # llama.cpp rounds the size up
@@ -255,7 +255,7 @@ def test_padded_vocabulary_is_compatible(tiny):
 @pytest.mark.parametrize("drafting", ["lookup", "self"])
 def test_gemma_greedy_tokens_are_the_targets_argmax(gemma, drafting):
     config = SessionConfig(
-        target=gemma, draft=gemma if drafting == "self" else None, lookup=drafting == "lookup", k=6, n_ctx=512
+        target=gemma, draft=gemma if drafting == "self" else None, lookup=drafting == "lookup", k=6, n_ctx=512, n_ubatch=1
     )
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
     with Session(config) as session:

@@ -22,14 +22,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from reference import FreshContexts, chi_square_p, chi_square_two_sample_p
 from specrun.backend import Context, ContextOptions, Model
 from specrun.drafters import DraftModel, Hybrid, PromptLookup
 from specrun.engine import Generator, TokenEvent
-from specrun.sampling import SamplerSettings, filtered
+from specrun.policy import FixedK
+from specrun.sampling import Sampler, SamplerSettings, filtered
 from specrun.session import Session, SessionConfig
 from tinymodels import write_tiny_llama
 
@@ -56,9 +56,9 @@ class Rig:
         self.target, self.draft = (Context(model, options) for model in self.models)
 
     def generator(self, drafting: str, settings: SamplerSettings, seed: int, draft_sampling: bool = True) -> Generator:
-        model = DraftModel(self.draft, settings, sample=draft_sampling)
+        model = DraftModel(self.draft, sample=draft_sampling)
         drafter = {"plain": None, "lookup": PromptLookup(), "draft": model, "hybrid": Hybrid(PromptLookup(), model)}
-        return Generator(self.target, drafter[drafting], settings, k=2, rng=np.random.default_rng(seed))
+        return Generator(self.target, drafter[drafting], Sampler.seeded(replace(settings, seed=seed)), FixedK(2))
 
     def close(self):
         for model in self.models:
@@ -79,6 +79,11 @@ def tiny_prompt(rig):
     text = rig.models[0].tokenize(TINY_TEXT)
     events = rig.generator("plain", SamplerSettings(), 0).generate(text, 4)
     return text + [e.token for e in events if isinstance(e, TokenEvent)] + text[1:]  # no second start token
+
+
+def seeded(session: Session, plain: bool = False):
+    """A generator per seed over the session, as its sampler with that seed."""
+    return lambda seed: session.generator(plain=plain, sampler=replace(session.config.sampler, seed=seed))
 
 
 def first_tokens(make_generator, prompt: list[int], seeds: range, n: int = 2):
@@ -143,7 +148,7 @@ def test_a_session_as_users_run_it_samples_like_its_target(tiny, first_layer_dra
     config = SessionConfig(target=tiny["target"], draft=first_layer_draft, lookup=True, k=2, n_ctx=128, threads=1,
                            sampler=UNFILTERED)
     with Session(config) as session:
-        sampled, drafted, accepted = first_tokens(lambda seed: session.generator(seed=seed), tiny_prompt, range(SEEDS))
+        sampled, drafted, accepted = first_tokens(seeded(session), tiny_prompt, range(SEEDS))
     assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)
     assert chi_square_p(Counter(sampled.values()), exact_pairs(tiny["target"], tiny_prompt, UNFILTERED, 128)) > MIN_P
 
@@ -168,14 +173,14 @@ def test_gemma_with_a_derived_draft_samples_like_plain(gemma, gemma_without_laye
     seeds = range(400)
     with Session(config) as session:
         prompt = session.tokenize(prompt_text)
-        plain, _, _ = first_tokens(lambda seed: session.generator(plain=True, seed=seed), prompt, seeds)
-        drafted_run, drafted, accepted = first_tokens(lambda seed: session.generator(seed=seed), prompt, seeds)
+        plain, _, _ = first_tokens(seeded(session, plain=True), prompt, seeds)
+        drafted_run, drafted, accepted = first_tokens(seeded(session), prompt, seeds)
     assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)
     assert chi_square_two_sample_p(second_tokens(plain), second_tokens(drafted_run)) > MIN_P
     # Deterministic drafters (lookup, and hybrid with a greedy draft model) sample and match.
     for name, drafting in (("lookup", {"lookup": True, "draft": None}), ("hybrid", {"lookup": True, "draft_sampling": False})):
         with Session(replace(config, **drafting)) as session:
-            sampled, drafted, _ = first_tokens(lambda seed: session.generator(seed=seed), prompt, range(150))
+            sampled, drafted, _ = first_tokens(seeded(session), prompt, range(150))
         assert drafted > 0, name
         assert chi_square_two_sample_p(second_tokens(plain), second_tokens(sampled)) > MIN_P, name
         # Sample-and-match: plain's tokens, up to batched rounding moving a token across top-p.

@@ -3,17 +3,18 @@
 import numpy as np
 import pytest
 
-from specrun.engine import Done, StepEvent, TokenEvent
 from specrun.errors import SpecrunError
 from specrun.ngram_store import NgramStore, StoreLookup
 from specrun.policy import FixedK
+from specrun.sampling import Sampler, SamplerSettings
 from specrun.session import Session, SessionConfig
+from specrun.settings import SettingError
 
-RNG = np.random.default_rng(0)
+GREEDY = Sampler(SamplerSettings(), np.random.default_rng(0))
 
 
 def propose(store: NgramStore, history: list[int], limit: int = 32):
-    return StoreLookup(store).propose(history, limit, RNG, FixedK(limit))
+    return StoreLookup(store).propose(history, limit, FixedK(limit), GREEDY)
 
 
 def test_a_repeated_output_is_drafted_from_the_store():
@@ -70,19 +71,19 @@ def test_a_conversation_that_extends_the_last_request_adds_only_its_new_tokens()
 def test_a_store_needs_a_positive_limit():
     with pytest.raises(SpecrunError, match="limit >= 1"):
         NgramStore(0)
-    with pytest.raises(SpecrunError, match="--store-tokens has to be >= 0"):
+    with pytest.raises(SettingError, match="store_tokens has to be an integer from 0"):
         SessionConfig(target="x.gguf", store_tokens=-1)
 
 
 def generate(session, prompt, max_tokens):
-    tokens, sources = [], []
-    for event in session.generator(k=4).generate(prompt, max_tokens):
-        if isinstance(event, TokenEvent):
-            tokens.append(event.token)
-        elif isinstance(event, StepEvent) and event.accepted:
-            sources.append(event.source)
-        elif isinstance(event, Done):
-            return tokens, sources, event.stats
+    sources = []
+
+    def on_step(event, stats):
+        if event.accepted:
+            sources.append(event.draft_source)
+
+    run = session.generator(policy=4).run(prompt, max_tokens, on_step=on_step)
+    return run.tokens, sources, run.stats
 
 
 def test_a_second_request_repeating_the_first_drafts_from_the_store_with_the_same_output(tiny):

@@ -4,7 +4,8 @@ import pytest
 
 from specrun.engine import TokenEvent
 from specrun.errors import SpecrunError
-from specrun.policy import AutoK, FixedK, PMinPolicy, SourceTrack, measure_verify_costs, parse_k, time_decodes
+from specrun.policy import (AutoK, Budget, FixedK, PMinPolicy, SourceTrack, StepRecord, measure_verify_costs, parse_k,
+                            time_decodes)
 from specrun.session import Session, SessionConfig
 from reference import CONFIDENT_ATOL
 from test_engine import PROMPT, assert_greedy_exact
@@ -18,14 +19,14 @@ def learn(policy, source, drafted, accepted, times=30, draft_s=0.0, verify_s=Non
     for _ in range(times):
         policy.cap(source, 16)
         seconds = policy.costs[drafted + 1] if verify_s is None else verify_s
-        policy.observe(source, drafted, accepted, confidences, draft_s, seconds)
+        policy.observe(StepRecord(source, drafted, accepted, confidences, draft_s, seconds))
 
 
 def test_flat_costs_and_high_acceptance_draft_long():
     policy = AutoK(FLAT)
     learn(policy, "lookup", 16, 16)
-    assert policy.cap("lookup", 16) == 16
-    assert policy.cap("lookup", 5) == 5  # never past the step's limit
+    assert policy.cap("lookup", 16).k == 16
+    assert policy.cap("lookup", 5).k == 5  # never past the step's limit
 
 
 def test_steep_costs_never_pay_so_k_is_zero():
@@ -39,9 +40,9 @@ def test_low_acceptance_shortens_the_draft():
     policy = AutoK(costs)
     caps = []
     for _ in range(60):  # the first guess is always right, the second always wrong
-        cap = policy.cap("lookup", 16)
+        cap = policy.cap("lookup", 16).k
         caps.append(cap)
-        policy.observe("lookup", cap, min(cap, 1), None, 0.0, costs[cap + 1])
+        policy.observe(StepRecord("lookup", cap, min(cap, 1), None, 0.0, costs[cap + 1]))
     assert caps[0] >= 3  # the prior expects 70% acceptance
     # Mostly one token; as the second position's misses age, it is tried again now and then.
     assert max(caps[-20:]) <= 2 and caps[-20:].count(1) >= 10
@@ -53,9 +54,9 @@ def test_slow_source_falls_back_to_plain_and_probes_with_backoff():
     learn(policy, "draft", 4, 0, times=10, draft_s=0.050)
     caps = []
     for _ in range(40):
-        cap = policy.cap("draft", 16)
+        cap = policy.cap("draft", 16).k
         caps.append(cap)
-        policy.observe("draft" if cap else "", 2 if cap else 0, 0, None, 0.05 if cap else 0.0, 0.010)
+        policy.observe(StepRecord("draft" if cap else None, 2 if cap else 0, 0, None, 0.05 if cap else 0.0, 0.010))
     probes = [i for i, cap in enumerate(caps) if cap]
     assert len(probes) >= 2 and caps.count(0) > 30
     assert probes[1] - probes[0] > probes[0]  # the interval doubles while probes fail
@@ -66,9 +67,9 @@ def test_a_useful_probe_brings_speculation_back_at_once():
     learn(policy, "draft", 4, 0, times=10, draft_s=0.050)  # slow and useless: plain from now on
     caps = []
     for _ in range(40):  # the text turns predictable and the draft cheap
-        cap = policy.cap("draft", 16)
+        cap = policy.cap("draft", 16).k
         caps.append(cap)
-        policy.observe("draft" if cap else "", cap, cap, None, 0.0001 * cap, 0.010)
+        policy.observe(StepRecord("draft" if cap else None, cap, cap, None, 0.0001 * cap, 0.010))
     probe = next(i for i, cap in enumerate(caps) if cap)
     assert caps[probe] == 1  # with drafting at 12.5 ms a token, the shortest probe costs least per token
     assert all(cap > 1 for cap in caps[probe + 1 :])
@@ -89,27 +90,38 @@ def test_a_probe_drafts_the_cheapest_width_per_token():
 def test_an_unmeasured_source_is_probed_once_before_plain():
     policy = AutoK(CPU)
     # A prior of 0.4 makes plain look faster, but nothing of this source was measured yet.
-    assert policy.cap("lookup", 16, prior=0.4) == 3
-    policy.observe("lookup", 3, 0, None, 0.0, CPU[4])
-    assert [policy.cap("lookup", 16, prior=0.4) for _ in range(10)] == [0] * 10
+    assert policy.cap("lookup", 16, prior=0.4).k == 3
+    policy.observe(StepRecord("lookup", 3, 0, None, 0.0, CPU[4]))
+    assert [policy.cap("lookup", 16, prior=0.4).k for _ in range(10)] == [0] * 10
 
 
 def test_confidence_stop_learns_which_confidences_pay():
     policy = AutoK([0.0] + [0.010 + 0.004 * w for w in range(1, 19)])
     policy.cap("draft", 16)
-    policy.observe("draft", 1, 1, [0.95], 0.001, 0.014)
+    policy.observe(StepRecord("draft", 1, 1, [0.95], 0.001, 0.014))
     # Tokens drafted at 0.3 confidence were never accepted; at 0.95 always.
     for _ in range(200):
-        policy.observe("draft", 2, 1, [0.95, 0.3], 0.002, 0.018)
-    policy.cap("draft", 16)
-    assert policy.keep("draft", 0, 0.95)
-    assert not policy.keep("draft", 1, 0.3)
+        policy.observe(StepRecord("draft", 2, 1, [0.95, 0.3], 0.002, 0.018))
+    first = policy.keep(policy.cap("draft", 16), 0.95)
+    assert first is not None and first.kept == 1
+    assert policy.keep(first, 0.3) is None
+
+
+def test_a_steps_budget_is_a_value_another_step_cannot_disturb():
+    policy = AutoK([0.0] + [0.010 + 0.001 * w for w in range(1, 19)])
+    budget = policy.cap("draft", 16)
+    kept = policy.keep(budget, 0.9)
+    policy.cap("store", 16)  # another source's step in between
+    assert policy.keep(kept, 0.9) == policy.keep(policy.keep(budget, 0.9), 0.9)  # the same budget, the same answer
+    assert kept.gain > budget.gain and kept.alive < budget.alive
 
 
 def test_llama_cpp_rule_stops_below_p_min():
     policy = PMinPolicy()
-    assert policy.cap("draft", 40) == 16
-    assert policy.keep("draft", 3, 0.75) and not policy.keep("draft", 3, 0.74)
+    budget = policy.cap("draft", 40)
+    assert budget.k == 16
+    third = Budget("draft", 16, kept=3)
+    assert policy.keep(third, 0.75).kept == 4 and policy.keep(third, 0.74) is None
 
 
 @pytest.mark.parametrize("text, value", [("4", 4), ("auto", "auto"), ("llama.cpp", "llama.cpp")])
@@ -216,26 +228,26 @@ def test_a_long_copy_accepted_in_full_earns_a_long_draft_and_a_rejection_shorten
     policy = AutoK(costs)
     caps = []
     for _ in range(12):  # every copied token accepted
-        cap = policy.cap("lookup-copy", 127, prior=0.97)
+        cap = policy.cap("lookup-copy", 127, prior=0.97).k
         caps.append(cap)
-        policy.observe("lookup-copy", cap, cap, None, 0.0, costs[cap + 1])
+        policy.observe(StepRecord("lookup-copy", cap, cap, None, 0.0, costs[cap + 1]))
     assert caps[0] < 64 and caps[-1] >= 64
     for _ in range(12):  # now every copy breaks after 8 tokens
-        cap = policy.cap("lookup-copy", 127, prior=0.97)
-        policy.observe("lookup-copy", cap, min(cap, 8), None, 0.0, costs[cap + 1])
-    assert policy.cap("lookup-copy", 127, prior=0.97) <= 16
+        cap = policy.cap("lookup-copy", 127, prior=0.97).k
+        policy.observe(StepRecord("lookup-copy", cap, min(cap, 8), None, 0.0, costs[cap + 1]))
+    assert policy.cap("lookup-copy", 127, prior=0.97).k <= 16
 
 
 def test_one_old_rejection_deep_in_a_copy_does_not_cap_later_drafts_below_it():
     costs = [0.0] + [0.010 + 0.004 * w for w in range(1, 129)]
     policy = AutoK(costs)
     policy.cap("lookup-copy", 127, prior=0.99)
-    policy.observe("lookup-copy", 63, 17, None, 0.0, costs[64])  # one copy broke at its 18th token
+    policy.observe(StepRecord("lookup-copy", 63, 17, None, 0.0, costs[64]))  # one copy broke at its 18th token
     caps = []
     for _ in range(30):  # then every copy goes through: shorter drafts must be able to grow past 18 again
-        cap = policy.cap("lookup-copy", 127, prior=0.99)
+        cap = policy.cap("lookup-copy", 127, prior=0.99).k
         caps.append(cap)
-        policy.observe("lookup-copy", cap, cap, None, 0.0, costs[cap + 1])
+        policy.observe(StepRecord("lookup-copy", cap, cap, None, 0.0, costs[cap + 1]))
     assert caps[0] <= 24 and caps[-1] >= 64
 
 
@@ -244,6 +256,6 @@ def test_a_free_source_is_not_benched_by_one_long_copy_that_broke_early():
     policy = AutoK(costs)
     for drafted, accepted in ((26, 3), (3, 3)):  # a long copy broke at its 4th token, then a short one held
         policy.cap("lookup-copy", 127, prior=0.99)
-        policy.observe("lookup-copy", drafted, accepted, None, 1e-5, costs[drafted + 1])
+        policy.observe(StepRecord("lookup-copy", drafted, accepted, None, 1e-5, costs[drafted + 1]))
     assert policy.sources["lookup-copy"].rate < policy.plain_rate  # its steps so far were slower than plain
-    assert policy.cap("lookup-copy", 127, prior=0.99) >= 2  # but short drafts still pay: keep drafting
+    assert policy.cap("lookup-copy", 127, prior=0.99).k >= 2  # but short drafts still pay: keep drafting

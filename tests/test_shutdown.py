@@ -5,7 +5,7 @@ import pytest
 
 from specrun.backend import Closed, Context, ContextOptions, Model
 from specrun.cli.app import run_app
-from specrun.engine import Generator, TokenEvent
+from specrun.engine import TokenEvent
 from specrun.session import Session, SessionConfig
 from test_engine import PROMPT
 
@@ -46,22 +46,24 @@ def test_a_generator_outliving_its_session_neither_crashes_nor_generates(tiny):
 
 @pytest.fixture
 def rollbacks(monkeypatch):
-    """Record, for every rollback, whether the target cache was still open; Ctrl-C at the 3rd step."""
-    seen, steps = [], []
-    rollback, step = Generator._rollback, Generator._step
+    """Ctrl-C in the 4th decode of the target's cache (the 3rd step); record, for every truncation
+    of a cache (which is how the engine rolls back), whether that cache was still open."""
+    seen, decodes = [], []
+    evaluate, truncate = Context.eval, Context.truncate
 
-    def recording_rollback(self, history):
-        seen.append(self.target.closed)
-        return rollback(self, history)
+    def interrupted_eval(self, tokens, logits_rows=1):
+        if self.model.role == "target":
+            decodes.append(len(tokens))
+            if len(decodes) == 4:
+                raise KeyboardInterrupt
+        return evaluate(self, tokens, logits_rows)
 
-    def interrupted_step(self, *args):
-        steps.append(1)
-        if len(steps) == 3:
-            raise KeyboardInterrupt
-        return step(self, *args)
+    def recording_truncate(self, n_keep):
+        seen.append(self.closed)
+        return truncate(self, n_keep)
 
-    monkeypatch.setattr(Generator, "_rollback", recording_rollback)
-    monkeypatch.setattr(Generator, "_step", interrupted_step)
+    monkeypatch.setattr(Context, "eval", interrupted_eval)
+    monkeypatch.setattr(Context, "truncate", recording_truncate)
     return seen
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from specrun.drafters import DraftModel, DraftSource, Hybrid
+from specrun.drafters import DraftSource, Hybrid
 from specrun.errors import SpecrunError
 from specrun.ngram_store import StoreLookup
 from specrun.policy import parse_k
@@ -19,8 +19,8 @@ def _lookup(session: Session) -> DraftSource:
 
 
 def _draft_model(session: Session) -> DraftSource:
-    model = session.drafter.model if isinstance(session.drafter, Hybrid) else session.drafter  # chained with the store
-    if not isinstance(model, DraftModel):
+    model = session.drafter.model if session.drafter is not None else None  # alone, or chained with lookup and store
+    if model is None:
         raise SpecrunError("the draft method needs a draft model: pass --draft PATH")
     return model
 
@@ -70,15 +70,11 @@ def k_order(k: int | str) -> int:
     return k if isinstance(k, int) else 1_000_000 + ("auto", "llama.cpp").index(k)
 
 
-def parse_k_value(text: str) -> int | str:
-    return parse_k(text.strip())
-
-
 def parse_k_values(text: str) -> list[int | str]:
     items = [item for item in text.split(",") if item.strip()]
     if not items:
         raise SpecrunError("--k is empty: give a comma list like 2,4,8")
-    return list(dict.fromkeys(parse_k_value(item.strip()) for item in items))
+    return list(dict.fromkeys(parse_k(item.strip()) for item in items))
 
 
 def parse_methods(text: str) -> list[str]:

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import resource
 import sys
-from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
-import numpy as np
-
 from specrun.bench.methods import METHODS, PLAIN, Variant
-from specrun.drafters import DraftModel, DraftSource, Hybrid
-from specrun.engine import Done, Generator, Stats, TokenEvent
+from specrun.engine import Stats
 from specrun.errors import SpecrunError
 from specrun.sampling import SamplerSettings
 from specrun.session import Session
@@ -72,12 +68,12 @@ def measure(
     seed = settings.seed if settings.seed is not None else 0  # the CLI always sets one at temperature > 0
     for _ in range(warmup):
         for variant in variants:
-            _generate(session, variant, prompts[0], settings, seed, max_tokens)
+            run_variant(session, variant, prompts[0], settings, seed, max_tokens)
     for index, prompt in enumerate(prompts):
         for rep in range(repeat):
             plain_tokens: list[int] | None = None
             for variant in variants:
-                tokens, stats = _generate(session, variant, prompt, settings, seed, max_tokens)
+                tokens, stats = run_variant(session, variant, prompt, settings, seed, max_tokens)
                 if variant.method == PLAIN:
                     plain_tokens = tokens
                 match = tokens == plain_tokens if settings.greedy and variant.method != PLAIN else None
@@ -85,28 +81,18 @@ def measure(
         session.remember(prompt + plain_tokens)
 
 
-def _generate(
+def run_variant(
     session: Session, variant: Variant, prompt: list[int], settings: SamplerSettings, seed: int, max_tokens: int
 ) -> tuple[list[int], Stats]:
+    """One timed generation of `variant` from empty caches: its tokens and stats."""
     drafter = METHODS[variant.method](session)
-    _reset_caches(session, drafter)
-    # Same seed for every method, so at temperature > 0 all start from the same stream.
-    policy = session.policy(variant.k) if drafter else 1  # auto measures verify costs once per session
-    generator = Generator(session.target, drafter, settings, k=policy, rng=np.random.default_rng(seed))
-    tokens: list[int] = []
-    # Closed here, even on Ctrl-C: its rollback must run before the session frees the caches.
-    with closing(generator.generate(prompt, max_tokens)) as events:
-        for event in events:
-            if isinstance(event, TokenEvent):
-                tokens.append(event.token)
-            elif isinstance(event, Done):
-                return tokens, event.stats
-    raise AssertionError("the event stream ended without Done")
-
-
-def _reset_caches(session: Session, drafter: DraftSource | None) -> None:
-    """Empty the KV caches so no run reuses the previous run's prompt."""
+    # Empty the KV caches so no run reuses the previous run's prompt.
     session.target.truncate(0)
-    model = drafter.model if isinstance(drafter, Hybrid) else drafter
-    if isinstance(model, DraftModel):
-        model.context.truncate(0)
+    if drafter is not None:
+        drafter.rollback([])
+    # Same seed for every method, so at temperature > 0 all start from the same stream;
+    # auto measures verify costs once per session.
+    generator = session.generator(plain=drafter is None, policy=variant.k, sampler=replace(settings, seed=seed),
+                                  drafter=drafter)
+    run = generator.run(prompt, max_tokens)
+    return run.tokens, run.stats

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import replace
 
-from specrun.engine import Stats, StepEvent, TokenEvent
+from specrun.engine import Stats, StepEvent, StopReason, TokenEvent
 from specrun.session import Session
 
 CALIBRATION_TEXT = "The history of the city begins"
@@ -32,25 +33,22 @@ class PlainRate:
 
         The first decode of a context also sets up llama.cpp's compute graph, so it is left out.
         """
-        generator = session.generator(plain=True, seed=0)
-        events = generator.generate(session.tokenize(CALIBRATION_TEXT), max_tokens)
-        first: tuple[float, int, float] | None = None  # (clock, tokens, verify_s) at the first token
-        last = first
-        try:
-            for event in events:
-                if isinstance(event, TokenEvent):
-                    s = generator.stats
-                    last = (time.perf_counter(), s.tokens, s.verify_s)
-                    first = first or last
-                    if last[1] >= 4 and last[0] - first[0] > budget_s:
-                        break
-        finally:
-            events.close()
-        if first is None or last is None or last[1] == first[1]:
+        generator = session.generator(plain=True, sampler=replace(session.config.sampler, seed=0))
+        marks: list[tuple[float, int, float]] = []  # (clock, tokens, verify_s) at the first and the latest token
+
+        def on_token(event: TokenEvent) -> StopReason | None:
+            s = generator.stats
+            marks[1:] = [(time.perf_counter(), s.tokens, s.verify_s)]
+            first, last = marks[0], marks[-1]
+            return "max_tokens" if last[1] >= 4 and last[0] - first[0] > budget_s else None  # timed enough
+
+        generator.run(session.tokenize(CALIBRATION_TEXT), max_tokens, on_token)
+        if len(marks) < 2:
             return cls(0.0, 0.0, 0)
-        tokens = last[1] - first[1]
-        decode_s = (last[2] - first[2]) / tokens  # plain decoding: one step per token
-        overhead_s = max(last[0] - first[0] - (last[2] - first[2]), 0.0) / tokens
+        (first_clock, first_tokens, first_verify), (last_clock, last_tokens, last_verify) = marks
+        tokens = last_tokens - first_tokens
+        decode_s = (last_verify - first_verify) / tokens  # plain decoding: one step per token
+        overhead_s = max(last_clock - first_clock - (last_verify - first_verify), 0.0) / tokens
         return cls(decode_s, overhead_s, tokens)
 
     def reset_step_clock(self) -> None:

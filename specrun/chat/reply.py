@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from specrun.engine import Done, Generator, Stats, StepEvent, TokenEvent
+from specrun.engine import Generator, Stats, StepEvent, StopReason, TokenEvent, TokenSource
 
-Piece = tuple[str, str]  # (text, source) with source "draft", "target" or "bonus"
+Piece = tuple[str, TokenSource]  # (text, where its tokens came from)
 
 
 class ReplyView(Protocol):
@@ -29,7 +29,7 @@ class Reply:
     text: str  # kept text (may run past `tokens` when a stop string began inside a token)
     pieces: list[Piece]  # the kept text, split by where each token came from
     stats: Stats
-    stop_reason: str  # eog, max_tokens, context_full, stop_string, interrupted
+    stop_reason: StopReason
     ttft_s: float | None  # from the turn's start to the first token
 
 
@@ -101,35 +101,31 @@ def stream_reply(
     """
     scanner = StopScanner(stops)
     emitted: list[tuple[int, int]] = []  # (token, text length after it): one append, so Ctrl-C cannot split them
-    ttft = None
-    stop_reason = ""
-    events = generator.generate(prompt, max_tokens)
+    ttft: list[float] = []
+
+    def on_token(event: TokenEvent) -> StopReason | None:
+        if not ttft:
+            ttft.append(time.perf_counter() - started)
+        released = scanner.feed(event.text, event.source)
+        emitted.append((event.token, len(scanner.text)))
+        view.show(released)
+        if scanner.stop_at is not None:
+            return "stop_string"
+        return "interrupted" if cancelled() else None
+
+    def on_step(event: StepEvent, stats: Stats) -> StopReason | None:
+        view.step(event, stats)
+        return "interrupted" if cancelled() else None
+
     try:
-        for event in events:
-            if isinstance(event, TokenEvent):
-                ttft = ttft if ttft is not None else time.perf_counter() - started
-                released = scanner.feed(event.text, event.source)
-                emitted.append((event.token, len(scanner.text)))
-                view.show(released)
-                if scanner.stop_at is not None:
-                    stop_reason = "stop_string"
-                    break
-            elif isinstance(event, StepEvent):
-                view.step(event, generator.stats)
-            elif isinstance(event, Done):
-                stop_reason = event.stats.stop_reason
-                break
-            if cancelled():
-                stop_reason = "interrupted"
-                break
-    except KeyboardInterrupt:
+        stop_reason: StopReason = generator.run(prompt, max_tokens, on_token, on_step).stop_reason
+    except KeyboardInterrupt:  # run() has closed the generator: the caches hold what was emitted
         stop_reason = "interrupted"
-    finally:
-        events.close()  # an abandoned generator rolls both caches back to what it emitted
     view.show(scanner.flush())
     kept = _kept_tokens(emitted, len(scanner.kept_text), generator.eog)
     text = scanner.kept_text
-    return Reply(kept, text, split_by_source(text, scanner.sources[: len(text)]), generator.stats, stop_reason, ttft)
+    return Reply(kept, text, split_by_source(text, scanner.sources[: len(text)]), generator.stats, stop_reason,
+                 ttft[0] if ttft else None)
 
 
 def _kept_tokens(emitted: list[tuple[int, int]], kept_chars: int, eog: frozenset[int]) -> list[int]:

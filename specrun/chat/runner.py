@@ -17,6 +17,14 @@ from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic
 from specrun.policy import parse_k
 from specrun.session import Session
+from specrun.settings import SettingError, check
+
+
+def check_reply_tokens(max_tokens: int, n_ctx: int) -> None:
+    """A reply's budget is kept free in the context, so it may take at most half of it."""
+    check(max_tokens=max_tokens)
+    if max_tokens > n_ctx // 2:
+        raise SettingError("max_tokens", f"at most half the context ({n_ctx // 2} tokens; a larger context allows more)", max_tokens)
 
 
 class ChatRunner:
@@ -29,22 +37,20 @@ class ChatRunner:
         plain_rate: PlainRate | None = None,
     ):
         n_ctx = session.target.n_ctx
-        if not 1 <= max_tokens <= n_ctx // 2:
-            raise SpecrunError(
-                f"--max-tokens has to be between 1 and half the context ({n_ctx // 2}), but is {max_tokens}: "
-                "lower it or raise --ctx-size"
-            )
+        check_reply_tokens(max_tokens, n_ctx)
         self.session = session
         self.max_tokens = max_tokens
         self.conversation = Conversation(session.target_model, chat_format, n_ctx, system)
-        self.generator = session.generator()
+        self.sampler = session.config.sampler  # /temp changes it from the next reply on
+        # The session's policy for its k (/k picks another): what auto learns carries over between replies.
+        self.policy = session.policy(session.config.k) if session.drafter is not None else None
         self.totals = SessionStats()
         self.plain_rate = plain_rate
         self.replies: list[Reply] = []  # parallel to conversation.exchanges until a reset
 
     @property
     def speculative(self) -> bool:
-        return self.generator.drafter is not None
+        return self.policy is not None
 
     def prepare(self, user_text: str) -> Turn:
         """The prompt for the next reply (raises SpecrunError if even the message alone does not fit)."""
@@ -55,9 +61,8 @@ class ChatRunner:
         started = time.perf_counter() if started is None else started
         if self.plain_rate:
             self.plain_rate.reset_step_clock()
-        reply = stream_reply(
-            self.generator, turn.tokens, self.max_tokens, turn.stops, _Tap(view, self._observe_step), started
-        )
+        generator = self.session.generator(policy=self.policy, sampler=self.sampler)
+        reply = stream_reply(generator, turn.tokens, self.max_tokens, turn.stops, _Tap(view, self._observe_step), started)
         if turn.dropped:
             del self.replies[: turn.dropped]
         self.conversation.add_reply(turn, reply.tokens, reply.text)
@@ -78,16 +83,14 @@ class ChatRunner:
         limit = self.session.target.n_batch - 1
         if policy.max_k > limit:
             raise SpecrunError(f"k has to be at most {limit} (the batch size minus one), but is {k}")
-        self.generator.policy = policy
+        self.policy = policy
 
     @property
     def k_label(self) -> str:
-        return self.generator.policy.label
+        return self.policy.label if self.policy is not None else "plain"
 
     def set_temperature(self, temperature: float) -> None:
-        settings = dataclasses.replace(self.generator.settings, temperature=temperature)  # validates
-        self.session.set_sampler(settings)
-        self.generator.settings = settings
+        self.sampler = dataclasses.replace(self.sampler, temperature=temperature)  # SamplerSettings checks it
 
     def reset(self) -> None:
         """Forget the conversation (the caches are reused as far as the next prompt matches)."""
@@ -111,7 +114,7 @@ class ChatRunner:
         t = self.totals
         return {
             "target": str(self.session.config.target),
-            "drafter": self.generator.drafter.name if self.generator.drafter else None,
+            "drafter": self.session.drafter.name if self.session.drafter else None,
             "chat_format": self.conversation.format.name,
             "system": self.conversation.system,
             "turns": turns,

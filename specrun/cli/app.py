@@ -10,6 +10,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from specrun.errors import SpecrunError
+from specrun.settings import SettingError
 
 # The order a new user needs the commands in: run a model, serve it, measure, pick a draft, get models, check the install.
 COMMAND_ORDER = ("generate", "chat", "serve", "bench", "pair", "pull", "models", "doctor")
@@ -71,7 +72,9 @@ def run_app(argv: list[str] | None = None) -> int:
 def _register_commands() -> None:
     """Import the command modules (each registers on `app`) inside the error boundary, so a
     missing or too old llama-cpp-python is one line, not an import traceback."""
-    import specrun.backend  # noqa: F401  (first: its checks of llama-cpp-python say what to install)
+    from specrun import backend
+
+    backend.check_install()  # first: a missing or too old llama-cpp-python is one line saying what to install
     from specrun.cli import generate, chat, serve, bench, pair, pull, models, doctor  # noqa: F401
 
 
@@ -80,8 +83,19 @@ def _is_click_error(exc: Exception) -> bool:
     return isinstance(getattr(exc, "exit_code", None), int) and callable(getattr(exc, "format_message", None))
 
 
+# The option of each library setting whose name is not just `--` and its name with dashes.
+SETTING_OPTIONS = {"temperature": "--temp", "n_ctx": "--ctx-size", "n_ubatch": "--ubatch-size"}
+
+
+def option_for(setting: str) -> str:
+    """The CLI option that sets a library setting (`top_k` -> `--top-k`)."""
+    return SETTING_OPTIONS.get(setting, "--" + setting.replace("_", "-"))
+
+
 def one_line(exc: Exception, argv: list[str]) -> str:
     """The message for an exception that reached the CLI boundary."""
+    if isinstance(exc, SettingError):
+        return exc.phrase(option_for(exc.param))
     if _is_click_error(exc):
         return _usage_line(exc, argv)
     if isinstance(exc, UnicodeDecodeError):

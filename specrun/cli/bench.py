@@ -23,6 +23,7 @@ from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic
 from specrun.ngram_store import DEFAULT_LIMIT
 from specrun.session import Session
+from specrun.settings import check
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,9 @@ def bench(
     prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)} (default: all of them).")] = None,
     methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of plain, lookup, draft, hybrid, store (default plain,lookup,draft; draft and hybrid need --draft; store: lookup, then n-grams of the earlier prompts and outputs of the run).")] = None,
     k: KList = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"),
-                                                      help="Tokens per run (default 96 on built-in sets, 128 on a file).")] = None,
-    repeat: Annotated[Optional[int], typer.Option("--repeat", callback=o.in_range(1, allowed="an integer >= 1"),
-                                                  help="Timed runs per prompt and method; tok/s is their median (default 1).")] = None,
-    warmup: Annotated[int, typer.Option("--warmup", callback=o.in_range(0, allowed="an integer >= 0"),
-                                        help="Untimed rounds of every method on the first prompt.")] = 1,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens per run (default 96 on built-in sets, 128 on a file).")] = None,
+    repeat: Annotated[Optional[int], typer.Option("--repeat", help="Timed runs per prompt and method; tok/s is their median (default 1).")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds of every method on the first prompt.")] = 1,
     store_tokens: o.StoreTokens = DEFAULT_LIMIT,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE (default: none).")] = None,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE (default: none).")] = None,
@@ -65,6 +63,7 @@ def bench(
     defaults = FILE_DEFAULTS if prompts else BUILTIN_DEFAULTS
     max_tokens = defaults.max_tokens if max_tokens is None else max_tokens
     repeat = defaults.repeat if repeat is None else repeat
+    check(max_tokens=max_tokens, repeat=repeat, warmup=warmup, store_tokens=store_tokens)
     ks = parse_k_values(k or defaults.k)
     loaded, source_name = _load_prompts(prompts, prompt_set)
     _check_outputs(json_out, csv_out, plot_out)

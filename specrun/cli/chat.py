@@ -13,12 +13,13 @@ from rich.table import Table
 
 from specrun.chat.calibration import PlainRate
 from specrun.chat.formats import PLAIN, check_format_name, choose_format
-from specrun.chat.runner import ChatRunner
+from specrun.chat.runner import ChatRunner, check_reply_tokens
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
 from specrun.cli.chat_view import LivePanel, PlainView, reply_line, summary_line
 from specrun.errors import SpecrunError
 from specrun.session import Session
+from specrun.settings import SettingError
 
 HELP = """\
 Type a message and press Enter. End a line with \\ to continue on the next line, or
@@ -46,14 +47,12 @@ def chat(
     k: o.K = "auto",
     system: Annotated[Optional[str], typer.Option("--system", help="System message for the conversation (default: none).")] = None,
     chat_format: o.ChatFormat = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"),
-                                            help="Most tokens per reply.")] = 512,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens per reply.")] = 512,
     *,
     model: o.ModelOptions,
 ) -> None:
     """Chat with the target, drafting by --draft model or --lookup; a live panel shows the speculation."""
-    if not 1 <= max_tokens <= model.ctx_size // 2:
-        raise SpecrunError(f"--max-tokens has to be between 1 and half of --ctx-size ({model.ctx_size // 2}), but is {max_tokens}")
+    check_reply_tokens(max_tokens, model.ctx_size)  # before minutes of model loading
     if chat_format not in (None, PLAIN):
         check_format_name(chat_format)  # before minutes of model loading
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
@@ -63,10 +62,10 @@ def chat(
         if fmt.source == "no chat template in the model":
             note(f"note: {config.target.name} has no chat template: using a plain User:/Assistant: transcript "
                  "(--chat-format picks another)")
-        runner = ChatRunner(session, fmt, max_tokens, system)
-        if runner.speculative:
-            runner.plain_rate = PlainRate.calibrate(session)
-            note(f"plain decoding: {runner.plain_rate.tokens_per_s:.1f} tok/s ({runner.plain_rate.how})")
+        plain_rate = PlainRate.calibrate(session) if session.drafter is not None else None
+        runner = ChatRunner(session, fmt, max_tokens, system, plain_rate)
+        if plain_rate is not None:
+            note(f"plain decoding: {plain_rate.tokens_per_s:.1f} tok/s ({plain_rate.how})")
         else:
             note("no --draft or --lookup: plain decoding")
         shell = InteractiveShell(runner, Console(), _title(config)) if interactive else PipedShell(runner)
@@ -168,7 +167,7 @@ class Shell:
                 self.console.print(f"[dim]k = {self.runner.k_label} from the next reply on[/]")
             elif name == "/temp":
                 self.runner.set_temperature(_number(arg, float, "/temp T"))
-                self.console.print(f"[dim]temperature = {self.runner.generator.settings.temperature:g} from the next reply on[/]")
+                self.console.print(f"[dim]temperature = {self.runner.sampler.temperature:g} from the next reply on[/]")
             elif name == "/reset":
                 self.runner.reset()
                 self.console.print("[dim]new conversation (session statistics kept)[/]")
@@ -179,6 +178,8 @@ class Shell:
                 self.console.print(f"[dim]saved {len(self.runner.replies)} turns to {arg}[/]")
             else:
                 raise SpecrunError(f"unknown command {name}: /help lists the commands")
+        except SettingError as exc:  # the slash command names the setting
+            self.failed(SpecrunError(exc.phrase(name)))
         except SpecrunError as exc:
             self.failed(exc)
         return None

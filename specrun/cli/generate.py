@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import closing
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,8 +11,9 @@ import typer
 
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
-from specrun.engine import Done, Stats, TokenEvent
+from specrun.engine import TokenEvent
 from specrun.session import Session
+from specrun.settings import check
 
 
 @app.command()
@@ -30,44 +30,35 @@ def generate(
     model: o.ModelOptions,
 ) -> None:
     """Continue PROMPT with the target, drafting by --draft model and/or --lookup."""
+    check(max_tokens=max_tokens)
     text = o.read_prompt(prompt, prompt_file)
     config = model.session_config(lookup, k)
     with Session(config) as session:
         if config.draft is None and not config.lookup:
             err_console.print("[dim]no --draft or --lookup: plain decoding[/]")
         tokens = session.tokenize(text)
-        spec_tokens, spec_stats = _run(session.stream(tokens, max_tokens), echo=not as_json)
-        result = {"text": session.target_model.detokenize(spec_tokens), "tokens": spec_tokens, "stats": spec_stats.to_dict()}
+        spec = session.generator().run(tokens, max_tokens, _echo if not as_json else None)
+        if not as_json:
+            sys.stdout.write("\n")
+        result = {"text": session.detokenize(spec.tokens), "tokens": spec.tokens, "stats": spec.stats.to_dict()}
         if compare_plain:
-            plain_tokens, plain_stats = _run(session.stream(tokens, max_tokens, plain=True), echo=False)
+            plain = session.generator(plain=True).run(tokens, max_tokens)
             result["plain"] = {
-                "text": session.target_model.detokenize(plain_tokens),
-                "tokens_per_s": plain_stats.tokens_per_s,
-                "stats": plain_stats.to_dict(),
+                "text": session.detokenize(plain.tokens),
+                "tokens_per_s": plain.stats.tokens_per_s,
+                "stats": plain.stats.to_dict(),
             }
-            result["speedup"] = spec_stats.tokens_per_s / plain_stats.tokens_per_s if plain_stats.tokens_per_s else 0.0
-            result["matches_plain"] = plain_tokens == spec_tokens
+            result["speedup"] = spec.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
+            result["matches_plain"] = plain.tokens == spec.tokens
     if as_json:
         print(json.dumps(result))
     else:
         _report(result)
 
 
-def _run(events, echo: bool) -> tuple[list[int], Stats]:
-    tokens: list[int] = []
-    # Closed here, even on Ctrl-C: its rollback must run before the session frees the caches.
-    with closing(events):
-        for event in events:
-            if isinstance(event, TokenEvent):
-                tokens.append(event.token)
-                if echo:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-            elif isinstance(event, Done):
-                if echo:
-                    sys.stdout.write("\n")
-                return tokens, event.stats
-    raise AssertionError("the event stream ended without Done")
+def _echo(event: TokenEvent) -> None:
+    sys.stdout.write(event.text)
+    sys.stdout.flush()
 
 
 def _report(result: dict) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
 import sys
 import typing
 from dataclasses import dataclass
@@ -21,36 +20,13 @@ from specrun.errors import SpecrunError
 from specrun.files import decode_utf8, read_text
 from specrun.policy import parse_k
 from specrun.sampling import SamplerSettings
-from specrun.session import BATCH, SessionConfig
-
-INT32_MAX = 2**31 - 1  # llama.cpp's context fields are 32-bit: larger values would wrap silently
-MAX_THREADS = 512  # ggml's GGML_MAX_N_THREADS
+from specrun.session import SessionConfig
+from specrun.settings import BATCH
 
 
 def option_name(param: typer.CallbackParam) -> str:
     """The option as users write it: its longest spelling (--max-tokens, not -n)."""
     return max(param.opts, key=len) if param.opts else param.human_readable_name
-
-
-def in_range(low: float | None = None, high: float | None = None, allowed: str = "", low_open: bool = False):
-    """A callback refusing values outside [low, high] ((low, high] when `low_open`), and
-    NaN or infinite ones, with one line naming the option, the value and what is allowed."""
-
-    def check(param: typer.CallbackParam, value: float | None) -> float | None:
-        if value is None:
-            return value
-        above = low is None or (value > low if low_open else value >= low)
-        if not (math.isfinite(value) and above and (high is None or value <= high)):
-            shown = f"{value:g}" if isinstance(value, float) else str(value)
-            raise SpecrunError(f"{option_name(param)} has to be {allowed}, but is {shown}")
-        return value
-
-    return check
-
-
-def checked_k(param: typer.CallbackParam, value: str) -> str:
-    parse_k(value)  # its message names --k, the value and the choices
-    return value
 
 
 def checked_endpoints(param: typer.CallbackParam, value: str | None) -> str | None:
@@ -81,33 +57,22 @@ Lookup = Annotated[
 ]
 K = Annotated[
     str,
-    typer.Option("--k", callback=checked_k,
-                 help="Most tokens drafted per step: a number, 'auto' (cost-aware), or 'llama.cpp' (draft-max 16, p-min 0.75)."),
+    typer.Option("--k", help="Most tokens drafted per step: a number, 'auto' (cost-aware), or 'llama.cpp' (draft-max 16, p-min 0.75)."),
 ]
-Temp = Annotated[float, typer.Option("--temp", callback=in_range(0, allowed="a number >= 0 (0 is greedy)"),
-                                     help="Sampling temperature; 0 is greedy.")]
-TopK = Annotated[int, typer.Option("--top-k", callback=in_range(0, allowed="an integer >= 0 (0 disables it)"),
-                                   help="Top-k filter at temperature > 0 (0 disables).")]
-TopP = Annotated[float, typer.Option("--top-p", callback=in_range(0, 1, "a number in (0, 1] (1 disables it)", low_open=True),
-                                     help="Top-p filter at temperature > 0 (1 disables).")]
-MinP = Annotated[float, typer.Option("--min-p", callback=in_range(0, 1, "a number in [0, 1] (0 disables it)"),
-                                     help="Min-p filter at temperature > 0 (0 disables).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", callback=in_range(0, allowed="an integer >= 0 (leave it out for a random seed)"),
-                                             help="Seed for reproducible sampling (default: a random seed).")]
-MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", callback=in_range(1, allowed="an integer >= 1"),
-                                        help="Most tokens to generate.")]
-CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", callback=in_range(8, INT32_MAX, f"an integer from 8 to {INT32_MAX}"),
-                                      help="Context size in tokens for target and draft.")]
-Threads = Annotated[int, typer.Option("--threads", "-t", callback=in_range(0, MAX_THREADS, f"an integer from 0 to {MAX_THREADS} (0 = all cores)"),
-                                      help="CPU threads (0 = all cores).")]
+Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")]
+TopK = Annotated[int, typer.Option("--top-k", help="Top-k filter at temperature > 0 (0 disables).")]
+TopP = Annotated[float, typer.Option("--top-p", help="Top-p filter at temperature > 0 (1 disables).")]
+MinP = Annotated[float, typer.Option("--min-p", help="Min-p filter at temperature > 0 (0 disables).")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for reproducible sampling (default: a random seed).")]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
+CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens for target and draft.")]
+Threads = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0 = all cores).")]
 UbatchSize = Annotated[
-    int, typer.Option("--ubatch-size", "-ub", callback=in_range(0, BATCH, f"an integer from 0 to {BATCH} (0 = {BATCH})"),
-                      help=f"Rows llama.cpp computes in one pass (0 = {BATCH}). On CPU, 6 or fewer make batched verification give the logits of one-token decoding, so greedy output equals plain decoding's, at a cost in speed (docs/benchmarks.md).")
+    int, typer.Option("--ubatch-size", "-ub", help=f"Rows llama.cpp computes in one pass (0 = {BATCH}). On CPU, 6 or fewer make batched verification give the logits of one-token decoding, so greedy output equals plain decoding's, at a cost in speed (docs/benchmarks.md).")
 ]
-_LAYERS = in_range(-1, INT32_MAX, "an integer >= -1 (-1 = all)")
-GpuLayers = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", callback=_LAYERS, help="Target layers to offload (-1 = all).")]
+GpuLayers = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", help="Target layers to offload (-1 = all).")]
 DraftGpuLayers = Annotated[
-    int, typer.Option("--draft-n-gpu-layers", "-ngld", callback=_LAYERS, help="Draft layers to offload (-1 = all).")
+    int, typer.Option("--draft-n-gpu-layers", "-ngld", help="Draft layers to offload (-1 = all).")
 ]
 Rpc = Annotated[
     Optional[str],
@@ -123,10 +88,10 @@ TensorSplit = Annotated[
 ]
 RpcTimeout = Annotated[
     float,
-    typer.Option("--rpc-timeout", callback=in_range(0, allowed="a number of seconds >= 0 (0 = forever)"), help="Seconds one decode may wait for the rpc-servers before specrun gives up with an error (0 = forever).", rich_help_panel="RPC"),
+    typer.Option("--rpc-timeout", help="Seconds one decode may wait for the rpc-servers before specrun gives up with an error (0 = forever).", rich_help_panel="RPC"),
 ]
 StoreTokens = Annotated[
-    int, typer.Option("--store-tokens", callback=in_range(0, INT32_MAX, f"an integer from 0 to {INT32_MAX} (0 disables the store)"), help="Also draft from n-grams of earlier prompts and outputs, keeping up to N tokens (0 disables).")
+    int, typer.Option("--store-tokens", help="Also draft from n-grams of earlier prompts and outputs, keeping up to N tokens (0 disables).")
 ]
 ChatFormat = Annotated[
     Optional[str],
@@ -159,6 +124,18 @@ class ModelOptions:
     tensor_split: TensorSplit = None
     rpc_timeout: RpcTimeout = 300.0
 
+    def __post_init__(self) -> None:
+        # The library checks each setting; asking it here fails before any prompt is read or model resolved.
+        self.sampler()
+        SessionConfig.check_settings(self._llama_settings())
+
+    def sampler(self) -> SamplerSettings:
+        return SamplerSettings(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+
+    def _llama_settings(self) -> dict:
+        return dict(n_ctx=self.ctx_size, threads=self.threads, n_gpu_layers=self.n_gpu_layers,
+                    draft_n_gpu_layers=self.draft_n_gpu_layers, rpc_timeout=self.rpc_timeout, n_ubatch=self.ubatch_size)
+
     def session_config(self, lookup: bool = False, k: str = "auto", store_tokens: int = 0,
                        use_draft: bool = True) -> SessionConfig:
         """`use_draft` False leaves --draft and --draft-rpc out (bench methods that need none)."""
@@ -166,15 +143,12 @@ class ModelOptions:
         draft_endpoints = rpc.parse_endpoints(draft_rpc, "--draft-rpc")
         if draft_endpoints and draft is None:
             raise SpecrunError("--draft-rpc places a draft model's layers: give --draft too, or drop --draft-rpc")
-        sampler = SamplerSettings(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
         # Paths, aliases and hub repos all go through the library's one resolver; it says which file and why.
         return resolve(
             self.target, draft, quant=self.quant, draft_quant=self.draft_quant, offline=self.offline, on_resolve=_report_model,
-            lookup=lookup, k=parse_k(k), sampler=sampler, n_ctx=self.ctx_size, threads=self.threads,
-            n_gpu_layers=self.n_gpu_layers, draft_n_gpu_layers=self.draft_n_gpu_layers,
-            rpc=rpc.parse_endpoints(self.rpc, "--rpc"), draft_rpc=draft_endpoints,
-            tensor_split=rpc.parse_tensor_split(self.tensor_split), rpc_timeout=self.rpc_timeout,
-            n_ubatch=self.ubatch_size, store_tokens=store_tokens,
+            lookup=lookup, k=parse_k(k), sampler=self.sampler(), rpc=rpc.parse_endpoints(self.rpc, "--rpc"),
+            draft_rpc=draft_endpoints, tensor_split=rpc.parse_tensor_split(self.tensor_split), store_tokens=store_tokens,
+            **self._llama_settings(),
         )
 
 

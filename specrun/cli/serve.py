@@ -33,13 +33,13 @@ def serve(
     lookup: Annotated[bool, typer.Option("--lookup/--no-lookup", help="Draft by prompt lookup (n-grams copied from the request); with --draft: hybrid.")] = True,
     store_tokens: o.StoreTokens = DEFAULT_LIMIT,
     k: o.K = "auto",
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", callback=o.in_range(1, allowed="an integer >= 1"), help="Most tokens per request that names none (default: until the context is full).")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Most tokens per request that names none (default: until the context is full).")] = None,
     chat_format: o.ChatFormat = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface; mind --api-key).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", callback=o.in_range(0, 65535, "an integer from 0 to 65535"), help="Port to listen on (0: any free one).")] = 8080,
+    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECRUN_API_KEY", help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY; default: no key).")] = None,
     cors_origin: Annotated[Optional[list[str]], typer.Option("--cors-origin", callback=checked_origins, help="A browser origin allowed to call the API besides this machine's own pages (scheme://host[:port]; '*': any), once per origin (default: none).")] = None,
-    queue: Annotated[int, typer.Option("--queue", callback=o.in_range(1, 1_000_000, "an integer from 1 to 1000000"), help="Requests that may wait while one runs; more get HTTP 429.")] = 32,
+    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one runs; more get HTTP 429.")] = 32,
     *,
     model: o.ModelOptions,
 ) -> None:
@@ -50,9 +50,9 @@ def serve(
         raise SpecrunError("--api-key is empty: give a key, or leave the option out to serve without one")
     if chat_format not in (None, PLAIN):
         check_format_name(chat_format)  # before minutes of model loading
-    config = model.session_config(lookup, k, store_tokens)
     options = ServeOptions(host=host, port=port, api_key=api_key, queue=queue, max_tokens=max_tokens, chat_format=chat_format,
                            cors_origins=tuple(cors_origin or ()))
+    config = model.session_config(lookup, k, store_tokens)
     server = Server(config, options, on_ready=lambda session: note(f"ready: {describe(config, session)}"))
     note(f"specrun serve: listening on {server.url} (loading {config.target.name}; /health answers 503 until ready)")
     server.run()

@@ -51,8 +51,8 @@ class Metrics:
             self.drafts += 1
             self.draft_tokens += event.drafted
             self.accepted_tokens += event.accepted
-            self.draft_tokens_by_source[event.source] += event.drafted
-            self.accepted_by_source[event.source] += event.accepted
+            self.draft_tokens_by_source[event.draft_source] += event.drafted
+            self.accepted_by_source[event.draft_source] += event.accepted
             grow = event.accepted - len(self.accepted_by_position)
             self.accepted_by_position += [0] * max(grow, 0)
             for position in range(event.accepted):

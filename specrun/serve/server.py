@@ -22,6 +22,7 @@ from specrun.serve.app import create_app
 from specrun.serve.metrics import Metrics
 from specrun.serve.worker import Worker
 from specrun.session import Session, SessionConfig
+from specrun.settings import check
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class ServeOptions:
     chat_format: str | None = None
     model_name: str | None = None  # the id /v1/models reports (default: the target file's name)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed besides loopback ones ("*": any)
+
+    def __post_init__(self) -> None:
+        check(port=self.port, queue=self.queue, max_tokens=self.max_tokens)
 
 
 class Server:

@@ -21,12 +21,13 @@ from typing import Callable, Union
 from specrun.chat.conversation import Transcript
 from specrun.chat.formats import choose_format
 from specrun.chat.reply import Piece, stream_reply
-from specrun.engine import Stats, StepEvent
+from specrun.engine import Generator, Stats, StepEvent
 from specrun.errors import SpecrunError
-from specrun.policy import PRIOR, PMinPolicy
-from specrun.serve.api import ApiError, GenerationRequest, Outcome, Speculative
+from specrun.policy import SpeculativeRule
+from specrun.serve.api import ApiError, GenerationRequest, Outcome, setting_error
 from specrun.serve.metrics import Metrics
 from specrun.session import Session
+from specrun.settings import SettingError
 
 FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length",
                   "interrupted": "abort"}
@@ -95,21 +96,6 @@ class Prompt:
     tokens: list[int]
     text: str
     stops: tuple[str, ...]
-
-
-class SpeculativeRule(PMinPolicy):
-    """llama-server's per-request `speculative`: at most n_max drafted, p_min for model drafts,
-    and a copied draft shorter than n_min is not verified (a model draft's length is not
-    known before it is drafted, so n_min does not apply to it)."""
-
-    def __init__(self, settings: Speculative):
-        super().__init__(settings.n_max, settings.p_min)
-        self.n_min = settings.n_min
-        self.label = "speculative"
-
-    def cap(self, source: str, limit: int, prior: float = PRIOR) -> int:
-        k = super().cap(source, limit, prior)
-        return k if k >= self.n_min else 0
 
 
 class Worker:
@@ -254,11 +240,11 @@ class Worker:
                            "messages" if request.chat else "prompt", "context_length_exceeded")
         return prompt
 
-    def _generator(self, request: GenerationRequest):
+    def _generator(self, request: GenerationRequest) -> Generator:
         try:
             settings = replace(self._sampler, **request.sampling)
-        except SpecrunError as exc:
-            raise ApiError(400, str(exc), code="invalid_value") from None
+        except SettingError as exc:  # the API checked each field already: a backstop
+            raise setting_error(exc) from None
         if request.seed is not None:
             settings = replace(settings, seed=request.seed if request.seed >= 0 else None)
         longest = self.session.target.n_batch - 1
@@ -267,11 +253,8 @@ class Worker:
             param = "speculative.n_max" if request.speculative else "k"
             raise ApiError(400, f"Invalid value for '{param}': drafts can be at most {longest} tokens long, but {asked} were asked for.",
                            param, "invalid_value")
-        self.session.set_sampler(settings)
-        generator = self.session.generator(k=request.k, seed=settings.seed)
-        if request.speculative and generator.drafter is not None:
-            generator.policy = SpeculativeRule(request.speculative)
-        return generator
+        policy = SpeculativeRule(request.speculative) if request.speculative else request.k
+        return self.session.generator(policy=policy, sampler=settings)
 
 
 class _Reporter:
