@@ -11,3 +11,15 @@ class IncompatibleError(SpecrunError):
     """A draft whose vocabulary does not match the target's."""
 
     exit_code = 1
+
+
+class RpcLost(SpecrunError):
+    """An RPC server went away (or the link to it was given up): the layers it held are gone,
+    and llama.cpp's RPC client cannot carry on in this process."""
+
+    exit_code = 1
+
+
+class RpcTimeout(RpcLost):
+    """RPC servers did not answer a call within its timeout (--rpc-timeout for decodes)."""
+
