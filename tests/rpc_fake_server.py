@@ -13,8 +13,9 @@ import threading
 from typing import Literal
 
 # answer: as rpc-server; silent: never answers HELLO; close: hangs up at HELLO; short: protocol 2's
-# 3-byte HELLO reply; answer_once: answers the first client only (as if it stopped right after)
-Behaviour = Literal["answer", "silent", "close", "short", "answer_once"]
+# 3-byte HELLO reply; answer_once: answers the first client only (as if it stopped right after);
+# gone_after_check: answers the first client, then stops listening (later connections are refused)
+Behaviour = Literal["answer", "silent", "close", "short", "answer_once", "gone_after_check"]
 
 
 class FakeRpcServer:
@@ -53,6 +54,9 @@ class FakeRpcServer:
                     self._session(conn)
                 except OSError:
                     pass
+            if self.behaviour == "gone_after_check":
+                self._listener.close()
+                return
 
     def _accept(self) -> socket.socket | None:
         while not self._stop.is_set():

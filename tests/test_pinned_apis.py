@@ -4,16 +4,19 @@
   compares its fields with the stock reader's, part for part);
 - llama-cpp-python: the names of its chat formats and their formatters are read from
   its handler registry, which has no public listing;
-- llama-cpp-python's raw API: every call backend.py makes.
+- llama-cpp-python's raw API: every call the specrun.backend package makes.
 """
 
+import importlib
 import inspect
+import pkgutil
 import re
 
 import llama_cpp
 import pytest
 
 from specrun import backend
+from specrun.backend import library
 from specrun.chat.formats import registered_formats
 from specrun.pair import header
 
@@ -37,10 +40,11 @@ def test_the_chat_format_registry_still_yields_formatters():
 def test_every_raw_call_the_backend_makes_exists():
     missing = [name for name in backend.RAW_API if not hasattr(llama_cpp, name)]
     assert missing == []
-    called = set(re.findall(r"\bL\.(llama_\w+)", inspect.getsource(backend)))
+    modules = [importlib.import_module(f"specrun.backend.{m.name}") for m in pkgutil.iter_modules(backend.__path__)]
+    called = {name for module in modules for name in re.findall(r"\bL\.(llama_\w+)", inspect.getsource(module))}
     assert called <= set(backend.RAW_API), f"add to RAW_API: {called - set(backend.RAW_API)}"
 
 
 @pytest.mark.parametrize("version, too_old", [("0.3.36", False), ("0.3.40", False), ("0.3.9", True), ("0.2.90", True)])
 def test_the_version_floor(version, too_old):
-    assert (backend._release(version) < backend.MIN_VERSION) is too_old
+    assert library.older_than_supported(version) is too_old

@@ -2,6 +2,7 @@
 rpc-server, the memory it adds, doctor and pair check, and the one-line errors."""
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -133,15 +134,15 @@ def test_lost_servers_are_those_that_refuse():
 
 
 def test_abort_lines_name_the_server():
-    from specrun import backend
+    from specrun.backend import rpc_link
 
     gone = refused_endpoint()
-    assert gone in backend._rpc_abort_line(f"ggml-rpc.cpp:551: Failed to connect to {gone}\n")
-    assert "another RPC protocol" in backend._rpc_abort_line(f"ggml-rpc.cpp:554: RPC handshake failed for {gone}\n")
-    assert backend._rpc_abort_line("ggml.c:1: GGML_ASSERT(x) failed") is None
-    assert gone in backend._lost_line((gone,), "unused")
+    assert gone in rpc_link.abort_line(f"ggml-rpc.cpp:551: Failed to connect to {gone}\n")
+    assert "another RPC protocol" in rpc_link.abort_line(f"ggml-rpc.cpp:554: RPC handshake failed for {gone}\n")
+    assert rpc_link.abort_line("ggml.c:1: GGML_ASSERT(x) failed") is None
+    assert gone in rpc_link.lost_line((gone,), "unused")
     with FakeRpcServer() as server:
-        assert backend._lost_line((server.endpoint,), "all answer") == "all answer"
+        assert rpc_link.lost_line((server.endpoint,), "all answer") == "all answer"
 
 
 # --- what the servers' memory counts for ------------------------------------------------
@@ -200,10 +201,12 @@ def test_doctor_reaches_each_server():
 
 
 def test_doctor_gives_the_rpc_install_command_when_the_build_lacks_it(monkeypatch):
+    import llama_cpp
+
     from specrun import backend
     from specrun.cli.doctor import diagnose
 
-    monkeypatch.setattr(backend, "rpc_supported", lambda: False)
+    monkeypatch.setattr(llama_cpp, "llama_supports_rpc", lambda: False)  # a build without -DGGML_RPC=on
     report = diagnose()
     assert report["rpc"] is False and 'CMAKE_ARGS="-DGGML_RPC=on" pip install' in report["rpc_build_hint"]
     with pytest.raises(SpecrunError, match="without llama.cpp's RPC backend.*-DGGML_RPC=on"):
@@ -239,59 +242,90 @@ def test_bench_and_chat_take_rpc(tiny):
     assert chat.returncode == 2 and f"{endpoint} refused" in chat.stderr
 
 
-# --- when llama.cpp's own client fails (in a subprocess: the process ends, by design) ----
+# --- when llama.cpp's own client fails (in a subprocess: it leaves RPC unusable there) ----
 LOAD_ON_SERVER = """
 import sys
 from specrun import rpc
 {setup}
 from specrun.backend import Model, ModelOptions
-Model(sys.argv[1], ModelOptions(rpc_servers=(sys.argv[2],)))
-print("loaded")
+from specrun.errors import RpcLost
+
+for attempt in range(2):  # the second finds llama.cpp's RPC client stuck, and says so at once
+    try:
+        Model(sys.argv[1], ModelOptions(rpc_servers=(sys.argv[2],)))
+        print("loaded")
+    except RpcLost as exc:
+        print(f"{{type(exc).__name__}}: {{exc}}")
+print(f"a local model loads: {{Model(sys.argv[1]).n_vocab > 0}}")
+{after}
 """
+STUCK = ("RpcLost: llama.cpp's RPC client in this process is stuck since an RPC server was lost or stopped answering: "
+         "start a new process to use RPC servers")
 
 
-def load_on(server, tiny, setup: str) -> subprocess.CompletedProcess:
+def load_on(server, tiny, setup: str = "", after: str = "") -> subprocess.CompletedProcess:
     from specrun import backend
 
     if not backend.rpc_supported():
         pytest.skip("llama-cpp-python was built without the RPC backend (CMAKE_ARGS=\"-DGGML_RPC=on\"; .ci/run builds it)")
-    script = LOAD_ON_SERVER.format(setup=setup)
+    script = LOAD_ON_SERVER.format(setup=setup, after=after)
     return subprocess.run([sys.executable, "-c", script, str(tiny["target"]), server.endpoint],
                           capture_output=True, text=True, timeout=60)
 
 
-def test_llama_cpp_refusing_the_version_is_one_line(tiny):
-    """A release missing from the pinned table is checked by llama.cpp itself; its abort becomes one line."""
+def assert_lost_then_stuck(result, line: str):
+    """The load raised `line`, the next RPC load was refused at once, and the process went on."""
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.splitlines() == [line, STUCK, "a local model loads: True"]
+
+
+def test_llama_cpp_refusing_the_version_raises_rpc_lost(tiny):
+    """A release missing from the pinned table is checked by llama.cpp itself; its abort becomes RpcLost."""
     with FakeRpcServer(version=(99, 0, 0)) as server:
         result = load_on(server, tiny, "rpc.PROTOCOL_BY_RELEASE.clear()")
-    assert result.returncode == 1 and "loaded" not in result.stdout
-    assert result.stderr.strip().splitlines() == [
-        f"error: RPC server {server.endpoint} speaks another RPC protocol version than this llama-cpp-python "
-        "(RPC server version mismatch: 99.0.0): build rpc-server from the llama.cpp that llama-cpp-python bundles"
-    ]
+    assert_lost_then_stuck(result, f"RpcLost: RPC server {server.endpoint} speaks another RPC protocol version than this "
+                                   "llama-cpp-python (RPC server version mismatch: 99.0.0): build rpc-server from the "
+                                   "llama.cpp that llama-cpp-python bundles")
+
+
+def test_a_server_gone_after_the_check_raises_rpc_lost(tiny):
+    with FakeRpcServer(behaviour="gone_after_check") as server:
+        result = load_on(server, tiny)
+    assert_lost_then_stuck(result, f"RpcLost: RPC server {server.endpoint} cannot be reached any more (llama.cpp could "
+                                   "not connect): is rpc-server still running there?")
+
+
+def test_a_server_failing_during_the_load_raises_rpc_lost(tiny):
+    """The fake answers only specrun's check, so llama.cpp's load fails in ggml-rpc's own
+    dispatcher thread, which aborts there: that thread is parked, the caller gets RpcLost."""
+    with FakeRpcServer() as server:
+        result = load_on(server, tiny)
+    assert_lost_then_stuck(result, f"RpcLost: an RPC server ({server.endpoint}) closed the connection or sent a "
+                                   "malformed reply: restart rpc-server and run again")
 
 
 def test_a_server_that_stops_answering_after_the_check_is_not_waited_for(tiny):
     with FakeRpcServer(behaviour="answer_once") as server:
         result = load_on(server, tiny, "rpc.ANSWER_TIMEOUT_S = 1")
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines() == [
-        f"error: no answer from the RPC servers ({server.endpoint}) for 1 s at the RPC hello: one is stuck or the network is down"
-    ]
+    assert_lost_then_stuck(result, f"RpcTimeout: no answer from the RPC servers ({server.endpoint}) for 1 s at the RPC "
+                                   "hello: one is stuck or the network is down")
+
+
+def test_an_abort_that_is_not_rpcs_still_aborts(tiny):
+    """With specrun's abort callback in place, any other GGML_ABORT prints ggml's message and ends the process."""
+    abort = "from specrun.backend import library; library.ggml().ggml_abort(b'ggml.c', 1, b'GGML_ASSERT(x) failed')"
+    with FakeRpcServer() as server:
+        result = load_on(server, tiny, after=abort)
+    assert result.returncode == -signal.SIGABRT and "a local model loads: True" in result.stdout
+    assert result.stderr.strip().splitlines()[-1] == "ggml.c:1: GGML_ASSERT(x) failed", result.stderr
 
 
 def test_device_props_layout_matches_ggml():
-    """_local_gpu_devices reads struct ggml_backend_dev_props: its fields must agree with the getters."""
-    import ctypes
+    """local_gpu_devices reads struct ggml_backend_dev_props: its fields must agree with ggml's getters."""
+    from specrun.backend import devices, library
 
-    from specrun import backend
-
-    lib = backend._ggml()
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        props = backend._DeviceProps()
-        lib.ggml_backend_dev_get_props(dev, ctypes.byref(props))
-        assert props.name == lib.ggml_backend_dev_name(dev)
-        assert props.description == lib.ggml_backend_dev_description(dev)
-        assert props.type == lib.ggml_backend_dev_type(dev)
-        assert props.memory_total == backend._device_memory(dev)[1]
+    _, listed = devices.compiled_devices()  # read through the getters
+    for i, found in enumerate(listed):
+        props = devices.device_props(library.ggml().ggml_backend_dev_get(i))
+        assert props.name.decode() == found["name"] and props.description.decode() == found["description"]
+        assert devices.DEVICE_TYPES[props.type] == found["type"] and props.memory_total == found["memory_total"]

@@ -3,7 +3,7 @@
 The rpc-server binary comes from $SPECRUN_RPC_SERVER (.ci/run builds ggml-rpc-server from the
 installed llama-cpp-python's own source), else `ggml-rpc-server` or `rpc-server` on PATH; each
 test that needs one skips, naming why, when there is none. Generation runs in subprocesses:
-a lost server ends the process that used it, by design.
+a lost server leaves llama.cpp's RPC client stuck in the process that used it.
 """
 
 from __future__ import annotations
@@ -157,19 +157,20 @@ def start_long_generation(tiny, servers, *extra) -> subprocess.Popen:
     return proc
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
+def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    """Exit status, the rest of stdout, and stderr."""
     try:
-        _, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail("specrun was still running 60 s after its rpc-server went away")
-    return proc.returncode, err.decode()
+    return proc.returncode, out.decode("utf-8", "replace"), err.decode()  # generated text may be cut mid-character
 
 
 def test_a_server_killed_mid_generation_is_named(servers, tiny):
     proc = start_long_generation(tiny, servers)
     servers[1].stop()
-    code, err = finish(proc)
+    code, _, err = finish(proc)
     assert code == 1, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: lost RPC server {servers[1].endpoint}:"), err
@@ -179,10 +180,86 @@ def test_a_stuck_server_ends_the_run_after_the_timeout(servers, tiny):
     proc = start_long_generation(tiny, servers, "--rpc-timeout", "2")
     os.kill(servers[1].proc.pid, signal.SIGSTOP)
     started = time.monotonic()
-    code, err = finish(proc)
+    code, _, err = finish(proc)
     assert code == 1 and time.monotonic() - started < 30, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "no answer from the RPC servers" in lines[0] and "for 2 s" in lines[0], err
+
+
+PYTHON_USER = """
+import sys
+import specrun
+
+target, servers, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+with specrun.load(target, lookup=True, rpc=servers, threads=1, n_ctx=4096, rpc_timeout=timeout) as session:
+    try:
+        for n, event in enumerate(session.stream(sys.argv[4], 3000)):
+            if n == 10:
+                print("streaming", flush=True)
+    except specrun.SpecrunError as exc:
+        print(f"{type(exc).__name__}: {exc}", flush=True)
+    try:
+        session.generate("the cat", max_tokens=4)
+    except specrun.SpecrunError as exc:
+        print(f"then {type(exc).__name__}", flush=True)
+with specrun.load(target, lookup=True, threads=1, n_ctx=256) as local:
+    print(f"a local model generates {len(local.generate('the cat', max_tokens=4).tokens)} tokens")
+"""
+
+
+INTERRUPTED_USER = """
+import sys
+import specrun
+
+with specrun.load(sys.argv[1], lookup=True, rpc=sys.argv[2], threads=1, n_ctx=4096) as session:
+    try:
+        while True:
+            for n, event in enumerate(session.stream(sys.argv[4], 3000)):
+                if n == 10:
+                    print("streaming", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    print(f"then {len(session.generate('the cat', max_tokens=4).tokens)} tokens")
+"""
+
+
+def start_python_user(tiny, servers, timeout: float, script: str = PYTHON_USER) -> subprocess.Popen:
+    """A Python program generating on the servers; returns once it is streaming."""
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tiny["target"]), rpc_flag(servers), str(timeout), PROMPT],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ready, _, _ = select.select([proc.stdout], [], [], 120)
+    assert ready and proc.stdout.readline() == b"streaming\n", proc.stderr.read().decode() if proc.poll() is not None else "no output"
+    return proc
+
+
+def test_a_python_user_gets_rpc_lost_when_a_server_dies_mid_generation(servers, tiny):
+    proc = start_python_user(tiny, servers, 300)
+    servers[1].stop()
+    code, out, err = finish(proc)
+    lines = out.splitlines()
+    assert code == 0, err
+    assert lines[0].startswith(f"RpcLost: lost RPC server {servers[1].endpoint}:"), lines
+    assert lines[1:] == ["then RpcLost", "a local model generates 4 tokens"]
+
+
+def test_a_python_user_gets_rpc_timeout_from_a_stuck_server(servers, tiny):
+    proc = start_python_user(tiny, servers, 2)
+    os.kill(servers[1].proc.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    code, out, err = finish(proc)
+    lines = out.splitlines()
+    assert code == 0 and time.monotonic() - started < 30, err
+    assert lines[0] == (f"RpcTimeout: no answer from the RPC servers ({', '.join(s.endpoint for s in servers)}) for 2 s during a decode: "
+                        "one is stuck or the network is down (raise --rpc-timeout if decodes are this slow)"), lines
+    assert lines[1:] == ["then RpcTimeout", "a local model generates 4 tokens"]
+
+
+def test_ctrl_c_on_a_python_user_leaves_the_session_usable(servers, tiny):
+    """Ctrl-C lets the decode in flight end, so the caches stay consistent and the servers in use."""
+    proc = start_python_user(tiny, servers, 300, INTERRUPTED_USER)
+    proc.send_signal(signal.SIGINT)
+    code, out, err = finish(proc)
+    assert code == 0 and out.splitlines() == ["interrupted", "then 4 tokens"], err
 
 
 def test_a_busy_server_is_reported_not_waited_for(servers):

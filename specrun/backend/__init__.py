@@ -1,0 +1,28 @@
+"""The one package that talks to llama.cpp's ctypes API (llama-cpp-python's raw bindings).
+
+- library: llama-cpp-python imported, checked and initialised on first use; libggml's signatures.
+- llama: `Model` (weights, vocabulary) and `Context` (one KV cache), system_info.
+- devices: ggml's device registry, the local GPUs, the --tensor-split array.
+- rpc_link: the RPC servers this process holds, and the thread every call that can wait on
+  them goes through, so that a lost or stuck server raises RpcLost or RpcTimeout.
+
+Importing it loads nothing: llama.cpp is initialised by the first call that needs it.
+"""
+
+from specrun.backend.devices import compiled_devices, local_gpu_free_bytes
+from specrun.backend.library import MIN_VERSION, RAW_API, check_install, llama_cpp_version
+from specrun.backend.llama import Closed, Context, ContextFull, ContextOptions, Model, ModelOptions, check_gguf_file, system_info
+from specrun.backend.rpc_link import RPC_BUILD, check_rpc, rpc_servers, rpc_supported
+
+__all__ = [
+    "LLAMA_CPP_VERSION", "MIN_VERSION", "RAW_API", "RPC_BUILD", "Closed", "Context", "ContextFull", "ContextOptions",
+    "Model", "ModelOptions", "check_gguf_file", "check_install", "check_rpc", "compiled_devices", "llama_cpp_version",
+    "local_gpu_free_bytes", "rpc_servers", "rpc_supported", "system_info",
+]
+
+
+def __getattr__(name: str) -> str:
+    # LLAMA_CPP_VERSION needs llama-cpp-python imported, so it is read when first asked for.
+    if name == "LLAMA_CPP_VERSION":
+        return llama_cpp_version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

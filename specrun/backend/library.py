@@ -1,0 +1,152 @@
+"""llama-cpp-python's raw bindings and libggml: imported, checked and initialised on first use.
+
+Nothing here runs at import. The first call that needs llama.cpp imports llama-cpp-python,
+checks its version and every raw call specrun makes (an old or renamed release fails in one
+line, not with an AttributeError halfway through a generation), keeps llama.cpp's log for
+specrun's own messages and initialises its backends, once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import sys
+from collections import deque
+from functools import cache
+from types import ModuleType
+
+from specrun.errors import SpecrunError
+
+INSTALL_HINT = "run `pip install 'llama-cpp-python>=0.3.36,<0.4'`"
+MIN_VERSION = (0, 3, 36)  # the first release with the llama_memory_* calls used here
+# Every raw call this package makes (tests/test_pinned_apis.py checks the list is complete).
+RAW_API = (
+    "llama_backend_init", "llama_batch_free", "llama_batch_init", "llama_context_default_params",
+    "llama_decode", "llama_free", "llama_get_logits", "llama_get_memory", "llama_init_from_model",
+    "llama_log_callback", "llama_log_set", "llama_max_devices", "llama_memory_seq_rm",
+    "llama_model_chat_template", "llama_model_default_params", "llama_model_free", "llama_model_get_vocab",
+    "llama_model_load_from_file", "llama_model_n_ctx_train", "llama_n_ctx", "llama_print_system_info",
+    "llama_supports_gpu_offload", "llama_supports_mmap", "llama_supports_rpc", "llama_token", "llama_token_to_piece",
+    "llama_tokenize", "llama_vocab_bos", "llama_vocab_eos", "llama_vocab_get_add_bos",
+    "llama_vocab_get_add_eos", "llama_vocab_get_text", "llama_vocab_is_eog", "llama_vocab_n_tokens",
+    "llama_vocab_type",
+)
+
+_recent_log: deque[str] = deque(maxlen=8)  # llama.cpp's last lines, for the message when it aborts
+
+
+def check_install() -> None:
+    """That llama-cpp-python imports and has every raw call specrun makes, or one line saying
+    what to install. Cheap after the first call; llama.cpp is not initialised by it."""
+    _bindings()
+
+
+def llama_cpp_version() -> str:
+    """The version of the llama-cpp-python that specrun runs on."""
+    return str(getattr(_bindings(), "__version__", "unknown"))
+
+
+def older_than_supported(version: str) -> bool:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3]) < MIN_VERSION
+
+
+@cache
+def _bindings() -> ModuleType:
+    # Imported here, not at the top: a missing or broken llama-cpp-python must become one
+    # line at the first use (or check_install), and importing specrun.backend loads nothing.
+    try:
+        import llama_cpp
+    except Exception as exc:  # ImportError, or the loader's error when libllama itself fails to load
+        raise SpecrunError(f"llama-cpp-python is not importable ({exc}): {INSTALL_HINT}") from None
+    version = str(getattr(llama_cpp, "__version__", "unknown"))
+    missing = [name for name in RAW_API if not hasattr(llama_cpp, name)]
+    if missing or older_than_supported(version):
+        lacks = f" (it lacks {missing[0]})" if missing else ""
+        raise SpecrunError(f"llama-cpp-python {version} is older than specrun needs{lacks}: {INSTALL_HINT}")
+    return llama_cpp
+
+
+@cache
+def llama() -> ModuleType:
+    """llama-cpp-python's raw bindings, with llama.cpp initialised (on the first call only)."""
+    L = _bindings()
+    L.llama_log_set(_log_callback(L), ctypes.c_void_p(0))
+    L.llama_backend_init()
+    return L
+
+
+@cache
+def _log_callback(L: ModuleType):
+    """The C callback llama.cpp logs through; cached, so it lives as long as llama.cpp may call it."""
+
+    @L.llama_log_callback
+    def keep_line(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        # llama.cpp is chatty on stderr; users see specrun's one-line errors instead.
+        line = text.decode("utf-8", "replace")
+        _recent_log.append(line)
+        if os.environ.get("SPECRUN_DEBUG"):
+            print(line, end="", file=sys.stderr)
+
+    return keep_line
+
+
+def recent_log() -> list[str]:
+    """llama.cpp's last few log lines, oldest first."""
+    return list(_recent_log)
+
+
+# --- libggml: the device registry and the abort callback ---------------------------------
+class DeviceCaps(ctypes.Structure):  # struct ggml_backend_dev_caps (ggml-backend.h)
+    _fields_ = [(name, ctypes.c_bool) for name in ("is_async", "host_buffer", "buffer_from_host_ptr", "events", "mmap_support")]
+
+
+class DeviceProps(ctypes.Structure):  # struct ggml_backend_dev_props (ggml-backend.h)
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("description", ctypes.c_char_p),
+        ("memory_free", ctypes.c_size_t),
+        ("memory_total", ctypes.c_size_t),
+        ("type", ctypes.c_int),
+        ("device_id", ctypes.c_char_p),
+        ("caps", DeviceCaps),
+    ]
+
+
+ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)  # ggml_abort_callback_t
+ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)  # ggml_backend_rpc_add_server
+
+
+def _declare(lib, name: str, restype, *argtypes) -> None:
+    function = getattr(lib, name)
+    function.restype, function.argtypes = restype, list(argtypes)
+
+
+@cache
+def ggml():
+    """libggml with the signatures of the calls specrun makes (llama.cpp initialised first)."""
+    llama()
+    from llama_cpp import _ggml  # loads with the bindings that llama() has just checked
+
+    lib = _ggml.libggml
+    vp, size = ctypes.c_void_p, ctypes.c_size_t
+    for name, restype, *args in (
+        ("ggml_backend_reg_count", size),
+        ("ggml_backend_reg_get", vp, size),
+        ("ggml_backend_reg_name", ctypes.c_char_p, vp),
+        ("ggml_backend_reg_by_name", vp, ctypes.c_char_p),
+        ("ggml_backend_reg_get_proc_address", vp, vp, ctypes.c_char_p),
+        ("ggml_backend_reg_dev_count", size, vp),
+        ("ggml_backend_reg_dev_get", vp, vp, size),
+        ("ggml_backend_dev_count", size),
+        ("ggml_backend_dev_get", vp, size),
+        ("ggml_backend_dev_name", ctypes.c_char_p, vp),
+        ("ggml_backend_dev_description", ctypes.c_char_p, vp),
+        ("ggml_backend_dev_type", ctypes.c_int, vp),
+        ("ggml_backend_dev_backend_reg", vp, vp),
+        ("ggml_backend_dev_memory", None, vp, ctypes.POINTER(size), ctypes.POINTER(size)),
+        ("ggml_backend_dev_get_props", None, vp, ctypes.POINTER(DeviceProps)),
+        ("ggml_set_abort_callback", vp, ABORT_CALLBACK),
+    ):
+        _declare(lib, name, restype, *args)
+    return lib
