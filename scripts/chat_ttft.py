@@ -70,10 +70,8 @@ def main() -> None:
         session.target.truncate(0)
         generator = session.generator(plain=True)
         started = time.perf_counter()
-        events = generator.generate(last, 1)
-        next(e for e in events if type(e).__name__ == "TokenEvent")
+        generator.run(last, 1)
         ttft = time.perf_counter() - started
-        events.close()
         print(f"cold  {len(last):13}  {generator.stats.prefilled_tokens:9}  {1000 * ttft:7.1f}  (whole history re-read)")
 
 

@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from specrun.default_model import embedded_model_path
-from specrun.engine import Done, Stats
+from specrun.engine import Stats
 from specrun.session import Session, SessionConfig
 
 from compare_llama_cpp import read_prompts
@@ -27,13 +27,8 @@ HERE = Path(__file__).parent
 
 def run(session: Session, tokens: list[int], max_tokens: int, plain: bool, k) -> tuple[list[int], Stats]:
     session.target.truncate(0)  # the same cold start for every run
-    out: list[int] = []
-    for event in session.generator(plain=plain, k=k).generate(tokens, max_tokens):
-        if isinstance(event, Done):
-            return out, event.stats
-        if hasattr(event, "token"):
-            out.append(event.token)
-    raise AssertionError("no Done event")
+    run = session.generator(plain=plain, policy=k).run(tokens, max_tokens)
+    return run.tokens, run.stats
 
 
 def measure(model: Path, prompts: list[str], max_tokens: int, flash_attn: int, repack: bool, threads: int) -> tuple[dict, list]:

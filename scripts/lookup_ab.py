@@ -10,6 +10,8 @@ drafted tokens the target accepted.
 
 --keep-policy keeps one policy per version and k across all prompts and rounds, as
 `specrun bench`, `chat` and `serve` keep theirs, so what auto learned carries over.
+The baseline's drafters and policy must speak today's contracts (DraftSource.propose with
+a policy and a sampler, DraftPolicy budgets): a revision from 6fc0d6f on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 from specrun import drafters, policy
 from specrun.bench.prompts import load_builtin
 from specrun.default_model import embedded_model_path
-from specrun.engine import Done, Generator, StepEvent
+from specrun.engine import Generator, StepEvent, Stats
+from specrun.sampling import Sampler
 from specrun.session import Session, SessionConfig
 
 from compare_llama_cpp import read_prompts
@@ -92,18 +95,21 @@ def main() -> None:
                     for name, modules, k in runs:
                         session.target.truncate(0)
                         # Each generation learns from nothing, like a fresh process, unless kept.
+                        sampler = Sampler.seeded(config.sampler)
                         if modules:
                             chosen = kept[(name, k)] if args.keep_policy else make_policy(modules[1], k, costs)
-                            generator = Generator(session.target, new_lookup(modules[0], session), config.sampler, k=chosen)
+                            generator = Generator(session.target, new_lookup(modules[0], session), sampler, chosen)
                         else:
-                            generator = Generator(session.target, None, config.sampler, k=1)
-                        for event in generator.generate(tokens, args.max_tokens):
-                            if isinstance(event, StepEvent) and event.drafted:
-                                counts = sources[(name, k, group, event.source)]
+                            generator = Generator(session.target, None, sampler)
+
+                        def count(event: StepEvent, stats: Stats, where=(name, k, group)) -> None:
+                            if event.drafted:
+                                counts = sources[(*where, event.draft_source)]
                                 counts[0] += event.drafted
                                 counts[1] += event.accepted
-                            elif isinstance(event, Done):
-                                speed[(name, k)].append((i, event.stats.tokens, event.stats.generate_s))
+
+                        stats = generator.run(tokens, args.max_tokens, on_step=count).stats
+                        speed[(name, k)].append((i, stats.tokens, stats.generate_s))
     report(speed, sources)
 
 

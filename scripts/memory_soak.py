@@ -20,7 +20,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specrun.engine import Done  # noqa: E402
 from specrun.errors import SpecrunError  # noqa: E402
 from specrun.sampling import SamplerSettings  # noqa: E402
 from specrun.session import Session, SessionConfig  # noqa: E402
@@ -45,9 +44,7 @@ def rss_mib() -> float:
 
 
 def generate_once(session: Session, index: int, max_tokens: int) -> None:
-    for event in session.generator(seed=index).generate(session.tokenize(PROMPTS[index % len(PROMPTS)]), max_tokens):
-        if isinstance(event, Done):
-            return
+    session.generate(PROMPTS[index % len(PROMPTS)], max_tokens, seed=index)
 
 
 def report(name: str, readings: list[tuple[int, float]]) -> None:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Union
 
-from specrun import rpc
+from specrun import backend, rpc
 from specrun.chat.formats import Message, choose_format
 from specrun.chat.reply import Piece, Reply
 from specrun.chat.runner import ChatRunner
@@ -71,8 +71,6 @@ def resolve(
             options[name] = rpc.parse_endpoints((value if isinstance(value, str) else ",".join(value)) or None, name)
     servers = tuple(dict.fromkeys((*options.get("rpc", ()), *options.get("draft_rpc", ()))))
     if servers:  # before any download: a server that is down fails in a second
-        from specrun import backend
-
         backend.check_rpc(servers)
     target_model, draft_model = resolve_pair(
         None if target is None else str(target), None if draft is None else str(draft),

@@ -11,7 +11,7 @@ from specrun.files import atomic_path
 
 def check_plot_path(path: Path) -> None:
     """Before measuring: matplotlib is there and knows the file type."""
-    try:
+    try:  # matplotlib is optional (the plot extra) and takes ~320 ms to import: only --plot loads it
         from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
         raise SpecrunError("--plot needs matplotlib: run `pip install 'specrun[plot]'`") from None
@@ -21,7 +21,7 @@ def check_plot_path(path: Path) -> None:
 
 
 def save_plot(document: dict, path: Path) -> None:
-    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+    from matplotlib.figure import Figure  # as above; no pyplot: no global state, no display needed
 
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     by_position, by_k = figure.subplots(1, 2)

@@ -13,11 +13,15 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from specrun.bench import export, prompts as prompt_files
+from specrun import __version__
+from specrun.backend import system_info
+from specrun.bench import export, prompts as prompt_files, view
+from specrun.bench.plot import check_plot_path, save_plot
 from specrun.bench.methods import NEEDS_DRAFT_MODEL, NEEDS_STORE, PLAIN, parse_k_values, parse_methods, plan_variants
 from specrun.bench.results import SPEEDUP_DEFINITION, TOKENS_PER_S_DEFINITION, Results
 from specrun.bench.runner import measure, tokenize_all
 from specrun.cli import options as o
+from specrun.chat.formats import choose_format
 from specrun.cli.app import app, err_console
 from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic
@@ -120,14 +124,10 @@ def _check_outputs(json_out: Path | None, csv_out: Path | None, plot_out: Path |
         if path is not None:
             check_writable(path, option)
     if plot_out is not None:
-        from specrun.bench.plot import check_plot_path
-
         check_plot_path(plot_out)
 
 
 def _render_all(loaded: list[prompt_files.Prompt], session: Session) -> list[str]:
-    from specrun.chat.formats import choose_format
-
     chat_format = choose_format(session.target_model, None)
     if any(p.text is None for p in loaded):
         err_console.print(f"[dim]chat prompts rendered with the {chat_format.name} format ({chat_format.source})[/]")
@@ -144,9 +144,6 @@ def _run_with_progress(runs, results: Results, total: int, loaded: list, warmup:
 
 
 def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name, n_prompts) -> dict:
-    from specrun import __version__
-    from specrun.backend import system_info
-
     s = config.sampler
     return {
         "target": str(config.target),
@@ -169,8 +166,6 @@ def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name,
 
 
 def _show(document: dict) -> None:
-    from specrun.bench import view
-
     out = Console()
     out.print(view.prompt_table(document))
     out.print(view.summary_table(document))
@@ -186,8 +181,6 @@ def _write_outputs(document: dict, json_out: Path | None, csv_out: Path | None, 
     if csv_out is not None:
         write_text_atomic(csv_out, export.csv_text(document), "--csv")
     if plot_out is not None:
-        from specrun.bench.plot import save_plot
-
         save_plot(document, plot_out)
     for path in (json_out, csv_out, plot_out):
         if path is not None:

@@ -197,7 +197,8 @@ class InteractiveShell(Shell):
         super().__init__(runner, console)
         self.title = title
         try:
-            import readline  # noqa: F401  (line editing and history for input())
+            # For its side effect, and only here: line editing and history for input() at a terminal.
+            import readline  # noqa: F401
         except ImportError:  # pragma: no cover - e.g. Windows without pyreadline
             pass
         console.print("[dim]/help lists the commands; Ctrl-C stops a reply; Ctrl-D or /quit leaves[/]")
