@@ -1,12 +1,13 @@
 """llama.cpp RPC servers: the endpoints of --rpc, and a check of each before llama.cpp sees it.
 
-llama.cpp's RPC client aborts the whole process when it cannot connect and waits forever
-for a server that accepts the connection but does not answer (an `rpc-server` serves one
-client at a time). So before an endpoint is handed to llama.cpp, specrun connects itself,
-with timeouts, and asks what llama.cpp asks first: the protocol version (HELLO), the
-number of devices and each device's memory. The wire format is ggml-rpc.cpp's: a command
-byte, a little-endian u64 payload size and the payload; a reply is a u64 size and the
-payload. Nothing else goes over this connection: the model's traffic is llama.cpp's own.
+llama.cpp's RPC client aborts when it cannot connect (specrun.backend turns that into RpcLost,
+after which RPC is unusable in the process) and waits forever for a server that accepts the
+connection but does not answer (an `rpc-server` serves one client at a time). So before an
+endpoint is handed to llama.cpp, specrun connects itself, with timeouts, and asks what
+llama.cpp asks first: the protocol version (HELLO), the number of devices and each
+device's memory. The wire format is ggml-rpc.cpp's: a command byte, a little-endian u64
+payload size and the payload; a reply is a u64 size and the payload. Nothing else goes over
+this connection: the model's traffic is llama.cpp's own.
 """
 
 from __future__ import annotations

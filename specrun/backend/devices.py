@@ -19,6 +19,7 @@ def device_memory(dev: int) -> tuple[int, int]:
 
 
 def device_props(dev: int) -> DeviceProps:
+    """One device's struct ggml_backend_dev_props, read in one call."""
     props = DeviceProps()
     ggml().ggml_backend_dev_get_props(dev, ctypes.byref(props))
     return props

@@ -48,6 +48,7 @@ def llama_cpp_version() -> str:
 
 
 def older_than_supported(version: str) -> bool:
+    """Whether a llama-cpp-python version string is below MIN_VERSION."""
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3]) < MIN_VERSION
 
 

@@ -138,8 +138,8 @@ class RpcLink:
         try:
             self._wait(job, waiting, deadline)
         except KeyboardInterrupt:
-            self.fail(RpcLost(f"interrupted {waiting.doing} while waiting for the RPC servers ({', '.join(waiting.servers)}): "
-                              "llama.cpp's RPC client cannot carry on in this process; start a new one"))
+            self.fail(RpcLost(f"interrupted {waiting.doing}, with the RPC servers ({', '.join(waiting.servers)}) still at "
+                              "work: llama.cpp's RPC client cannot carry on in this process; start a new one"))
         except Exception:
             pass  # the call's own error: the caller hears of the interrupt
 
