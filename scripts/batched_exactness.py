@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specrun.backend import LLAMA_CPP_VERSION, Context, ContextOptions, Model, ModelOptions  # noqa: E402
+from specrun.backend import Context, ContextOptions, Model, ModelOptions, llama_cpp_version  # noqa: E402
 from specrun.errors import SpecrunError  # noqa: E402
 
 PROMPT = (
@@ -116,7 +116,7 @@ def main() -> int:
     from llama_cpp import __file__ as llama_cpp_file
 
     library = os.environ.get("LLAMA_CPP_LIB_PATH") or str(Path(llama_cpp_file).parent / "lib")
-    print(f"llama-cpp-python {LLAMA_CPP_VERSION}, libraries from {library}", file=sys.stderr)
+    print(f"llama-cpp-python {llama_cpp_version()}, libraries from {library}", file=sys.stderr)
     print(f"{args.model.name}: {args.tokens} tokens after the prompt, verify batches of {args.k + 1}", file=sys.stderr)
 
     results: list[Row] = []

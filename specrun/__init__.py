@@ -17,7 +17,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from specrun.errors import IncompatibleError, SpecrunError
+from specrun.errors import IncompatibleError, RpcLost, RpcTimeout, SpecrunError
+from specrun.settings import SettingError
 
 __version__ = "0.1.0"
 
@@ -37,7 +38,7 @@ _LAZY = {
     "Reply": "specrun.chat.reply",
 }
 
-__all__ = ["IncompatibleError", "SpecrunError", "__version__", *_LAZY]
+__all__ = ["IncompatibleError", "RpcLost", "RpcTimeout", "SettingError", "SpecrunError", "__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specrun.backend import LLAMA_CPP_VERSION
+from specrun.backend import llama_cpp_version
 from specrun.default_model import cache_dir
 from specrun.files import WriteError, write_text_atomic
 
@@ -24,7 +24,7 @@ def cache_file() -> Path:
 def setup_key(model: Path, **settings) -> str:
     """What the costs depend on: the model file as it is now, the llama.cpp build and `settings`."""
     stat = model.stat()
-    parts = [str(model.resolve()), str(stat.st_size), str(stat.st_mtime_ns), LLAMA_CPP_VERSION]
+    parts = [str(model.resolve()), str(stat.st_size), str(stat.st_mtime_ns), llama_cpp_version()]
     parts += [f"{name}={value}" for name, value in sorted(settings.items())]
     return "|".join(parts)
 

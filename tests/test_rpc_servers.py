@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from specrun import rpc
@@ -260,6 +261,50 @@ def test_ctrl_c_on_a_python_user_leaves_the_session_usable(servers, tiny):
     proc.send_signal(signal.SIGINT)
     code, out, err = finish(proc)
     assert code == 0 and out.splitlines() == ["interrupted", "then 4 tokens"], err
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_server_whose_rpc_server_died_answers_503_and_keeps_serving(servers, tiny):
+    """specrun serve on the servers, one of which dies once the model is loaded: the next request
+    and every later one get OpenAI's error object with code rpc_lost, /health says so too, and when
+    stopped the server exits 1 with the lost server's line, so a supervisor knows to restart it."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specrun", "serve", "--target", str(tiny["target"]), "--lookup", "-t", "1",
+                             "-c", "4096", "--port", str(port), "--rpc", rpc_flag(servers)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url)
+        servers[1].stop()
+        with httpx.Client(base_url=url, timeout=120) as client:
+            responses = [client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8}) for _ in range(2)]
+            responses.append(client.get("/health"))
+        for response in responses:
+            assert response.status_code == 503, response.text
+            error = response.json()["error"]
+            assert error["code"] == "rpc_lost" and error["message"].startswith(f"lost RPC server {servers[1].endpoint}"), error
+    finally:
+        proc.send_signal(signal.SIGTERM)  # by the PID we started
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err.decode()
+    assert err.decode().strip().splitlines()[-1].startswith(f"error: lost RPC server {servers[1].endpoint}")
+
+
+def wait_healthy(url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"specrun serve at {url} did not become ready")
 
 
 def test_a_busy_server_is_reported_not_waited_for(servers):

@@ -15,14 +15,8 @@ from specrun.backend.llama import Closed, Context, ContextFull, ContextOptions, 
 from specrun.backend.rpc_link import RPC_BUILD, check_rpc, rpc_servers, rpc_supported
 
 __all__ = [
-    "LLAMA_CPP_VERSION", "MIN_VERSION", "RAW_API", "RPC_BUILD", "Closed", "Context", "ContextFull", "ContextOptions",
+    "MIN_VERSION", "RAW_API", "RPC_BUILD", "Closed", "Context", "ContextFull", "ContextOptions",
     "Model", "ModelOptions", "check_gguf_file", "check_install", "check_rpc", "compiled_devices", "llama_cpp_version",
     "local_gpu_free_bytes", "rpc_servers", "rpc_supported", "system_info",
 ]
 
-
-def __getattr__(name: str) -> str:
-    # LLAMA_CPP_VERSION needs llama-cpp-python imported, so it is read when first asked for.
-    if name == "LLAMA_CPP_VERSION":
-        return llama_cpp_version()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

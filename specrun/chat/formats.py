@@ -12,7 +12,7 @@ from typing import Callable
 
 from llama_cpp import llama_chat_format as lcf
 
-from specrun.backend import LLAMA_CPP_VERSION, Model
+from specrun.backend import Model, llama_cpp_version
 from specrun.errors import SpecrunError
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
@@ -75,7 +75,7 @@ def registered_formats() -> dict[str, Formatter]:
             formats[name] = handler.__closure__[code.co_freevars.index("chat_formatter")].cell_contents
     if not formats:
         raise SpecrunError(
-            f"llama-cpp-python {LLAMA_CPP_VERSION} keeps its chat formats "
+            f"llama-cpp-python {llama_cpp_version()} keeps its chat formats "
             "in a way specrun does not know: leave out --chat-format to use the model's template, "
             "or run `pip install 'llama-cpp-python>=0.3.36,<0.4'`"
         )

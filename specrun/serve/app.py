@@ -64,10 +64,8 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if worker.state == "ready":
-            return JSONResponse({"status": "ok"})
-        message = "Loading model" if worker.state == "loading" else f"the server is {worker.state}"
-        return error_response(ApiError(503, message, code="unavailable", kind="unavailable_error"))
+        refusal = worker.unavailable()
+        return JSONResponse({"status": "ok"}) if refusal is None else error_response(refusal)
 
     @app.get("/v1/models", dependencies=keyed)
     async def models() -> dict:

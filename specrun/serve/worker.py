@@ -22,7 +22,7 @@ from specrun.chat.conversation import Transcript
 from specrun.chat.formats import choose_format
 from specrun.chat.reply import Piece, stream_reply
 from specrun.engine import Generator, Stats, StepEvent
-from specrun.errors import SpecrunError
+from specrun.errors import RpcLost, SpecrunError
 from specrun.policy import SpeculativeRule
 from specrun.serve.api import ApiError, GenerationRequest, Outcome, setting_error
 from specrun.serve.metrics import Metrics
@@ -115,7 +115,7 @@ class Worker:
         self.max_tokens = max_tokens  # None: until the context is full
         self._chat_format_name = chat_format
         self._on_ready, self._on_failed = on_ready, on_failed
-        self.state = "loading"  # then "ready", "failed" or "stopping"
+        self.state = "loading"  # then "ready", "failed", "stopping", or "lost" (an RPC server went away)
         self.error: BaseException | None = None
         self.session: Session | None = None
         self._jobs: queue.Queue[Job | None] = queue.Queue()
@@ -132,12 +132,20 @@ class Worker:
     def waiting(self) -> int:
         return self._jobs.qsize()
 
+    def unavailable(self) -> ApiError | None:
+        """Why the model takes no requests now (a 503 for /health and every request), or None when ready."""
+        if self.state == "ready":
+            return None
+        if self.state == "lost":  # the RPC servers' layers are gone: every request would fail
+            return ApiError(503, str(self.error), code="rpc_lost", kind="unavailable_error")
+        message = {"loading": "Loading model", "stopping": "the server is shutting down"}.get(self.state, "the model failed to load")
+        return ApiError(503, message, code="unavailable", kind="unavailable_error",
+                        headers={"Retry-After": "1"} if self.state == "loading" else None)
+
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
-        if self.state != "ready":
-            message = {"loading": "Loading model", "stopping": "the server is shutting down"}.get(
-                self.state, "the model failed to load")
-            raise ApiError(503, message, code="unavailable", kind="unavailable_error",
-                           headers={"Retry-After": "1"} if self.state == "loading" else None)
+        refusal = self.unavailable()
+        if refusal is not None:
+            raise refusal
         with self._submit_lock:
             if self._jobs.qsize() >= self.queue_size:
                 self.metrics.reject("queue_full")
@@ -187,6 +195,9 @@ class Worker:
                 self.running = job
                 try:
                     self._serve(job)
+                except RpcLost as exc:
+                    self.state, self.error = "lost", exc
+                    job.report(Failed(self.unavailable()))
                 except Exception as exc:  # a bug must not take the server down
                     traceback.print_exc(file=sys.stderr)
                     job.report(Failed(ApiError(500, f"internal error: {exc}", code="internal_error", kind="server_error")))
