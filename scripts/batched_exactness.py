@@ -120,10 +120,11 @@ def main() -> int:
     print(f"{args.model.name}: {args.tokens} tokens after the prompt, verify batches of {args.k + 1}", file=sys.stderr)
 
     results: list[Row] = []
+    tokens: list[int] | None = None  # one history for every setting: the first model's greedy continuation
     for repack in (value == "on" for value in args.repack.split(",")):
         model = Model(args.model, ModelOptions(n_gpu_layers=0, repack=repack))
         try:
-            tokens = history(model, args.prompt, args.tokens, args.threads) if not results else tokens
+            tokens = tokens or history(model, args.prompt, args.tokens, args.threads)
             n_prompt = len(model.tokenize(args.prompt))
             for flash, ubatch in itertools.product(FLASH, ubatches):
                 options = ContextOptions(n_ctx=len(tokens) + 64, n_batch=max(args.n_batch, args.k + 1), n_ubatch=ubatch,

@@ -38,11 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
-from specrun.default_model import embedded_model_path
-
 from chat_ttft import MESSAGES
 from compare_llama_cpp import build_tools, read_prompts
+
+from specrun.default_model import embedded_model_path
 
 HERE = Path(__file__).parent
 

@@ -29,9 +29,9 @@ import urllib.request
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from specrun.default_model import embedded_model_path
-
 from compare_llama_cpp import build_tools, read_prompts, tool_speed
+
+from specrun.default_model import embedded_model_path
 
 HERE = Path(__file__).parent
 SERVER_TYPES = ["none", "ngram-simple", "ngram-mod", "ngram-map-k"]

@@ -16,11 +16,11 @@ import json
 import statistics
 from pathlib import Path
 
+from compare_llama_cpp import read_prompts
+
 from specrun.default_model import embedded_model_path
 from specrun.engine import Stats
 from specrun.session import Session, SessionConfig
-
-from compare_llama_cpp import read_prompts
 
 HERE = Path(__file__).parent
 

@@ -25,14 +25,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from compare_llama_cpp import read_prompts
+
 from specrun import drafters, policy
 from specrun.bench.prompts import load_builtin
 from specrun.default_model import embedded_model_path
-from specrun.engine import Generator, StepEvent, Stats
+from specrun.engine import Generator, Stats, StepEvent
 from specrun.sampling import Sampler
 from specrun.session import Session, SessionConfig
-
-from compare_llama_cpp import read_prompts
 
 HERE = Path(__file__).parent
 

@@ -21,7 +21,6 @@ from specrun.errors import SpecrunError
 from specrun.policy import DraftPolicy, FixedK, Source, StepRecord
 from specrun.sampling import Distribution, Sampler, filtered, verify
 
-
 TokenSource = Literal["draft", "target", "bonus"]
 """Where an emitted token came from: an accepted guess, the target's own token, or the one
 the target adds after a fully accepted draft."""
@@ -170,14 +169,17 @@ class RunResult:
 OnToken = Callable[[TokenEvent], "StopReason | None"]
 OnStep = Callable[[StepEvent, Stats], "StopReason | None"]
 NO_DRAFT = Draft(None)
+DEFAULT_K = 8
 
 
 class Generator:
     """Speculative (or, without a drafter, plain) generation on one target context."""
 
-    def __init__(self, target: Context, drafter: DraftSource | None, sampler: Sampler, policy: DraftPolicy = FixedK(8),
+    def __init__(self, target: Context, drafter: DraftSource | None, sampler: Sampler, policy: DraftPolicy | None = None,
                  eog: frozenset[int] | None = None):
-        """`eog`: the tokens that end a generation (default: the target model's end-of-generation tokens)."""
+        """`policy`: how many tokens to draft (default: up to DEFAULT_K); `eog`: the tokens that end a
+        generation (default: the target model's end-of-generation tokens)."""
+        policy = policy if policy is not None else FixedK(DEFAULT_K)
         if policy.max_k + 1 > target.n_batch:
             raise SpecrunError(f"k = {policy.max_k} needs a batch of {policy.max_k + 1} rows but n_batch is {target.n_batch}")
         self.target = target

@@ -8,6 +8,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tinymodels import write_tiny_llama  # noqa: E402
 
+pytest_plugins = ["hub_fixtures"]  # the fake hub and the isolated stores, for the tests that ask for them
+
 
 @pytest.fixture(autouse=True)
 def verify_cost_cache(tmp_path, monkeypatch):

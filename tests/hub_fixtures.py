@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from huggingface_hub import constants
-
 from hub_fake_server import FakeHub
+from huggingface_hub import constants
 
 GGUF = b"GGUF\x03\x00\x00\x00"
 

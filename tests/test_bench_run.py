@@ -5,7 +5,6 @@ import csv
 import json
 import subprocess
 import sys
-
 from dataclasses import replace
 
 import pytest
@@ -21,6 +20,8 @@ PROMPTS = [
     "hello world , the dog was there and the dog was",
     "I see the water , I see the water and I",
 ]
+
+GREEDY = SamplerSettings()
 
 
 def specrun(*args):
@@ -60,7 +61,7 @@ def test_runs_interleave_and_reuse_contexts_with_emptied_caches(tiny):
     assert sum(s.accepted for s in draft_runs) / sum(s.drafted for s in draft_runs) > 0.8
 
 
-def generated(session, variant, prompt, settings=SamplerSettings(), seed=0):
+def generated(session, variant, prompt, settings=GREEDY, seed=0):
     """The tokens one run of `variant` produces, from a generator made here, not by the bench."""
     drafter = METHODS[variant.method](session)
     session.target.truncate(0)
@@ -127,7 +128,7 @@ def check_document(document, n_prompts, keys, repeat):
     assert len(document["prompts"]) == n_prompts
     for prompt in document["prompts"]:
         assert prompt["plain"]["runs"] == repeat
-        for key, row in prompt["results"].items():
+        for row in prompt["results"].values():
             assert row["speedup"] == pytest.approx(row["tokens_per_s"] / prompt["plain"]["tokens_per_s"])
             assert row["runs"] == repeat
             check_counts(row, row["k"])

@@ -2,12 +2,12 @@
 
 import pytest
 from llama_cpp import llama_chat_format as lcf
+from tinymodels import write_tiny_llama
 
 from specrun.backend import Model
 from specrun.chat.conversation import Conversation
 from specrun.chat.formats import PLAIN, ChatFormat, choose_format
 from specrun.errors import SpecrunError
-from tinymodels import write_tiny_llama
 
 # A Jinja template in the style of real GGUFs; it trims message content like Gemma's does.
 TEMPLATE = (

@@ -8,14 +8,14 @@ import os
 from pathlib import Path
 
 import pytest
+from hub_fixtures import gguf_bytes
+from store_layouts import LLAMA_VOCAB, hf_layout_file, llamacpp_flat_file, ollama_manifest, ollama_model
 
-from hub_fixtures import fake_hub, gguf_bytes, isolated  # noqa: F401  (fixtures)
 from specrun.cli.app import run_app
 from specrun.errors import SpecrunError
 from specrun.hub import resolve_model
 from specrun.hub.containment import check_name, inside
 from specrun.hub.profiles import load_profiles
-from store_layouts import LLAMA_VOCAB, hf_layout_file, llamacpp_flat_file, ollama_manifest, ollama_model
 
 ESCAPES = ["..", "../x.gguf", "a/../../x.gguf", "/etc/passwd", "C:/Windows/x.gguf", "a\\..\\x.gguf",
            "", "./x.gguf", "a//x.gguf", "a/\x00.gguf"]

@@ -4,11 +4,11 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from test_engine import PROMPT
 
 from specrun.engine import TokenEvent
 from specrun.policy import verify_costs_hold
 from specrun.session import Session, SessionConfig
-from test_engine import PROMPT
 
 WIDEST = 64  # the widest width the fake measurement times
 

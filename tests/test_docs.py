@@ -198,7 +198,7 @@ def test_documented_commands_parse(where, words, complete, cli):
 
 
 def test_the_checks_catch_a_bad_command(cli):
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="No such option"):
         parse_specrun(cli, ["generate", "--no-such-option"])
     with pytest.raises(SpecrunError, match="k has to be"):
         parse_specrun(cli, ["generate", "--k", "0"])

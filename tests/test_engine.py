@@ -3,8 +3,8 @@ greedy exactness, rollback of both caches, long prompts, stops."""
 
 import numpy as np
 import pytest
-
 from reference import GEMMA_ATOL, TINY_ATOL, FreshContexts, assert_greedy_choice, assert_reads_match, record_reads
+
 from specrun.backend import Context, ContextOptions, Model
 from specrun.drafters import DraftModel, Hybrid, PromptLookup
 from specrun.engine import Done, Generator, StepEvent, TokenEvent

@@ -23,15 +23,15 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-
 from reference import FreshContexts, chi_square_p, chi_square_two_sample_p
+from tinymodels import write_tiny_llama
+
 from specrun.backend import Context, ContextOptions, Model
 from specrun.drafters import DraftModel, Hybrid, PromptLookup
 from specrun.engine import Generator, TokenEvent
 from specrun.policy import FixedK
 from specrun.sampling import Sampler, SamplerSettings, filtered
 from specrun.session import Session, SessionConfig
-from tinymodels import write_tiny_llama
 
 SETTINGS = SamplerSettings(temperature=1.0)  # llama.cpp's default filters: top-k 40, top-p 0.95, min-p 0.05
 UNFILTERED = SamplerSettings(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from hub_fixtures import fake_hub, gguf_bytes, isolated  # noqa: F401  (fixtures)
+from hub_fixtures import gguf_bytes
+
 from specrun.cli.app import run_app
 
 LLAMA_1B = "bartowski/Llama-3.2-1B-Instruct-GGUF"

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hub_fixtures import gguf_bytes
 
-from hub_fixtures import fake_hub, gguf_bytes, isolated  # noqa: F401  (fixtures)
 from specrun.errors import SpecrunError
 from specrun.hub import HubLookupError, locate_model, resolve_model
 from specrun.hub.memory import run_bytes

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 from gguf import GGUFReader
-
 from pair_hub_server import serve
+from tinymodels import write_tiny_llama
+
 from specrun.cli.app import run_app
 from specrun.compat import check_vocab
 from specrun.pair.check import check_pair
 from specrun.pair.cost import best_k, decode_cost, expected_speedup, verdict
 from specrun.pair.header import PlainArrayReader, read_local
-from tinymodels import write_tiny_llama
 
 DATA = Path(__file__).parent / "data"
 LLAMA_SPM = DATA / "ggml-vocab-llama-spm.gguf"

@@ -1,14 +1,13 @@
 """Draft-length policies: the cost model's choices, the plain fallback, and exactness with auto."""
 
 import pytest
+from reference import CONFIDENT_ATOL
+from test_engine import PROMPT, assert_greedy_exact
 
 from specrun.engine import TokenEvent
 from specrun.errors import SpecrunError
-from specrun.policy import (AutoK, Budget, FixedK, PMinPolicy, SourceTrack, StepRecord, measure_verify_costs, parse_k,
-                            time_decodes)
+from specrun.policy import AutoK, Budget, FixedK, PMinPolicy, SourceTrack, StepRecord, measure_verify_costs, parse_k, time_decodes
 from specrun.session import Session, SessionConfig
-from reference import CONFIDENT_ATOL
-from test_engine import PROMPT, assert_greedy_exact
 
 FLAT = [0.0] + [0.010] * 18  # a GPU-like target: verifying 17 rows costs what 1 does
 STEEP = [0.0] + [0.010 * w for w in range(1, 19)]  # every row costs a full decode

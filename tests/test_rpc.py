@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from rpc_fake_server import FakeRpcServer
+
 from specrun import rpc
 from specrun.errors import SpecrunError
 

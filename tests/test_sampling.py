@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from reference import chi_square_p
+
 from specrun.errors import SpecrunError
 from specrun.sampling import Distribution, SamplerSettings, filtered, top_k_ids, verify
 

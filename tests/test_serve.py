@@ -15,13 +15,13 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from serve_helpers import Pace, RunningServer
+from tinymodels import write_tiny_llama
+
 from specrun.serve.app import is_local_host
 from specrun.serve.server import ServeOptions, bind
 from specrun.serve.worker import Job
 from specrun.session import SessionConfig
-from tinymodels import write_tiny_llama
 
 # A Jinja template in the style of real GGUFs (trims content like Gemma's), so chat goes through one.
 TEMPLATE = (

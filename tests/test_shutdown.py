@@ -2,12 +2,12 @@
 a freed model or context refuses calls instead of touching freed memory."""
 
 import pytest
+from test_engine import PROMPT
 
 from specrun.backend import Closed, Context, ContextOptions, Model
 from specrun.cli.app import run_app
 from specrun.engine import TokenEvent
 from specrun.session import Session, SessionConfig
-from test_engine import PROMPT
 
 
 def test_a_closed_context_refuses_every_call(tiny):

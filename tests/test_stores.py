@@ -13,12 +13,6 @@ import stat
 from pathlib import Path
 
 import pytest
-
-from hub_fixtures import fake_hub, isolated  # noqa: F401  (fixtures)
-from specrun.cli.app import run_app
-from specrun.errors import SpecrunError
-from specrun.hub import resolve_model
-from specrun.hub.resolve import resolve_pair
 from store_layouts import (
     GPT2_VOCAB,
     LLAMA_VOCAB,
@@ -31,6 +25,11 @@ from store_layouts import (
     snapshot,
 )
 from tinymodels import write_tiny_llama
+
+from specrun.cli.app import run_app
+from specrun.errors import SpecrunError
+from specrun.hub import resolve_model
+from specrun.hub.resolve import resolve_pair
 
 LLAMA_1B = "bartowski/Llama-3.2-1B-Instruct-GGUF"
 LLAMA_3B = "bartowski/Llama-3.2-3B-Instruct-GGUF"

@@ -75,7 +75,7 @@ def _register_commands() -> None:
     from specrun import backend
 
     backend.check_install()  # first: a missing or too old llama-cpp-python is one line saying what to install
-    from specrun.cli import generate, chat, serve, bench, pair, pull, models, doctor  # noqa: F401
+    from specrun.cli import bench, chat, doctor, generate, models, pair, pull, serve  # noqa: F401
 
 
 def _is_click_error(exc: Exception) -> bool:

@@ -15,13 +15,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specrun import __version__
 from specrun.backend import system_info
-from specrun.bench import export, prompts as prompt_files, view
-from specrun.bench.plot import check_plot_path, save_plot
+from specrun.bench import export, view
+from specrun.bench import prompts as prompt_files
 from specrun.bench.methods import NEEDS_DRAFT_MODEL, NEEDS_STORE, PLAIN, parse_k_values, parse_methods, plan_variants
+from specrun.bench.plot import check_plot_path, save_plot
 from specrun.bench.results import SPEEDUP_DEFINITION, TOKENS_PER_S_DEFINITION, Results
 from specrun.bench.runner import measure, tokenize_all
-from specrun.cli import options as o
 from specrun.chat.formats import choose_format
+from specrun.cli import options as o
 from specrun.cli.app import app, err_console
 from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic

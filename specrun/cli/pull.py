@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -12,9 +12,9 @@ from specrun.hub import resolve_model
 
 @app.command()
 def pull(
-    specs: List[str] = typer.Argument(..., help="alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf"),
-    quant: Optional[str] = typer.Option(None, "--quant", "-q", help="Quant to fetch, e.g. Q4_K_M, overriding :QUANT (default: the spec's :QUANT, else the largest that fits in memory)."),
-    offline: bool = typer.Option(False, "--offline", help="Only check the cache; never use the network."),
+    specs: Annotated[List[str], typer.Argument(help="alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf")],
+    quant: Annotated[Optional[str], typer.Option("--quant", "-q", help="Quant to fetch, e.g. Q4_K_M, overriding :QUANT (default: the spec's :QUANT, else the largest that fits in memory).")] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Only check the cache; never use the network.")] = False,
 ) -> None:
     """Download models (with their split parts) into the Hugging Face cache; print their paths."""
     for spec in specs:

@@ -27,7 +27,6 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.utils import get_token
-
 from rich.progress import Progress
 
 from specrun.errors import SpecrunError

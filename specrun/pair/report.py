@@ -5,8 +5,8 @@ from __future__ import annotations
 from specrun.hub.memory import format_bytes
 from specrun.hub.stores.base import SOURCE_LABELS
 from specrun.pair.check import DEFAULT_CTX, PairCheck
-from specrun.pair.derive import DerivedDraft, describe_layers
 from specrun.pair.cost import MODEL_ASSUMPTIONS, DecodeCost
+from specrun.pair.derive import DerivedDraft, describe_layers
 from specrun.pair.header import ModelFacts
 from specrun.pair.make import MEASURED
 from specrun.pair.sources import Known

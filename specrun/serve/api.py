@@ -16,8 +16,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, WrapValidator,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from specrun.engine import Stats

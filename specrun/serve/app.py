@@ -11,7 +11,7 @@ import socket
 import time
 from typing import AsyncIterator
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
@@ -46,10 +46,20 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
                        allow_methods=["GET", "POST"], allow_headers=["*"], max_age=3600)
     if local_hosts_only:
         app.add_middleware(LocalHostsOnly, metrics=metrics)
-    created = int(time.time())
-
     for kind in (ApiError, ValidationError, SettingError, HTTPException):
         app.add_exception_handler(kind, error_object)
+
+    @app.get("/health")  # unkeyed: load balancers and supervisors ask it
+    async def health() -> JSONResponse:
+        refusal = worker.unavailable()
+        return JSONResponse({"status": "ok"}) if refusal is None else error_response(refusal)
+
+    app.include_router(api_routes(worker, metrics, model), dependencies=[Depends(key_check(api_key, metrics))])
+    return app
+
+
+def key_check(api_key: str | None, metrics: Metrics):
+    """The dependency that refuses a request without `Authorization: Bearer KEY` (none without a key)."""
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -60,60 +70,63 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
             raise ApiError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
-    keyed = [Depends(authorize)]
+    return authorize
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        refusal = worker.unavailable()
-        return JSONResponse({"status": "ok"}) if refusal is None else error_response(refusal)
 
-    @app.get("/v1/models", dependencies=keyed)
+def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
+    """The routes behind the API key: the model list, /metrics and the two generation endpoints."""
+    router = APIRouter()
+    created = int(time.time())
+
+    @router.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "specrun"}]}
 
-    @app.get("/metrics", dependencies=keyed)
+    @router.get("/metrics")
     async def prometheus() -> Response:
         store = worker.session.store if worker.session is not None else None
         text = metrics.render(running=int(worker.running is not None), waiting=worker.waiting,
                               store_tokens=len(store) if store else 0)
         return Response(text, media_type=MEDIA_TYPE)
 
-    @app.post("/v1/chat/completions", dependencies=keyed)
+    @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await _generate(request, api.parse_chat, api.ChatShape(model))
+        return await generate(request, api.parse_chat, api.ChatShape(model), worker, metrics)
 
-    @app.post("/v1/completions", dependencies=keyed)
+    @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _generate(request, api.parse_completion, api.CompletionShape(model))
+        return await generate(request, api.parse_completion, api.CompletionShape(model), worker, metrics)
 
-    async def _generate(request: Request, parse, shape: Shape) -> Response:
-        try:
-            parsed = parse(await request.body())
-        except (ApiError, ValidationError, SettingError):
-            metrics.reject("invalid")
-            raise
-        job = worker.submit(parsed, asyncio.get_running_loop())
-        watch = asyncio.ensure_future(_disconnected(request))
-        try:
-            first = await _next(job, watch)
-            if isinstance(first, Failed):
-                raise first.error
-            if parsed.stream:
-                return StreamingResponse(_events(job, shape, parsed.include_usage), media_type="text/event-stream",
-                                         headers=SSE_HEADERS)
-            while not isinstance(report := await _next(job, watch), (Finished, Failed)):
-                pass  # the outcome carries the whole text
-            if isinstance(report, Failed):
-                raise report.error
-            if report.outcome.finish_reason == "abort":
-                raise _stopping()
-            return JSONResponse(shape.response(report.outcome))
-        except ClientGone:
-            return Response(status_code=499)  # nobody reads it; the job is cancelled
-        finally:
-            watch.cancel()
+    return router
 
-    return app
+
+async def generate(request: Request, parse, shape: Shape, worker: Worker, metrics: Metrics) -> Response:
+    """One generation request: parsed, queued on the worker, answered whole or as server-sent events."""
+    try:
+        parsed = parse(await request.body())
+    except (ApiError, ValidationError, SettingError):
+        metrics.reject("invalid")
+        raise
+    job = worker.submit(parsed, asyncio.get_running_loop())
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        first = await _next(job, watch)
+        if isinstance(first, Failed):
+            raise first.error
+        if parsed.stream:
+            return StreamingResponse(_events(job, shape, parsed.include_usage), media_type="text/event-stream",
+                                     headers=SSE_HEADERS)
+        while not isinstance(report := await _next(job, watch), (Finished, Failed)):
+            pass  # the outcome carries the whole text
+        if isinstance(report, Failed):
+            raise report.error
+        if report.outcome.finish_reason == "abort":
+            raise _stopping()
+        return JSONResponse(shape.response(report.outcome))
+    except ClientGone:
+        return Response(status_code=499)  # nobody reads it; the job is cancelled
+    finally:
+        watch.cancel()
 
 
 async def error_object(request: Request, error: ApiError | ValidationError | SettingError | HTTPException) -> JSONResponse:
