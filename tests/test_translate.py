@@ -1,0 +1,147 @@
+"""Drafts with another vocabulary: the tiny SentencePiece target drafted for by a tiny GPT-2
+byte-level BPE model, greedy output the target's argmax, the draft's cache the accepted text
+in its own tokens, characters split across tokens, special tokens, and a cost per step that
+does not grow with the history. Real models (Gemma 3 270M and SmolLM2-135M) at the end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reference import TINY_ATOL, FreshContexts, assert_reads_match, record_reads
+from test_engine import PROMPT, assert_greedy_exact
+
+from specrun.backend import Context, ContextOptions, Model
+from specrun.errors import IncompatibleError, SpecrunError
+from specrun.policy import FixedK
+from specrun.sampling import Sampler, SamplerSettings
+from specrun.session import Session, SessionConfig
+from specrun.translate import SPECIAL, TranslatingDraft, VocabBridge
+
+GREEDY = Sampler(SamplerSettings(), np.random.default_rng(0))
+
+
+@pytest.fixture(scope="module")
+def models(tiny):
+    target, draft = Model(tiny["target"]), Model(tiny["gpt2"], role="draft")
+    yield target, draft
+    draft.close()
+    target.close()
+
+
+@pytest.fixture
+def translating(models):
+    target, draft = models
+    context = Context(draft, ContextOptions(n_ctx=1024, n_threads=1))
+    yield target, TranslatingDraft(context, VocabBridge(target, draft))
+    context.close()
+
+
+def cached_text(drafter: TranslatingDraft) -> bytes:
+    return b"".join(drafter.bridge.draft_pieces[t] for t in drafter.context.tokens)
+
+
+def target_text(target: Model, tokens) -> bytes:
+    return b"".join(target.piece(t) for t in tokens)
+
+
+def test_the_bridge_maps_tokens_with_the_same_bytes_and_the_end_of_text(models):
+    target, draft = models
+    bridge = VocabBridge(target, draft)
+    mapped = np.flatnonzero(bridge.to_target >= 0)
+    assert len(mapped) > 256  # every byte, and the words both vocabularies have whole
+    for token in mapped:
+        if bridge.draft_pieces[token]:
+            assert target.piece(int(bridge.to_target[token])) == bridge.draft_pieces[token]
+    assert bridge.to_target[draft.eos] == target.eos  # <|endoftext|> ends the target's text too
+    assert 0.5 < bridge.overlap.draft_share <= 1 and 0.5 < bridge.overlap.target_share <= 1
+
+
+def test_the_cache_holds_the_accepted_text_in_the_drafts_own_tokens(tiny, models):
+    target, draft = models
+    config = SessionConfig(target=tiny["target"], draft=tiny["gpt2"], k=4, n_ctx=512, threads=1)
+    with Session(config) as session:
+        reads = record_reads(session.drafter.context)
+        history = session.tokenize(PROMPT)
+        run = session.generator().run(history, 40)
+        # The generator's last rollback dropped the last guess; the next proposal catches up on the rest.
+        assert target_text(target, history + run.tokens).startswith(cached_text(session.drafter))
+        session.drafter.propose(history + run.tokens, 1, FixedK(1), GREEDY)
+        session.drafter.rollback(history + run.tokens)
+        assert cached_text(session.drafter) == target_text(target, history + run.tokens)
+        assert run.stats.draft_tokens_reencoded > 0
+        with FreshContexts(tiny["gpt2"], 1024) as fresh:
+            assert assert_reads_match(reads, fresh) > 0  # no stale row survived a rollback
+
+
+@pytest.mark.parametrize("translation", ["text", "tokens"])
+def test_greedy_output_is_the_targets_argmax(tiny, translation):
+    config = SessionConfig(target=tiny["target"], draft=tiny["gpt2"], k=4, n_ctx=512, threads=1, translation=translation)
+    with Session(config) as session:
+        tokens, sources, stats = assert_greedy_exact(session, PROMPT * 2, max_tokens=40, atol=TINY_ATOL)
+    assert stats.drafted > 0 and len(tokens) == 40
+
+
+def test_a_character_split_across_tokens_waits_for_its_last_byte(translating):
+    target, drafter = translating
+    text = "the café"
+    history = target.tokenize(text)
+    assert target.piece(history[-1]) == "é".encode()[1:]  # the tiny vocabulary spells é in two byte tokens
+    drafter.propose(history[:-1], 4, FixedK(4), GREEDY)  # history ends inside é
+    drafter.rollback(history[:-1])
+    assert cached_text(drafter) == target_text(target, history[:-2])  # the cache waits for the rest of é
+    draft = drafter.propose(history, 4, FixedK(4), GREEDY)
+    drafter.rollback(history)
+    assert cached_text(drafter) == target_text(target, history) and cached_text(drafter).endswith("é".encode())
+    assert all(0 <= token < target.n_vocab for token in draft.tokens)
+
+
+def test_special_tokens_become_the_drafts_own(translating):
+    target, drafter = translating
+    history = target.tokenize("the cat") + [target.eos] + target.tokenize("the dog", add_special=False)
+    drafter.rollback(history)
+    drafter.propose(history, 2, FixedK(2), GREEDY)
+    cache = drafter.context.tokens
+    assert drafter.bridge.draft.eos in cache  # the end of text, as the draft writes it
+    assert SPECIAL + drafter.bridge.draft.eos in drafter.stream.values
+    assert target.bos not in cache  # the draft has no start token: the target's adds nothing
+
+
+def test_a_step_reencodes_a_short_window_however_long_the_history(translating, monkeypatch):
+    target, drafter = translating
+    encoded: list[int] = []
+    tokenize = drafter.bridge.draft.tokenize
+
+    def recording(text, *args, **kwargs):
+        encoded.append(len(text))
+        return tokenize(text, *args, **kwargs)
+
+    monkeypatch.setattr(drafter.bridge.draft, "tokenize", recording)
+    history = target.tokenize(PROMPT)
+    drafter.propose(history, 4, FixedK(4), GREEDY)
+    words = target.tokenize(" and the dog sat on the log" * 12, add_special=False)
+    for token in words:  # one accepted token a step, as when every draft is rejected
+        history.append(token)
+        encoded.clear()
+        drafter.propose(history, 4, FixedK(4), GREEDY)
+        assert sum(encoded) < 48, (len(history), encoded)
+    drafter.rollback(history)
+    assert cached_text(drafter) == target_text(target, history)
+
+
+def test_a_draft_sharing_almost_nothing_is_refused_with_the_reason(tiny, models):
+    target, draft = models
+    alien = Model(tiny["alien"], role="draft")  # CJK characters only, no byte tokens
+    try:
+        with pytest.raises(IncompatibleError, match=r"shares almost no tokens with target t.gguf \(0 of its 400"):
+            VocabBridge(target, alien).check("t.gguf", "d.gguf")
+    finally:
+        alien.close()
+    VocabBridge(target, draft).check("t.gguf", "d.gguf")
+
+
+def test_a_vocab_only_gguf_is_no_draft(tiny, tmp_path):
+    from tinymodels import write_tiny_llama
+
+    vocab_only = write_tiny_llama(tmp_path / "tokenizer.gguf", vocab="gpt2", vocab_only=True)
+    with pytest.raises(SpecrunError, match="holds no weights"):
+        Session(SessionConfig(target=tiny["target"], draft=vocab_only, n_ctx=128))
