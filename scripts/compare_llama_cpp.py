@@ -31,12 +31,13 @@ EVAL = re.compile(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs")
 ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 
 
-def build_tools(build: Path, tools: list[str] = TOOLS) -> Path:
-    """`tools` built from the llama.cpp that the installed llama-cpp-python vendors; their folder."""
+def build_tools(build: Path, tools: list[str] = TOOLS, version: str | None = None) -> Path:
+    """`tools` built from the llama.cpp that llama-cpp-python `version` (default: the installed one)
+    vendors; their folder."""
     if all((build / "bin" / tool).exists() for tool in tools):
         return build / "bin"
     with tempfile.TemporaryDirectory() as tmp:
-        version = llama_cpp.__version__
+        version = version or llama_cpp.__version__
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
              f"llama-cpp-python=={version}", "-d", tmp],
@@ -45,7 +46,7 @@ def build_tools(build: Path, tools: list[str] = TOOLS) -> Path:
         archive = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
-        source = next(Path(tmp).glob("llama_cpp_python-*")) / "vendor" / "llama.cpp"
+        source = next(p for p in Path(tmp).glob("llama_cpp_python-*") if p.is_dir()) / "vendor" / "llama.cpp"
         subprocess.run(["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
                         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DGGML_RPC=ON"], check=True)
         subprocess.run(["cmake", "--build", build, "-j", "--target", *tools], check=True)

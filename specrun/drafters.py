@@ -14,13 +14,23 @@ from specrun.sampling import Distribution, Sampler, filtered
 
 
 @dataclass(frozen=True)
+class Translation:
+    """What a draft with another vocabulary spent keeping in step with the target's text."""
+
+    seconds: float  # re-encoding the accepted text and tokenizing the guess for the target
+    reencoded: int  # draft tokens the accepted text was re-encoded into (decoded onto its cache)
+    kept: int  # draft tokens its cache kept: the accepted text confirmed its own guess
+
+
+@dataclass(frozen=True)
 class Draft:
-    source: Source  # which drafter produced it ("lookup", "lookup-long", "draft"); policies learn per source
+    source: Source | None  # which drafter produced it ("lookup", "draft", ...; None: no drafter); policies learn per source
     tokens: list[int] = field(default_factory=list)
     # q_i for each token when the drafter sampled; None when it is deterministic.
     dists: list[Distribution] | None = None
     # The drafter's probability for each token (model drafts), for confidence stops.
     confidences: list[float] | None = None
+    translation: Translation | None = None  # a draft model with another vocabulary says what translating cost
 
 
 class DraftSource(Protocol):

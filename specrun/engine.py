@@ -59,6 +59,9 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0  # the target's verify decodes
     check_s: float = 0.0  # reading the verified logits rows (argmax or filtering) and accept/reject
+    translate_s: float = 0.0  # a draft with another vocabulary: keeping its text in step with the target's (in draft_s)
+    draft_tokens_reencoded: int = 0  # ... draft tokens the accepted text was re-encoded into
+    draft_tokens_kept: int = 0  # ... draft tokens of its own guesses that the accepted text confirmed
     generate_s: float = 0.0  # wall time after the prompt was processed
     stop_reason: StopReason | Literal[""] = ""  # "" while it runs
 
@@ -74,6 +77,12 @@ class Stats:
     @property
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
+
+    @property
+    def reencoded_share(self) -> float:
+        """Of the draft tokens a translated draft fed its cache, the share re-encoded from the accepted text."""
+        fed = self.draft_tokens_reencoded + self.draft_tokens_kept
+        return self.draft_tokens_reencoded / fed if fed else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -102,7 +111,8 @@ class Stats:
     def accumulate(self, other: "Stats") -> None:
         """Add another run's counters to these (session totals)."""
         for name in ("prompt_tokens", "prefilled_tokens", "tokens", "steps", "drafted", "accepted",
-                     "prefill_s", "draft_s", "verify_s", "check_s", "generate_s"):
+                     "prefill_s", "draft_s", "verify_s", "check_s", "generate_s", "translate_s",
+                     "draft_tokens_reencoded", "draft_tokens_kept"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("drafted_by_position", "accepted_by_position"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -128,6 +138,10 @@ class Stats:
             "verify_s": self.verify_s,
             "check_s": self.check_s,
             "generate_s": self.generate_s,
+            "translate_s": self.translate_s,
+            "draft_tokens_reencoded": self.draft_tokens_reencoded,
+            "draft_tokens_kept": self.draft_tokens_kept,
+            "reencoded_share": self.reencoded_share,
             "overhead_per_step_ms": self.overhead_per_step_ms,
             "stop_reason": self.stop_reason,
         }
@@ -309,6 +323,10 @@ class Generator:
         stats.draft_s += step.draft_s
         stats.verify_s += step.verify_s
         stats.check_s += step.check_s
+        if step.draft.translation is not None:
+            stats.translate_s += step.draft.translation.seconds
+            stats.draft_tokens_reencoded += step.draft.translation.reencoded
+            stats.draft_tokens_kept += step.draft.translation.kept
 
     def _rollback(self, history: list[int]) -> None:
         """Drop rejected drafts: the target holds all but the last token, the drafter no more than history."""

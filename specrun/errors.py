@@ -8,9 +8,7 @@ class SpecrunError(Exception):
 
 
 class IncompatibleError(SpecrunError):
-    """A draft whose vocabulary does not match the target's."""
-
-    exit_code = 1
+    """A draft that cannot draft for the target, even translated: their vocabularies share almost nothing."""
 
 
 class RpcLost(SpecrunError):

@@ -15,11 +15,12 @@ from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.compat import check_vocab
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup, blank_lines
 from specrun.engine import Event, Generator, Stats
-from specrun.errors import IncompatibleError, SpecrunError
+from specrun.errors import SpecrunError
 from specrun.ngram_store import NgramStore, StoreLookup
 from specrun.policy import AutoK, DraftPolicy, FixedK, PMinPolicy, measure_verify_costs, parse_k, verify_costs_hold
 from specrun.sampling import Sampler, SamplerSettings
-from specrun.settings import BATCH, check
+from specrun.settings import BATCH, SettingError, check
+from specrun.translate import TRANSLATIONS, Mode, TranslatingDraft, VocabBridge
 
 CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens")
 
@@ -52,6 +53,7 @@ class SessionConfig:
     k: int | str = "auto"  # tokens drafted per step, "auto" (cost-aware) or "llama.cpp" (p-min rule)
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     draft_sampling: bool = True  # at temperature > 0, sample drafts and verify with p/q
+    translation: Mode = "text"  # a draft with another vocabulary: its text re-encoded for the target, or "tokens" (TLI)
     lookup_ngram: tuple[int, int] = (2, 4)  # n-gram sizes prompt lookup matches, longest first
     store_tokens: int = 0  # > 0: also draft from up to this many tokens of earlier prompts and outputs
     n_ctx: int = 4096  # context size in tokens, for target and draft alike
@@ -81,6 +83,8 @@ class SessionConfig:
         resolved or loaded: a SettingError names the first one that is out of range."""
         if "k" in options:
             parse_k(options["k"])
+        if options.get("translation", "text") not in TRANSLATIONS:
+            raise SettingError("translation", "'text' or 'tokens'", options["translation"])
         check(**{name: options[name] for name in CHECKED_FIELDS if name in options})
 
 
@@ -137,16 +141,18 @@ class Session:
         """A new prompt lookup as configured, knowing the target's blank-line tokens."""
         return PromptLookup(*self.config.lookup_ngram, breaks=blank_lines(self.target.model))
 
-    def _draft_model(self) -> DraftModel:
+    def _draft_model(self) -> DraftModel | TranslatingDraft:
+        """The draft model: on the target's own tokens when the vocabularies match (llama.cpp's
+        rule), else translated through text."""
         c = self.config
         draft_model = self._own(Model(c.draft, self._model_options(c.draft_n_gpu_layers, c.draft_rpc), "draft"))
-        report = check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts())
-        if not report.ok:
-            raise IncompatibleError(
-                f"draft {c.draft.name} cannot draft for target {c.target.name}: " + "; ".join(report.problems)
-            )
-        context = self._own(Context(draft_model, self._context_options()))
-        return DraftModel(context, sample=c.draft_sampling)
+        if check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts()).ok:
+            return DraftModel(self._own(Context(draft_model, self._context_options())), sample=c.draft_sampling)
+        bridge = VocabBridge(self.target_model, draft_model)
+        bridge.check(c.target.name, c.draft.name)
+        # The same text often takes the draft more tokens than the target: its cache gets twice the room.
+        options = replace(self._context_options(), n_ctx=2 * c.n_ctx)
+        return TranslatingDraft(self._own(Context(draft_model, options)), bridge, c.draft_sampling, c.translation)
 
     def close(self) -> None:
         """Free the models and contexts, keeping the verify costs auto refined for the next session."""

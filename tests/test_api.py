@@ -96,7 +96,7 @@ def test_resolve_finds_files_without_loading_them(tiny):
 
 
 @pytest.mark.parametrize("call, error, fragment", [
-    (lambda t: specrun.load(t["target"], draft=t["different"], n_ctx=128), specrun.IncompatibleError, "cannot draft for target"),
+    (lambda t: specrun.load(t["target"], draft=t["alien"], n_ctx=128), specrun.IncompatibleError, "shares almost no tokens"),
     (lambda t: specrun.load(t["target"].parent / "missing.gguf"), specrun.SpecrunError, "no such model file"),
     (lambda t: specrun.load(t["target"], k=0), specrun.SpecrunError, "k has to be an integer >= 1"),
     (lambda t: specrun.load(t["target"], rpc="not an endpoint"), specrun.SpecrunError, "is not HOST:PORT"),

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tinymodels import write_tiny_llama
 
 from specrun.cli.app import run_app
 
@@ -62,7 +63,7 @@ def shared_rows():
 
 
 # Command lines with {tiny} (the tiny target), {dir}, {missing}, {binary}, {empty}, {cut},
-# and {noarch} filled in by the `inputs` fixture.
+# {noarch}, {vocab_only} and {alien} filled in by the `inputs` fixture.
 COMMAND_ROWS = [
     # prompts
     (["generate", "", "-m", "{tiny}", "--lookup"], ["no prompt", "PROMPT is empty"]),
@@ -77,6 +78,11 @@ COMMAND_ROWS = [
     (["generate", "hi", "--k", "fast"], ["--k", "'fast'"]),
     (["generate", "hi", "extra"], ["unexpected extra argument", "extra"]),
     # chat
+    # drafts: any vocabulary drafts, translated, but not what is no model or shares almost nothing
+    (["generate", "hi", "-m", "{tiny}", "--draft", "{binary}"], ["binary.txt is not a GGUF file"]),
+    (["generate", "hi", "-m", "{tiny}", "--draft", "{vocab_only}"], ["draft model", "tokenizer.gguf holds no weights", "vocab-only"]),
+    (["generate", "hi", "-m", "{tiny}", "--draft", "{noarch}"], ["draft model", "noarch.gguf holds no weights"]),
+    (["generate", "hi", "-m", "{tiny}", "--draft", "{alien}"], ["alien.gguf shares almost no tokens with target", "0 of its 400"]),
     (["chat", "-m", "{tiny}", "--k", "-2"], ["--k", "'-2'"]),
     (["chat", "-m", "{tiny}", "--chat-format", "nope"], ["--chat-format", "'nope'", "chatml"]),
     (["chat", "-m", "{tiny}", "-n", "3000"], ["--max-tokens", "at most half the context (2048 tokens", "but is 3000"]),
@@ -137,6 +143,7 @@ def inputs(tmp_path, tiny, monkeypatch, record_property):
     (folder / "noarch.gguf").write_bytes(
         b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"name" + struct.pack("<IQ", 8, 1) + b"x"
     )
+    write_tiny_llama(folder / "tokenizer.gguf", vocab="gpt2", vocab_only=True)
     # Config and caches live beside the folder: matplotlib keeps its font list there.
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -145,6 +152,7 @@ def inputs(tmp_path, tiny, monkeypatch, record_property):
         "tiny": str(tiny["target"]), "dir": str(folder / "dir"), "missing": str(folder / "missing.txt"),
         "missing_dir": str(folder / "no" / "such"), "binary": str(folder / "binary.txt"),
         "empty": str(folder / "empty.txt"), "cut": str(folder / "cut.gguf"), "noarch": str(folder / "noarch.gguf"),
+        "vocab_only": str(folder / "tokenizer.gguf"), "alien": str(tiny["alien"]),
         "root": folder, "record": record_property,
     }
 

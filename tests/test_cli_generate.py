@@ -69,9 +69,9 @@ def test_truncated_gguf(tmp_path, tiny):
     assert_one_line_error(specrun("generate", "x", "--target", cut, "--lookup"), 2, "could not load", "truncated")
 
 
-def test_incompatible_draft_exits_1_with_the_reason(tiny):
-    result = specrun("generate", "x", "--target", tiny["target"], "--draft", tiny["different"])
-    assert_one_line_error(result, 1, "cannot draft", "token 259 differs")
+def test_a_draft_sharing_almost_nothing_exits_2_with_the_reason(tiny):
+    result = specrun("generate", "x", "--target", tiny["target"], "--draft", tiny["alien"])
+    assert_one_line_error(result, 2, "alien.gguf shares almost no tokens with target target.gguf", "0 of its 400")
 
 
 @pytest.mark.parametrize("args, fragment", [(["--k", "0"], "--k has to be an integer >= 1, 'auto' or 'llama.cpp', but is '0'"), (["--max-tokens", "0"], "--max-tokens")])

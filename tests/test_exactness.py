@@ -32,13 +32,14 @@ from specrun.engine import Generator, TokenEvent
 from specrun.policy import FixedK
 from specrun.sampling import Sampler, SamplerSettings, filtered
 from specrun.session import Session, SessionConfig
+from specrun.translate import TranslatingDraft, VocabBridge
 
 SETTINGS = SamplerSettings(temperature=1.0)  # llama.cpp's default filters: top-k 40, top-p 0.95, min-p 0.05
 UNFILTERED = SamplerSettings(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0)
 MIN_P = 1e-4  # a correct sampler fails a check this strict once in 10,000
 SEEDS = 2000
 TINY_TEXT = "when the water was long after"
-DRAFTINGS = ("lookup", "draft", "hybrid")
+DRAFTINGS = ("lookup", "draft", "hybrid", "translated", "translated-tokens")
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +49,22 @@ def first_layer_draft(tmp_path_factory):
 
 
 class Rig:
-    """Target and draft contexts that decode batches one row at a time (n_ubatch 1)."""
+    """Target and draft contexts that decode batches one row at a time (n_ubatch 1); the other
+    draft is the same first layer under other token ids, and drafts translated."""
 
-    def __init__(self, target, draft):
-        self.models = [Model(target), Model(draft, role="draft")]
+    def __init__(self, target, draft, other):
+        self.models = [Model(target), Model(draft, role="draft"), Model(other, role="draft")]
         options = ContextOptions(n_ctx=128, n_batch=8, n_ubatch=1, n_threads=1)
-        self.target, self.draft = (Context(model, options) for model in self.models)
+        self.target, self.draft, self.other = (Context(model, options) for model in self.models)
+        self.bridge = VocabBridge(self.models[0], self.models[2])
 
     def generator(self, drafting: str, settings: SamplerSettings, seed: int, draft_sampling: bool = True) -> Generator:
         model = DraftModel(self.draft, sample=draft_sampling)
         drafter = {"plain": None, "lookup": PromptLookup(), "draft": model, "hybrid": Hybrid(PromptLookup(), model)}
+        if drafting.startswith("translated"):
+            self.other.truncate(0)  # a fresh drafter per generation: its cache starts empty
+            mode = "tokens" if drafting == "translated-tokens" else "text"
+            drafter[drafting] = TranslatingDraft(self.other, self.bridge, sample=draft_sampling, mode=mode)
         return Generator(self.target, drafter[drafting], Sampler.seeded(replace(settings, seed=seed)), FixedK(2))
 
     def close(self):
@@ -67,7 +74,7 @@ class Rig:
 
 @pytest.fixture(scope="module")
 def rig(tiny, first_layer_draft):
-    rig = Rig(tiny["target"], first_layer_draft)
+    rig = Rig(tiny["target"], first_layer_draft, tiny["relabelled"])
     yield rig
     rig.close()
 

@@ -11,6 +11,10 @@ vocab type, same bos/eos, sizes within 128, same text for ids 5..min(n_vocab)-1)
 - "padded":    base + PAD_EXTRA unused "[PADi]" tokens: compatible with base.
 - "different": same size as base, word pieces permuted: incompatible (text).
 - "bigger":    base + BIGGER_EXTRA letter-pair pieces: incompatible (size).
+- "alien":     the three special tokens and CJK characters only, no byte tokens: it shares
+               nothing with base, so it cannot draft for it even translated.
+- "gpt2":      another tokenizer altogether: GPT-2's byte-level BPE with merges for some of
+               the words, no start token, <|endoftext|> as end; drafts for base only translated.
 
 Weights depend only on `seed` and the shapes, never on the vocabulary: every variant
 with the same seed has bit-identical weights for ids < BASE_VOCAB_SIZE, and the output
@@ -28,7 +32,7 @@ from typing import Literal
 import gguf
 import numpy as np
 
-Vocab = Literal["base", "padded", "different", "bigger"]
+Vocab = Literal["base", "padded", "different", "bigger", "gpt2", "alien"]
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 SPACE = "\u2581"  # SentencePiece's word-boundary marker "▁"
@@ -71,15 +75,17 @@ _PIECES = _base_pieces()
 # "different" vocabulary splits text into the same strings as "base".
 _SCORE = {piece: -float(i) for i, piece in enumerate(_PIECES)}
 BASE_VOCAB_SIZE = len(_SPECIAL) + len(_BYTES) + len(_PIECES)
+_PERMUTATION = np.random.default_rng(12345).permutation(len(_PIECES))  # "different": fixed, whatever the weight seed
 
 
 def vocab_tokens(vocab: Vocab = "base") -> list[tuple[str, float, gguf.TokenType]]:
     """(text, score, type) for every id of a vocabulary variant."""
+    if vocab == "alien":
+        return [(text, 0.0, kind) for text, kind in _SPECIAL] + [(chr(0x4E00 + i), -float(i), gguf.TokenType.NORMAL) for i in range(400)]
     head = [(text, 0.0, kind) for text, kind in _SPECIAL + _BYTES]
     pieces = list(_PIECES)
     if vocab == "different":
-        # Fixed permutation (independent of the weight seed) of the word pieces.
-        pieces = [pieces[i] for i in np.random.default_rng(12345).permutation(len(pieces))]
+        pieces = [pieces[i] for i in _PERMUTATION]
     body = [(p, _SCORE[p], gguf.TokenType.NORMAL) for p in pieces]
     if vocab == "padded":
         body += [(f"[PAD{i}]", -1e9, gguf.TokenType.UNUSED) for i in range(PAD_EXTRA)]
@@ -90,6 +96,42 @@ def vocab_tokens(vocab: Vocab = "base") -> list[tuple[str, float, gguf.TokenType
     elif vocab not in ("base", "different"):
         raise ValueError(f"unknown vocab variant {vocab!r}")
     return head + body
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (its vocabulary spells bytes this way)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+GPT2_EOT = "<|endoftext|>"
+
+
+def gpt2_vocab() -> tuple[list[tuple[str, gguf.TokenType]], list[str]]:
+    """(token, type) for every id and the merges of the "gpt2" vocabulary: <|endoftext|>, the 256
+    bytes, then each of every other word of _WORDS (with and without its leading space) merged
+    left to right, so BPE splits the rest into pieces the base vocabulary does not have."""
+    byte_char = _bytes_to_unicode()
+    tokens = [(GPT2_EOT, gguf.TokenType.CONTROL)] + [(byte_char[b], gguf.TokenType.NORMAL) for b in range(256)]
+    known, merges = {text for text, _ in tokens}, []
+    for word in _WORDS[::2]:
+        for spelled in (" " + word, word):
+            chars = [byte_char[b] for b in spelled.encode()]
+            piece = chars[0]
+            for char in chars[1:]:
+                if piece + char not in known:
+                    merges.append(f"{piece} {char}")
+                    tokens.append((piece + char, gguf.TokenType.NORMAL))
+                    known.add(piece + char)
+                piece += char
+    return tokens, merges
 
 
 def _normal(seed: int, name: str, shape: tuple[int, ...], std: float) -> np.ndarray:
@@ -153,14 +195,19 @@ def write_tiny_llama(
     eos_id: int = EOS_ID,
     chat_template: str | None = None,
     logit_std: float = 3.0,
+    vocab_only: bool = False,
+    relabelled: bool = False,
 ) -> Path:
     """Write a tiny random llama GGUF (float32 weights) and return its path.
 
     Same seed and shapes give bit-identical weights; different seeds differ.
     `eos_id` lets pairs disagree on end-of-sequence (any id of the vocabulary).
     `chat_template` is stored as tokenizer.chat_template (Jinja, as in real GGUFs).
+    `vocab_only` writes the tokenizer alone, no tensors (as llama.cpp's ggml-vocab-*.gguf files).
+    `relabelled` (with vocab "different"): the embedding and output rows follow the permuted
+    pieces, so the model is base's under other ids: a draft that only translation can pair.
     """
-    tokens = vocab_tokens(vocab)
+    tokens = vocab_tokens(vocab) if vocab != "gpt2" else [(text, 0.0, kind) for text, kind in gpt2_vocab()[0]]
     n_vocab = len(tokens)
     n_head_kv = n_head if n_head_kv is None else n_head_kv
     if n_embd % n_head or n_head % n_head_kv:
@@ -183,19 +230,34 @@ def write_tiny_llama(
     w.add_rope_dimension_count(n_embd // n_head)  # llama.cpp requires n_rot == head_dim
     w.add_rope_freq_base(10000.0)
 
-    w.add_tokenizer_model("llama")
+    if vocab == "gpt2":
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_merges(gpt2_vocab()[1])
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(0)
+        w.add_add_bos_token(False)
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_token_scores([score for _, score, _ in tokens])
+        w.add_unk_token_id(UNK_ID)
+        w.add_bos_token_id(BOS_ID)
+        w.add_eos_token_id(eos_id)
+        w.add_add_bos_token(True)
     w.add_token_list([text for text, _, _ in tokens])
-    w.add_token_scores([score for _, score, _ in tokens])
     w.add_token_types([kind for _, _, kind in tokens])
-    w.add_unk_token_id(UNK_ID)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(eos_id)
-    w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
 
-    for name, array in _tensors(seed, n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff, logit_std).items():
+    tensors = {} if vocab_only else _tensors(seed, n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff, logit_std)
+    if relabelled:
+        if vocab != "different":
+            raise ValueError("relabelled goes with vocab='different'")
+        rows = np.concatenate([np.arange(len(_SPECIAL) + len(_BYTES)), len(_SPECIAL) + len(_BYTES) + _PERMUTATION])
+        for name in ("token_embd.weight", "output.weight"):
+            tensors[name] = tensors[name][rows]
+    for name, array in tensors.items():
         w.add_tensor(name, array)
 
     w.write_header_to_file()

@@ -29,7 +29,7 @@ RAW_API = (
     "llama_model_load_from_file", "llama_model_n_ctx_train", "llama_n_ctx", "llama_print_system_info",
     "llama_supports_gpu_offload", "llama_supports_mmap", "llama_supports_rpc", "llama_token", "llama_token_to_piece",
     "llama_tokenize", "llama_vocab_bos", "llama_vocab_eos", "llama_vocab_get_add_bos",
-    "llama_vocab_get_add_eos", "llama_vocab_get_text", "llama_vocab_is_eog", "llama_vocab_n_tokens",
+    "llama_vocab_eot", "llama_vocab_get_add_eos", "llama_vocab_get_attr", "llama_vocab_get_text", "llama_vocab_is_eog", "llama_vocab_n_tokens",
     "llama_vocab_type",
 )
 

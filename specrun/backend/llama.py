@@ -45,6 +45,7 @@ class ModelOptions:
     rpc_servers: tuple[str, ...] = ()  # HOST:PORT of llama.cpp rpc-servers that take offloaded layers
     tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device, RPC devices first
     rpc_timeout: float = 300.0  # seconds one decode may wait for the RPC servers; 0 waits forever
+    vocab_only: bool = False  # the tokenizer alone, no weights (a second or less, even for a 262k vocabulary)
 
 
 @dataclass(frozen=True)
@@ -56,16 +57,20 @@ class ContextOptions:
     flash_attn: int = -1  # -1 auto, 0 off, 1 on
 
 
-def check_gguf_file(path: Path, role: str) -> None:
-    """Fail with one line for the usual bad inputs, before llama.cpp sees the file."""
+def check_gguf_file(path: Path, role: str, weights: bool = True) -> None:
+    """Fail with one line for the usual bad inputs, before llama.cpp sees the file; `weights`: it
+    has to hold them (not for a tokenizer alone)."""
     if not path.exists():
         raise SpecrunError(f"{role} model not found: {path} (check the path)")
     if path.is_dir():
         raise SpecrunError(f"{role} model is a directory, not a GGUF file: {path}")
     with path.open("rb") as fh:
-        magic = fh.read(4)
-    if magic != GGUF_MAGIC:
-        raise SpecrunError(f"{role} model is not a GGUF file (bad magic {magic!r}): {path}")
+        header = fh.read(16)  # magic, version, tensor count (little-endian u32, u32, u64)
+    if header[:4] != GGUF_MAGIC:
+        raise SpecrunError(f"{role} model is not a GGUF file (bad magic {header[:4]!r}): {path}")
+    if weights and len(header) == 16 and int.from_bytes(header[8:16], "little") == 0:
+        raise SpecrunError(f"{role} model {path} holds no weights (no tensors: a vocab-only GGUF, a tokenizer): "
+                           "give a GGUF with the model's weights")
 
 
 class Model:
@@ -81,9 +86,10 @@ class Model:
         # With RPC servers every call that can wait on them goes through the link; else llama.cpp directly.
         self._link = rpc_link.LINK if options.rpc_servers else None
         self._waiting = rpc_link.Waiting(options.rpc_servers, options.rpc_timeout)
-        check_gguf_file(self.path, role)
+        check_gguf_file(self.path, role, weights=not options.vocab_only)
         L = llama()
         params = L.llama_model_default_params()
+        params.vocab_only = options.vocab_only
         params.n_gpu_layers = options.n_gpu_layers
         params.use_mmap = options.use_mmap
         params.use_extra_bufts = options.repack
@@ -195,7 +201,18 @@ class Model:
         L = llama()
         return frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self._vocab, t))
 
+    @cached_property
+    def byte_tokens(self) -> frozenset[int]:
+        """The byte-fallback tokens (SentencePiece's <0x41>): they stand for one byte each."""
+        L = llama()
+        return frozenset(t for t in range(self.n_vocab) if L.llama_vocab_get_attr(self._vocab, t) & L.LLAMA_TOKEN_ATTR_BYTE)
+
     def vocab_facts(self) -> VocabFacts:
+        return self._vocab_facts
+
+    @cached_property
+    def _vocab_facts(self) -> VocabFacts:
+        """Read once: the vocabulary never changes, and 262k token texts take a moment."""
         L = llama()
         texts = [L.llama_vocab_get_text(self._vocab, t) or b"" for t in range(self.n_vocab)]
         return VocabFacts(
@@ -208,9 +225,16 @@ class Model:
             tokens=[t.decode("utf-8", "replace") for t in texts],
         )
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    @property
+    def eot(self) -> int:
+        """The end-of-turn token, or -1 when the vocabulary has none."""
         L = llama()
-        data = text.encode("utf-8")
+        return L.llama_vocab_eot(self._vocab)
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of `text` (str, or UTF-8 bytes that may end inside a character)."""
+        L = llama()
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         capacity = len(data) + 8
         buf = (L.llama_token * capacity)()
         n = L.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
@@ -224,20 +248,25 @@ class Model:
         """Bytes of one token as it appears in text (control tokens render empty)."""
         cached = self._pieces.get(token)
         if cached is None:
-            cached = self._pieces[token] = self._token_bytes(token, special=False)
+            cached = self._pieces[token] = self.token_bytes(token, special=False)
         return cached
 
-    def _token_bytes(self, token: int, special: bool) -> bytes:
+    def token_bytes(self, token: int, special: bool) -> bytes:
+        """Bytes of one token; `special` spells control tokens out (`<end_of_turn>`) instead of rendering them empty."""
         L = llama()
         n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
         return self._piece_buf.raw[: max(n, 0)]
+
+    def pieces(self) -> list[bytes]:
+        """Every token's bytes as `piece` gives them, by id (b"" for control tokens)."""
+        return [self.piece(token) for token in range(self.n_vocab)]
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def render(self, tokens: Sequence[int]) -> str:
         """Text of tokens with control tokens spelled out (`<end_of_turn>`), as chat templates write them."""
-        return b"".join(self._token_bytes(t, special=True) for t in tokens).decode("utf-8", "replace")
+        return b"".join(self.token_bytes(t, special=True) for t in tokens).decode("utf-8", "replace")
 
 
 def _load_from_file(path: bytes, params, keep_alive: tuple) -> Any:

@@ -42,6 +42,23 @@ def summary_table(document: dict) -> Table:
     return table
 
 
+def translation_table(document: dict) -> Table | None:
+    """For drafts with another vocabulary: how their caches were kept in step, and what it cost."""
+    rows = [row for row in document["summary"].values() if row.get("reencoded_share") is not None]
+    if not rows:
+        return None
+    table = Table(title="Translated drafts (a draft with another vocabulary)", caption=(
+        "re-encoded: of the tokens fed to the draft's cache, the share re-encoded from the accepted text (the rest: "
+        "its own guesses the text confirmed); translating: share of the time spent converting between the vocabularies"),
+        caption_justify="left")
+    for column in ("method", "k", "re-encoded", "translating", "accepted"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for row in rows:
+        table.add_row(row["method"], str(row["k"]), f"{100 * row['reencoded_share']:.0f}%", f"{100 * row['translate_share']:.1f}%",
+                      f"{100 * row['acceptance_rate']:.0f}%")
+    return table
+
+
 def prompt_table(document: dict) -> Table | Text:
     prompts = document["prompts"]
     if len(prompts) > MAX_PROMPT_ROWS:

@@ -170,6 +170,9 @@ def _show(document: dict) -> None:
     out = Console()
     out.print(view.prompt_table(document))
     out.print(view.summary_table(document))
+    translated = view.translation_table(document)
+    if translated is not None:
+        out.print(translated)
     if document["summary"]:
         out.print(view.acceptance_chart(document))
         out.print(view.speedup_chart(document))

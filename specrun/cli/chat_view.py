@@ -140,6 +140,7 @@ class LivePanel:
             rows.append(Text.assemble(
                 ("time: draft ", "dim"), f"{s.draft_s / elapsed:.0%}", ("  verify ", "dim"), f"{s.verify_s / elapsed:.0%}",
                 ("  other ", "dim"), f"{max(elapsed - s.draft_s - s.verify_s, 0) / elapsed:.0%}",
+                *translation_cells(s, elapsed),
             ))
         if self.reply:
             rows.append(self._turn_row(self.reply))
@@ -175,6 +176,14 @@ class LivePanel:
             ("prefilled ", "dim"), str(s.prefilled_tokens), (f" of {s.prompt_tokens} prompt tokens", "dim"),
             ("  first token after ", "dim"), ttft, ("  ", ""), (note, "yellow" if reply.stop_reason in ("interrupted", "context_full", "max_tokens") else "dim"),
         )
+
+
+def translation_cells(s: Stats, elapsed: float) -> tuple[tuple[str, str] | str, ...]:
+    """For a draft with another vocabulary: the share of its cache re-encoded, and the time translating took."""
+    if not (s.draft_tokens_reencoded or s.draft_tokens_kept):
+        return ()
+    return (("  translated: ", "dim"), f"{s.reencoded_share:.0%}", (" re-encoded, ", "dim"), f"{s.translate_s / elapsed:.1%}",
+            (" of the time", "dim"))
 
 
 def reply_line(reply: Reply) -> str:

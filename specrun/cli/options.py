@@ -45,7 +45,10 @@ Target = Annotated[
     typer.Option("--target", "-m", help=f"Target model: {MODEL_FORMS} (default: the embedded Gemma 3 270M)."),
 ]
 Draft = Annotated[
-    Optional[str], typer.Option("--draft", "-md", help=f"Draft model with the target's vocabulary: {MODEL_FORMS} (default: none).")
+    Optional[str], typer.Option("--draft", "-md", help=f"Draft model: {MODEL_FORMS}; one with another vocabulary drafts translated through text (default: none).")
+]
+DraftTranslation = Annotated[
+    str, typer.Option("--draft-translation", help="How a draft with another vocabulary reaches the target: 'text' (its text tokenized by the target) or 'tokens' (only tokens both vocabularies have, exact p/q sampling).")
 ]
 Quant = Annotated[
     Optional[str], typer.Option("--quant", help="Target quant, e.g. Q4_K_M (default: the largest that fits).")
@@ -108,6 +111,7 @@ class ModelOptions:
     draft: Draft = None
     quant: Quant = None
     draft_quant: DraftQuant = None
+    draft_translation: DraftTranslation = "text"
     offline: Offline = False
     temp: Temp = 0.0
     top_k: TopK = 40
@@ -127,7 +131,7 @@ class ModelOptions:
     def __post_init__(self) -> None:
         # The library checks each setting; asking it here fails before any prompt is read or model resolved.
         self.sampler()
-        SessionConfig.check_settings(self._llama_settings())
+        SessionConfig.check_settings({**self._llama_settings(), "translation": self.draft_translation})
 
     def sampler(self) -> SamplerSettings:
         return SamplerSettings(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
@@ -148,7 +152,7 @@ class ModelOptions:
             self.target, draft, quant=self.quant, draft_quant=self.draft_quant, offline=self.offline, on_resolve=_report_model,
             lookup=lookup, k=parse_k(k), sampler=self.sampler(), rpc=rpc.parse_endpoints(self.rpc, "--rpc"),
             draft_rpc=draft_endpoints, tensor_split=rpc.parse_tensor_split(self.tensor_split), store_tokens=store_tokens,
-            **self._llama_settings(),
+            translation=self.draft_translation, **self._llama_settings(),
         )
 
 

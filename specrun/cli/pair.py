@@ -49,7 +49,7 @@ def check(
         typer.echo(json.dumps(result.as_json(), indent=2))
     else:
         typer.echo("\n".join(check_lines(result)))
-    if not result.compat.ok:
+    if not result.can_draft:
         raise typer.Exit(code=1)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specrun import settings
@@ -17,7 +17,8 @@ from specrun.pair.cost import (
     verdict,
 )
 from specrun.pair.header import ModelFacts
-from specrun.pair.sources import load_facts
+from specrun.pair.sources import locate
+from specrun.pair.translated import TranslatedPair, translated_pair
 
 DEFAULT_CTX = 4096
 
@@ -45,6 +46,17 @@ class PairCheck:
     prior: Prior
     n_ctx: int
     budget: MemoryBudget | None = None  # the memory the pair would run in, RPC servers included
+    translation: TranslatedPair | None = None  # two vocabularies, both files on disk: how they line up
+
+    @property
+    def translated(self) -> bool:
+        """The vocabularies differ (llama.cpp's rule fails): specrun drafts through text."""
+        return not self.compat.ok
+
+    @property
+    def can_draft(self) -> bool:
+        """False only for vocabularies known to share almost nothing."""
+        return not self.translated or self.translation is None or self.translation.overlap.usable
 
     @property
     def has_weights(self) -> bool:
@@ -53,9 +65,12 @@ class PairCheck:
 
     @property
     def cost_ratio(self) -> float | None:
+        """The draft's cost per target token drafted, against the target's: bytes of weights read per
+        token, times the draft tokens a target token takes when translated."""
         if not self.has_weights:
             return None
-        return self.draft_cost.per_token_bytes / self.target_cost.per_token_bytes
+        per_target = self.translation.draft_per_target if self.translation is not None else 1.0
+        return per_target * self.draft_cost.per_token_bytes / self.target_cost.per_token_bytes
 
     @property
     def param_ratio(self) -> float | None:
@@ -82,6 +97,10 @@ class PairCheck:
 
     @property
     def verdict(self) -> str:
+        if not self.can_draft:
+            o = self.translation.overlap  # type: ignore[union-attr]
+            return (f"cannot draft: the vocabularies share almost nothing ({o.shared} byte strings, "
+                    f"{o.draft_share:.1%} of the draft's text tokens)")
         if self.cost_ratio is None:
             vocab_only = [m.source for m in (self.target, self.draft) if not m.tensors]
             return f"no cost estimate: vocab-only file without weights: {', '.join(vocab_only)}"
@@ -111,6 +130,9 @@ class PairCheck:
         k, speedup = self.best_k or (None, None)
         return {
             "compatible": self.compat.ok,
+            "translated": self.translated,
+            "can_draft": self.can_draft,
+            "translation": self.translation.as_json() if self.translation is not None else None,
             "problems": list(self.compat.problems),
             "notes": list(self.compat.notes),
             "target": model_json(self.target, self.target_cost),
@@ -138,8 +160,11 @@ def check_models(target: str, draft: str, *, ctx: int = DEFAULT_CTX, acceptance:
     """`pair check` of two model specs: their headers (from disk, else the hub's by range
     requests) and the memory they would run in, the `rpc` servers' free memory included."""
     settings.check(ctx=ctx, acceptance=acceptance)
-    facts = load_facts(target, offline), load_facts(draft, offline)
-    return check_pair(*facts, ctx, acceptance, budget=memory_budget(rpc=rpc))
+    known = locate(target, offline), locate(draft, offline)
+    result = check_pair(known[0].facts, known[1].facts, ctx, acceptance, budget=memory_budget(rpc=rpc))
+    if result.translated and known[0].path is not None and known[1].path is not None:
+        result = replace(result, translation=translated_pair(known[0].path, known[1].path))
+    return result
 
 
 def check_pair(target: ModelFacts, draft: ModelFacts, ctx: int = DEFAULT_CTX,

@@ -49,9 +49,10 @@ def check_lines(result: PairCheck) -> list[str]:
         lines.append("compatible: yes (llama.cpp's rule: vocab type, bos/eos, sizes within 128, "
                      "token text from id 5)")
     else:
-        lines.append("compatible: no")
+        lines.append("compatible: no, by llama.cpp's rule; specrun drafts translated, through text")
         lines += [f"  - {problem}" for problem in result.compat.problems]
     lines += [f"  note: {note}" for note in result.compat.notes]
+    lines += translation_lines(result)
     lines.append("")
     lines += ratio_lines(result) if result.has_weights else []
     lines += [
@@ -63,6 +64,21 @@ def check_lines(result: PairCheck) -> list[str]:
     return lines
 
 
+def translation_lines(result: PairCheck) -> list[str]:
+    if not result.translated:
+        return []
+    t = result.translation
+    if t is None:
+        return ["translated: how the vocabularies line up is read when both files are on disk (`specrun pull` them)"]
+    o = t.overlap
+    return [
+        f"translated: {o.draft_share:.0%} of the draft's {o.draft_tokens} text tokens have a target token with the "
+        f"same bytes; {o.target_share:.0%} of the target's {o.target_tokens} have a draft token",
+        f"  sample text: {t.target_tokens} target tokens, {t.draft_tokens} draft tokens "
+        f"({t.draft_per_target:.2f} per target token), {t.shared_boundaries} token ends in common",
+    ]
+
+
 def ratio_lines(result: PairCheck) -> list[str]:
     t, d = result.target, result.draft
     return [
@@ -70,7 +86,7 @@ def ratio_lines(result: PairCheck) -> list[str]:
         f"({human_count(d.n_params)} / {human_count(t.n_params)})",
         f"file size  draft/target {result.size_ratio:.2f} "
         f"({human_bytes(d.file_size)} / {human_bytes(t.file_size)})",
-        f"cost       draft/target {result.cost_ratio:.2f} (bytes of weights read per token)",
+        f"cost       draft/target {result.cost_ratio:.2f} (bytes of weights read per target token drafted)",
         cost_line("target", result.target_cost),
         cost_line("draft", result.draft_cost),
         memory_line(result),

@@ -36,13 +36,6 @@ class Known:
     note: str = ""  # why no header was read, when the profile is all there is
 
 
-def load_facts(spec: str, offline: bool = False, for_draft: bool = False) -> ModelFacts:
-    """Header facts of the file a spec names: from disk when it is there, else from the hub."""
-    facts = locate(spec, offline, for_draft).facts
-    assert facts is not None  # without profile_fallback, locate reads a header or raises
-    return facts
-
-
 def locate(spec: str, offline: bool = False, for_draft: bool = False,
            profile_fallback: bool = False) -> Known:
     """What is known of a spec, local knowledge first.

@@ -276,9 +276,12 @@ def usage(outcome: Outcome) -> dict:
 
 
 def timings(outcome: Outcome) -> dict:
-    """llama-server's `timings`: prompt tokens processed (not cached) and generated, with their times."""
+    """llama-server's `timings`: prompt tokens processed (not cached) and generated, with their times;
+    with a draft of another vocabulary also what translating for it did (specrun's own keys)."""
     s = outcome.stats
     prompt_n, prompt_ms, predicted_ms = _prompt_n(outcome), 1000 * s.prefill_s, 1000 * s.generate_s
+    translated = {"draft_translate_ms": 1000 * s.translate_s, "draft_n_reencoded": s.draft_tokens_reencoded,
+                  "draft_n_kept": s.draft_tokens_kept} if s.draft_tokens_reencoded or s.draft_tokens_kept else {}
     return {
         "cache_n": outcome.prompt_tokens - prompt_n,
         "prompt_n": prompt_n,
@@ -291,6 +294,7 @@ def timings(outcome: Outcome) -> dict:
         "predicted_per_second": 1000 * s.tokens / predicted_ms if predicted_ms else 0.0,
         "draft_n": s.drafted,
         "draft_n_accepted": s.accepted,
+        **translated,
     }
 
 

@@ -38,6 +38,8 @@ class Metrics:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.accepted_by_position: list[int] = []
+        self.translate_s = 0.0  # a draft with another vocabulary: time converting between the vocabularies
+        self.translated_cache_tokens: Counter[str] = Counter({"reencoded": 0, "kept": 0})  # fed to its cache, by how
         self.draft_tokens_by_source: Counter[str] = Counter()
         self.accepted_by_source: Counter[str] = Counter()
         self._gauges = {"num_requests_running": 0, "num_requests_waiting": 0, "ngram_store_tokens": 0}
@@ -64,6 +66,9 @@ class Metrics:
             self.prompt_tokens += prompt_tokens
             self.cached_prompt_tokens += cached_tokens
             self.generation_tokens += stats.tokens
+            self.translate_s += stats.translate_s
+            self.translated_cache_tokens["reencoded"] += stats.draft_tokens_reencoded
+            self.translated_cache_tokens["kept"] += stats.draft_tokens_kept
 
     def reject(self, why: str) -> None:
         with self._lock:
@@ -95,6 +100,11 @@ class Metrics:
                            self.draft_tokens_by_source, "source")
             yield _counter("spec_decode_accepted_tokens_by_source", "Drafted tokens accepted, by draft source.",
                            self.accepted_by_source, "source")
+            yield _counter("spec_decode_translate_seconds", "Seconds a draft with another vocabulary spent translating.",
+                           self.translate_s)
+            yield _counter("spec_decode_translated_cache_tokens", "Tokens fed to a translated draft's cache: re-encoded "
+                           "from the accepted text, or kept (its own guesses the text confirmed).",
+                           self.translated_cache_tokens, "how")
             yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests on the model now.",
                                     value=self._gauges["num_requests_running"])
             yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting in the queue.",
@@ -103,7 +113,7 @@ class Metrics:
                                     value=self._gauges["ngram_store_tokens"])
 
 
-def _counter(name: str, help_text: str, values: int | dict[str, int], label: str = "") -> CounterMetricFamily:
+def _counter(name: str, help_text: str, values: float | dict[str, int], label: str = "") -> CounterMetricFamily:
     """A counter family: one value, or one per value of `label`."""
     if not isinstance(values, dict):
         return CounterMetricFamily(PREFIX + name, help_text, value=values)
