@@ -196,3 +196,21 @@ def test_gemma_with_a_derived_draft_samples_like_plain(gemma, gemma_without_laye
 
 def second_tokens(outcomes: dict[int, tuple[int, ...]]) -> Counter:
     return Counter(tokens[1] for tokens in outcomes.values() if len(tokens) > 1)
+
+
+@pytest.mark.gemma
+@pytest.mark.smollm2
+@pytest.mark.parametrize("translation", ["tokens", "text"])
+def test_gemma_with_a_translated_smollm2_draft_samples_like_plain(gemma, smollm2, translation):
+    """SmolLM2-135M (another vocabulary) drafting for Gemma at temperature 1: the second token,
+    drafted and verified (p/q with the intersection's q; sample-and-match for re-encoded text),
+    is distributed as plain decoding's."""
+    prompt_text = "My favourite colour is blue. Your favourite colour"
+    config = SessionConfig(target=gemma, draft=smollm2, k=1, n_ctx=256, threads=1, sampler=SETTINGS, translation=translation)
+    seeds = range(300)
+    with Session(config) as session:
+        prompt = session.tokenize(prompt_text)
+        plain, _, _ = first_tokens(seeded(session, plain=True), prompt, seeds)
+        drafted_run, drafted, accepted = first_tokens(seeded(session), prompt, seeds)
+    assert drafted > 50 and 0.05 < accepted / drafted < 0.95, (accepted, drafted)
+    assert chi_square_two_sample_p(second_tokens(plain), second_tokens(drafted_run)) > MIN_P

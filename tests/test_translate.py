@@ -20,6 +20,14 @@ from specrun.translate import SPECIAL, TranslatingDraft, VocabBridge
 GREEDY = Sampler(SamplerSettings(), np.random.default_rng(0))
 
 
+class Quiet:
+    def show(self, pieces) -> None:
+        pass
+
+    def step(self, event, stats) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
 def models(tiny):
     target, draft = Model(tiny["target"]), Model(tiny["gpt2"], role="draft")
@@ -145,3 +153,40 @@ def test_a_vocab_only_gguf_is_no_draft(tiny, tmp_path):
     vocab_only = write_tiny_llama(tmp_path / "tokenizer.gguf", vocab="gpt2", vocab_only=True)
     with pytest.raises(SpecrunError, match="holds no weights"):
         Session(SessionConfig(target=tiny["target"], draft=vocab_only, n_ctx=128))
+
+
+# --- the real pair: Gemma 3 270M (SentencePiece, 262k) and SmolLM2-135M (GPT-2 BPE, 49k) ------------
+@pytest.mark.gemma
+@pytest.mark.smollm2
+@pytest.mark.parametrize("direction", ["smollm2 drafts for gemma", "gemma drafts for smollm2"])
+@pytest.mark.parametrize("translation", ["text", "tokens"])
+def test_real_pair_greedy_output_is_the_targets_argmax_at_micro_batches_of_6(gemma, smollm2, direction, translation):
+    """At --ubatch-size 6 batched verification gives one-token decoding's logits on this CPU
+    build, so greedy output is plain decoding's token for token, in both directions."""
+    target, draft = (gemma, smollm2) if direction.startswith("smollm2") else (smollm2, gemma)
+    config = SessionConfig(target=target, draft=draft, k=6, n_ctx=1024, n_ubatch=6, threads=2, translation=translation)
+    prompt = "The history of the city begins with a small settlement on the river, where"
+    with Session(config) as session:
+        plain = session.generate(prompt, max_tokens=40, plain=True)
+        drafted = session.generate(prompt, max_tokens=40)
+    assert drafted.tokens == plain.tokens
+    assert drafted.stats.accepted > 0 and drafted.stats.draft_tokens_reencoded > 0
+
+
+@pytest.mark.gemma
+@pytest.mark.smollm2
+def test_real_pair_chat_turns_keep_the_drafts_cache_in_its_own_tokens(gemma, smollm2):
+    """Gemma's turn markers have no SmolLM2 token: the draft reads them as text; the cache still
+    holds the whole conversation, each turn prefilled once."""
+    from specrun.chat.formats import choose_format
+    from specrun.chat.runner import ChatRunner
+
+    with Session(SessionConfig(target=gemma, draft=smollm2, k=4, n_ctx=1024, threads=2)) as session:
+        runner = ChatRunner(session, choose_format(session.target_model, "gemma"), max_tokens=24)
+        for message in ("Name three rivers.", "And three mountains?"):
+            runner.reply(runner.prepare(message), Quiet())
+        history = runner.conversation.tokens
+        session.drafter.propose(history, 1, FixedK(1), GREEDY)
+        session.drafter.rollback(history)
+        text = bytes(value for token in history for value in session.drafter.bridge.units(token) if value < SPECIAL)
+        assert cached_text(session.drafter) == text and b"<start_of_turn>user\nName three rivers." in text
