@@ -18,8 +18,10 @@ class Translation:
     """What a draft with another vocabulary spent keeping in step with the target's text."""
 
     seconds: float  # re-encoding the accepted text and tokenizing the guess for the target
-    reencoded: int  # draft tokens the accepted text was re-encoded into (decoded onto its cache)
-    kept: int  # draft tokens its cache kept: the accepted text confirmed its own guess
+    # Draft tokens fed to its cache for the text accepted since the last step:
+    reencoded: int  # re-encoded from a window of the text
+    mapped: int  # target tokens with a same-bytes draft token, taken through the token map
+    kept: int  # its own guess, which the accepted text confirmed (already cached)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,9 @@ class Stats:
     verify_s: float = 0.0  # the target's verify decodes
     check_s: float = 0.0  # reading the verified logits rows (argmax or filtering) and accept/reject
     translate_s: float = 0.0  # a draft with another vocabulary: keeping its text in step with the target's (in draft_s)
-    draft_tokens_reencoded: int = 0  # ... draft tokens the accepted text was re-encoded into
-    draft_tokens_kept: int = 0  # ... draft tokens of its own guesses that the accepted text confirmed
+    draft_tokens_reencoded: int = 0  # ... draft tokens fed to its cache by re-encoding a window of the accepted text
+    draft_tokens_mapped: int = 0  # ... by the token map (a target token with a same-bytes draft token)
+    draft_tokens_kept: int = 0  # ... its own guesses that the accepted text confirmed
     generate_s: float = 0.0  # wall time after the prompt was processed
     stop_reason: StopReason | Literal[""] = ""  # "" while it runs
 
@@ -79,10 +80,14 @@ class Stats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
 
     @property
+    def translated_feed(self) -> int:
+        """Draft tokens a draft with another vocabulary fed its cache, however they came."""
+        return self.draft_tokens_reencoded + self.draft_tokens_mapped + self.draft_tokens_kept
+
+    @property
     def reencoded_share(self) -> float:
         """Of the draft tokens a translated draft fed its cache, the share re-encoded from the accepted text."""
-        fed = self.draft_tokens_reencoded + self.draft_tokens_kept
-        return self.draft_tokens_reencoded / fed if fed else 0.0
+        return self.draft_tokens_reencoded / self.translated_feed if self.translated_feed else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -112,7 +117,7 @@ class Stats:
         """Add another run's counters to these (session totals)."""
         for name in ("prompt_tokens", "prefilled_tokens", "tokens", "steps", "drafted", "accepted",
                      "prefill_s", "draft_s", "verify_s", "check_s", "generate_s", "translate_s",
-                     "draft_tokens_reencoded", "draft_tokens_kept"):
+                     "draft_tokens_reencoded", "draft_tokens_mapped", "draft_tokens_kept"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("drafted_by_position", "accepted_by_position"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -140,6 +145,7 @@ class Stats:
             "generate_s": self.generate_s,
             "translate_s": self.translate_s,
             "draft_tokens_reencoded": self.draft_tokens_reencoded,
+            "draft_tokens_mapped": self.draft_tokens_mapped,
             "draft_tokens_kept": self.draft_tokens_kept,
             "reencoded_share": self.reencoded_share,
             "overhead_per_step_ms": self.overhead_per_step_ms,
@@ -326,6 +332,7 @@ class Generator:
         if step.draft.translation is not None:
             stats.translate_s += step.draft.translation.seconds
             stats.draft_tokens_reencoded += step.draft.translation.reencoded
+            stats.draft_tokens_mapped += step.draft.translation.mapped
             stats.draft_tokens_kept += step.draft.translation.kept
 
     def _rollback(self, history: list[int]) -> None:

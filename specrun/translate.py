@@ -39,6 +39,7 @@ from specrun.sampling import Distribution, Sampler, filtered
 
 SPECIAL = 256  # stream values from here on are the draft's special tokens (SPECIAL + id); below, text bytes
 LOOKBEHIND = 4  # draft tokens re-encoded before the boundary, so merges across it come out as the draft's own
+WORDS_KEPT = 65536  # words whose target tokens a bridge remembers (then it starts afresh)
 MIN_SHARED = 0.1  # refused below this share of the smaller vocabulary's text tokens shared with the other
 Mode = Literal["text", "tokens"]
 TRANSLATIONS: tuple[Mode, ...] = ("text", "tokens")
@@ -97,9 +98,18 @@ class VocabBridge:
             self.to_target[token] = self.target_end
         self.unmapped = self.to_target < 0
         self.draft_bytes = {piece[0]: token for token, piece in enumerate(self.draft_pieces) if len(piece) == 1}
+        # The other way, for the cache's fast path: each target token's same-bytes draft token, -1 where none.
+        first_draft: dict[bytes, int] = {}
+        for token, piece in enumerate(self.draft_pieces):
+            if piece and (piece not in first_draft or first_draft[piece] in draft.byte_tokens):
+                first_draft[piece] = token
+        # A byte fallback maps to nothing: a character split over them is re-encoded whole, as the draft writes it.
+        self.to_draft = np.array([first_draft.get(piece, -1) if piece and token not in target.byte_tokens else -1
+                                  for token, piece in enumerate(self.target_pieces)], dtype=np.int64)
         drafts = {piece for piece in self.draft_pieces if piece}
         self.overlap = Overlap(len(drafts), len(first_target), len(drafts & first_target.keys()))
         self._units: dict[int, tuple[int, ...]] = {}
+        self._words: dict[bytes, list[int] | None] = {}
 
     @staticmethod
     def _specials(model: Model, pieces: list[bytes]) -> dict[bytes, int]:
@@ -153,6 +163,24 @@ class VocabBridge:
                 if len(encoded) < len(run):
                     return tokens + encoded
             tokens += encoded
+        return tokens
+
+    def target_tokens(self, text: bytes) -> list[int] | None:
+        """`text` in the target's tokens, as the target's tokenizer writes it, word by word: each
+        space after a word starts a new piece, and each piece is tokenized once and remembered.
+        Where the target has no token across such a space (Gemma 3 has one in 262k, BPE
+        pre-tokenizers none), this is the tokenization of the whole; a lookup spares the
+        tokenizer, whose tables a decode has just pushed out of the CPU's caches."""
+        tokens: list[int] = []
+        for word in _words(text):
+            known = self._words.get(word)
+            if known is None:
+                if len(self._words) >= WORDS_KEPT:
+                    self._words.clear()
+                known = self._words[word] = exact_tokens(self.target, self.target_pieces, word)
+            if known is None:
+                return None
+            tokens += known
         return tokens
 
     def translatable(self, draft_token: int, as_text: bool) -> bool:
@@ -250,11 +278,16 @@ class TranslatingDraft:
         del self.ends[n:]
         self._checked = min(self._checked, n)
 
-    def _catch_up(self) -> tuple[list[int], list[int]]:
-        """The draft tokens the cache lacks for the stream, with their ends: past the confirmed
-        cache the stream is re-encoded from LOOKBEHIND tokens back (never across a special
-        slot), and the cache keeps what both encodings agree on."""
+    def _catch_up(self) -> tuple[list[int], list[int], bool]:
+        """The draft tokens the cache lacks for the stream, with their ends, and whether they were
+        re-encoded (else mapped). Where the confirmed cache ends at a target token and each target
+        token after it has a same-bytes draft token, those are the draft's tokens; else the stream
+        is re-encoded from LOOKBEHIND tokens back (never across a special slot), and the cache
+        keeps what both encodings agree on."""
         confirmed = self._confirmed()
+        mapped = self._mapped(self.ends[confirmed - 1] if confirmed else 0)
+        if mapped is not None:
+            return *mapped, False
         back = max(confirmed - LOOKBEHIND, 0)
         specials = [i + 1 for i in range(back, confirmed) if not self.bridge.draft_pieces[self.context.tokens[i]]]
         back = max([back, *specials])
@@ -262,7 +295,19 @@ class TranslatingDraft:
         cached = self.context.tokens[back:confirmed]
         same = _common_prefix(cached, tokens)
         self._keep(back + same)
-        return tokens[same:], ends[same:]
+        return tokens[same:], ends[same:], True
+
+    def _mapped(self, start: int) -> tuple[list[int], list[int]] | None:
+        """The target tokens of the stream after `start` through the token map, when `start` is
+        where a target token ends and every one after it maps; else None."""
+        stream = self.stream
+        after = bisect.bisect_right(stream.ends, start)  # the first target token past `start`
+        at_boundary = stream.ends[after - 1] == start if after else start == len(stream.start)
+        tokens = [int(self.bridge.to_draft[t]) for t in stream.target[after:]]
+        if not at_boundary or not tokens or min(tokens) < 0:
+            return None
+        self._keep(self._checked)
+        return tokens, stream.ends[after:]
 
     def _encode(self, start: int) -> tuple[list[int], list[int]]:
         """The draft's tokens for the stream from `start` on, and each one's end offset; text that
@@ -305,7 +350,7 @@ class TranslatingDraft:
             return Draft(self.source)
         started = time.perf_counter()
         self._follow(history)
-        new, new_ends = self._catch_up()
+        new, new_ends, reencoded = self._catch_up()
         kept, self._confirmed_guess = self._confirmed_guess, 0
         translating = time.perf_counter() - started
         pending = self.stream.values[new_ends[-1] if new_ends else self.ends[-1] if self.ends else 0:]
@@ -317,7 +362,8 @@ class TranslatingDraft:
         started = time.perf_counter()
         tokens, dists, confidences = self._for_target(guess, bytes(pending))
         translating += time.perf_counter() - started
-        return Draft(self.source, tokens[:limit], dists, confidences, Translation(translating, len(new), kept))
+        fed = Translation(translating, reencoded=len(new) if reencoded else 0, mapped=0 if reencoded else len(new), kept=kept)
+        return Draft(self.source, tokens[:limit], dists, confidences, fed)
 
     def _guess(self, logits: np.ndarray, budget: Budget, policy: DraftPolicy, sampler: Sampler) -> Guess:
         """Up to budget.k draft tokens from the cache's end, each decoded onto it but the last.
@@ -381,7 +427,7 @@ class TranslatingDraft:
             return []  # the draft did not finish the character the target began
         drafted = text[len(pending):]
         seen = _whole_characters(drafted + (pieces[guess.lookahead] if guess.lookahead is not None else b""))
-        tokens = (exact_tokens(self.bridge.target, self.bridge.target_pieces, seen) or []) if seen else []
+        tokens = (self.bridge.target_tokens(seen) or []) if seen else []
         if ended:
             return tokens + [self.bridge.target_end] if seen == drafted else tokens
         end, kept = 0, []
@@ -416,6 +462,12 @@ def exact_tokens(model: Model, pieces: list[bytes], text: bytes) -> list[int] | 
         if spelled.endswith(b"\n") and b"".join(pieces[t] for t in led[i + 1 :]) == text:
             return led[i + 1 :]
     return None
+
+
+def _words(text: bytes) -> list[bytes]:
+    """`text` cut before each space that follows something else (a run of spaces stays whole)."""
+    cuts = [i for i in range(1, len(text)) if text[i] == 32 and text[i - 1] not in b" \t\n"]
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
 
 
 def _utf8_runs(data: bytes) -> list[tuple[bool, bytes]]:

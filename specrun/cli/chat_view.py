@@ -180,7 +180,7 @@ class LivePanel:
 
 def translation_cells(s: Stats, elapsed: float) -> tuple[tuple[str, str] | str, ...]:
     """For a draft with another vocabulary: the share of its cache re-encoded, and the time translating took."""
-    if not (s.draft_tokens_reencoded or s.draft_tokens_kept):
+    if not s.translated_feed:
         return ()
     return (("  translated: ", "dim"), f"{s.reencoded_share:.0%}", (" re-encoded, ", "dim"), f"{s.translate_s / elapsed:.1%}",
             (" of the time", "dim"))
