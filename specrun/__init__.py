@@ -36,6 +36,10 @@ _LAZY = {
     "Done": "specrun.engine",
     "Stats": "specrun.engine",
     "Reply": "specrun.chat.reply",
+    "Grammar": "specrun.structured",
+    "grammar_from_json_schema": "specrun.structured",
+    "grammar_from_gbnf": "specrun.structured",
+    "json_object_grammar": "specrun.structured",
 }
 
 __all__ = ["IncompatibleError", "RpcLost", "RpcTimeout", "SettingError", "SpecrunError", "__version__", *_LAZY]

@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Literal, Sequence, Union
 import numpy as np
 
 from specrun.backend import Context
+from specrun.constrain import Constraint
 from specrun.drafters import Draft, DraftSource
 from specrun.errors import SpecrunError
 from specrun.policy import DraftPolicy, FixedK, Source, StepRecord
@@ -63,6 +64,7 @@ class Stats:
     draft_tokens_reencoded: int = 0  # ... draft tokens fed to its cache by re-encoding a window of the accepted text
     draft_tokens_mapped: int = 0  # ... by the token map (a target token with a same-bytes draft token)
     draft_tokens_kept: int = 0  # ... its own guesses that the accepted text confirmed
+    grammar_tokens: int = 0  # tokens the grammar forced and its draft proposed, accepted
     generate_s: float = 0.0  # wall time after the prompt was processed
     stop_reason: StopReason | Literal[""] = ""  # "" while it runs
 
@@ -117,7 +119,7 @@ class Stats:
         """Add another run's counters to these (session totals)."""
         for name in ("prompt_tokens", "prefilled_tokens", "tokens", "steps", "drafted", "accepted",
                      "prefill_s", "draft_s", "verify_s", "check_s", "generate_s", "translate_s",
-                     "draft_tokens_reencoded", "draft_tokens_mapped", "draft_tokens_kept"):
+                     "draft_tokens_reencoded", "draft_tokens_mapped", "draft_tokens_kept", "grammar_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("drafted_by_position", "accepted_by_position"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -148,6 +150,7 @@ class Stats:
             "draft_tokens_mapped": self.draft_tokens_mapped,
             "draft_tokens_kept": self.draft_tokens_kept,
             "reencoded_share": self.reencoded_share,
+            "grammar_tokens": self.grammar_tokens,
             "overhead_per_step_ms": self.overhead_per_step_ms,
             "stop_reason": self.stop_reason,
         }
@@ -196,9 +199,10 @@ class Generator:
     """Speculative (or, without a drafter, plain) generation on one target context."""
 
     def __init__(self, target: Context, drafter: DraftSource | None, sampler: Sampler, policy: DraftPolicy | None = None,
-                 eog: frozenset[int] | None = None):
+                 eog: frozenset[int] | None = None, constraint: Constraint | None = None):
         """`policy`: how many tokens to draft (default: up to DEFAULT_K); `eog`: the tokens that end a
-        generation (default: the target model's end-of-generation tokens)."""
+        generation (default: the target model's end-of-generation tokens); `constraint`: the grammar
+        the output is held to (each row's distribution masked by it)."""
         policy = policy if policy is not None else FixedK(DEFAULT_K)
         if policy.max_k + 1 > target.n_batch:
             raise SpecrunError(f"k = {policy.max_k} needs a batch of {policy.max_k + 1} rows but n_batch is {target.n_batch}")
@@ -207,6 +211,7 @@ class Generator:
         self.sampler = sampler
         self.policy = policy
         self.eog = target.model.eog_ids if eog is None else eog
+        self.constraint = constraint
         self.stats = Stats()  # the running (or last) generation's counters
         self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
@@ -311,12 +316,15 @@ class Generator:
         verified_at = time.perf_counter()
 
         def target_dist(i: int) -> Distribution:
-            return filtered(logits[i], self.sampler.settings, self._scratch)
+            dist = filtered(logits[i], self.sampler.settings, self._scratch)
+            return self.constraint.restrict(dist, logits[i], self.sampler.settings, i) if self.constraint else dist
 
         accepted, next_token = verify(draft.tokens, draft.dists, target_dist, self.sampler.rng)
         emitted: list[tuple[int, TokenSource]] = [(t, "draft") for t in draft.tokens[:accepted]]
         if not (emitted and emitted[-1][0] in self.eog):  # nothing follows an accepted end of generation
             emitted.append((next_token, "bonus" if draft.tokens and accepted == len(draft.tokens) else "target"))
+        if self.constraint:
+            self.constraint.commit(accepted, [token for token, _ in emitted])
         step = Step(draft, accepted, emitted, drafted_at - started, verified_at - drafted_at, time.perf_counter() - verified_at)
         if not first:  # the prefill's decode says nothing of verify costs
             self.policy.observe(StepRecord(draft.source, len(draft.tokens), accepted, draft.confidences, step.draft_s,
@@ -329,6 +337,8 @@ class Generator:
         stats.draft_s += step.draft_s
         stats.verify_s += step.verify_s
         stats.check_s += step.check_s
+        if step.draft.source == "grammar":
+            stats.grammar_tokens += step.accepted
         if step.draft.translation is not None:
             stats.translate_s += step.draft.translation.seconds
             stats.draft_tokens_reencoded += step.draft.translation.reencoded
@@ -342,10 +352,12 @@ class Generator:
             self.drafter.rollback(history)
 
     def _verifiable(self, draft: Draft, limit: int) -> Draft:
-        """The draft within `limit`, cut after an end-of-generation token: what follows one
-        could never be emitted, so it is not verified."""
+        """The draft within `limit`, cut after an end-of-generation token (what follows one could
+        never be emitted) and before a token the grammar forbids, so neither is verified."""
         tokens = draft.tokens[:limit]
         cut = next((i + 1 for i, token in enumerate(tokens) if token in self.eog), len(tokens))
+        if self.constraint:
+            cut = self.constraint.admissible(tokens[:cut])
         if cut == len(draft.tokens):
             return draft
         dists = draft.dists[:cut] if draft.dists is not None else None

@@ -50,7 +50,8 @@ def parse_k(value: int | str) -> int | str:
     return k
 
 
-Source = Literal["lookup", "lookup-long", "lookup-copy", "store", "store-long", "draft", "translated", "translated-tokens"]
+Source = Literal["lookup", "lookup-long", "lookup-copy", "store", "store-long", "draft", "translated", "translated-tokens",
+                 "grammar"]
 """The name a draft source reports its drafts under; a policy learns each apart."""
 
 

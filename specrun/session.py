@@ -13,6 +13,7 @@ from typing import Any, Iterator, Sequence
 from specrun import cost_cache
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.compat import check_vocab
+from specrun.constrain import Constraint, GrammarDraft
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup, blank_lines
 from specrun.engine import Event, Generator, Stats
 from specrun.errors import SpecrunError
@@ -20,6 +21,7 @@ from specrun.ngram_store import NgramStore, StoreLookup
 from specrun.policy import AutoK, DraftPolicy, FixedK, PMinPolicy, measure_verify_costs, parse_k, verify_costs_hold
 from specrun.sampling import Sampler, SamplerSettings
 from specrun.settings import BATCH, SettingError, check
+from specrun.structured import Grammar
 from specrun.translate import TRANSLATIONS, Mode, TranslatingDraft, VocabBridge
 
 CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens")
@@ -184,22 +186,29 @@ class Session:
         return self.target_model.detokenize(tokens)
 
     def generator(self, *, plain: bool = False, policy: DraftPolicy | int | str | None = None,
-                  sampler: SamplerSettings | None = None, drafter: DraftSource | None = None) -> Generator:
+                  sampler: SamplerSettings | None = None, drafter: DraftSource | None = None,
+                  grammar: Grammar | None = None, grammar_drafts: bool = True) -> Generator:
         """A fresh generator over the session's target, with this call's settings.
 
         `plain` decodes without drafting; `policy` is a draft length, "auto" or "llama.cpp"
         (the session's kept policy for that k) or a `DraftPolicy` of the caller's (default:
         the session's k); `sampler` replaces the session's sampler settings (its seed seeds
         the random stream, so the same seed gives the same stream for plain and speculative);
-        `drafter` replaces the session's draft source (bench measures one method at a time).
+        `drafter` replaces the session's draft source (bench measures one method at a time);
+        `grammar` holds the output to a grammar, and unless `grammar_drafts` is False (or
+        `plain`), what it forces is drafted ahead of the other sources.
         """
         settings = sampler or self.config.sampler
+        constraint = Constraint(self.target_model, grammar) if grammar is not None else None
         drafter = None if plain else drafter or self.drafter
+        if constraint is not None and grammar_drafts and not plain:
+            forced = GrammarDraft(constraint, self.target_model)
+            drafter = forced if drafter is None else Hybrid(forced, drafter)
         if drafter is None:  # plain decoding needs no policy, nor auto's start-up measurement of verify costs
-            return Generator(self.target, None, Sampler.seeded(settings))
+            return Generator(self.target, None, Sampler.seeded(settings), constraint=constraint)
         if policy is None or isinstance(policy, (int, str)):
             policy = self.policy(self.config.k if policy is None else policy)
-        return Generator(self.target, drafter, Sampler.seeded(settings), policy)
+        return Generator(self.target, drafter, Sampler.seeded(settings), policy, constraint=constraint)
 
     def policy(self, k: int | str) -> FixedK | PMinPolicy | AutoK:
         """One policy per k for the session's life: what auto has learned (costs, acceptance,
@@ -238,7 +247,7 @@ class Session:
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 256, plain: bool = False,
                k: int | str | None = None, seed: int | None = None,
-               sampler: SamplerSettings | None = None) -> Iterator[Event]:
+               sampler: SamplerSettings | None = None, grammar: Grammar | None = None) -> Iterator[Event]:
         """Generate a continuation of `prompt` (text, or token ids), event by event.
 
         Yields a `StepEvent` per draft-and-verify round, a `TokenEvent` per emitted token
@@ -246,27 +255,28 @@ class Session:
         "bonus" for the one that follows a fully accepted draft), and last a `Done` with
         the `Stats`. For this generation only: `plain` decodes without drafting, through
         the same loop; `k` overrides the session's draft length ("auto", "llama.cpp" or a
-        number); `sampler` replaces the session's sampler settings and `seed` their seed.
-        Stopping early is safe: the generator rolls the caches back when it is closed
-        (`contextlib.closing`, or garbage collection).
+        number); `sampler` replaces the session's sampler settings and `seed` their seed;
+        `grammar` (a `specrun.Grammar`: `grammar_from_json_schema`, `grammar_from_gbnf`)
+        holds the output to it. Stopping early is safe: the generator rolls the caches back
+        when it is closed (`contextlib.closing`, or garbage collection).
         """
-        generator, tokens = self._prepared(prompt, max_tokens, plain, k, seed, sampler)
+        generator, tokens = self._prepared(prompt, max_tokens, plain, k, seed, sampler, grammar)
         return generator.generate(tokens, max_tokens)
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 256, plain: bool = False,
                  k: int | str | None = None, seed: int | None = None,
-                 sampler: SamplerSettings | None = None) -> Generation:
+                 sampler: SamplerSettings | None = None, grammar: Grammar | None = None) -> Generation:
         """Generate a continuation of `prompt` in one call: its text, token ids and stats.
 
         The arguments are `stream`'s. The text is decoded from all the tokens at once, so a
         character split across tokens comes out whole.
         """
-        generator, tokens = self._prepared(prompt, max_tokens, plain, k, seed, sampler)
+        generator, tokens = self._prepared(prompt, max_tokens, plain, k, seed, sampler, grammar)
         run = generator.run(tokens, max_tokens)
         return Generation(self.detokenize(run.tokens), run.tokens, run.stats)
 
     def _prepared(self, prompt: str | Sequence[int], max_tokens: int, plain: bool, k: int | str | None,
-                  seed: int | None, sampler: SamplerSettings | None) -> tuple[Generator, list[int]]:
+                  seed: int | None, sampler: SamplerSettings | None, grammar: Grammar | None) -> tuple[Generator, list[int]]:
         check(max_tokens=max_tokens)
         if isinstance(prompt, str) and not prompt.strip():
             raise SpecrunError("the prompt is empty: give some text to continue")  # not "continue the start token"
@@ -274,4 +284,4 @@ class Session:
         settings = sampler or self.config.sampler
         if seed is not None:
             settings = replace(settings, seed=seed)
-        return self.generator(plain=plain, policy=k, sampler=settings), tokens
+        return self.generator(plain=plain, policy=k, sampler=settings, grammar=grammar), tokens

@@ -27,6 +27,8 @@ RAW_API = (
     "llama_log_callback", "llama_log_set", "llama_max_devices", "llama_memory_seq_rm",
     "llama_model_chat_template", "llama_model_default_params", "llama_model_free", "llama_model_get_vocab",
     "llama_model_load_from_file", "llama_model_n_ctx_train", "llama_n_ctx", "llama_print_system_info",
+    "llama_sampler_accept", "llama_sampler_apply", "llama_sampler_clone", "llama_sampler_free", "llama_sampler_init_grammar",
+    "llama_token_data", "llama_token_data_array",
     "llama_supports_gpu_offload", "llama_supports_mmap", "llama_supports_rpc", "llama_token", "llama_token_to_piece",
     "llama_tokenize", "llama_vocab_bos", "llama_vocab_eos", "llama_vocab_get_add_bos",
     "llama_vocab_eot", "llama_vocab_get_add_eos", "llama_vocab_get_attr", "llama_vocab_get_text", "llama_vocab_is_eog", "llama_vocab_n_tokens",

@@ -261,6 +261,14 @@ class Model:
         """Every token's bytes as `piece` gives them, by id (b"" for control tokens)."""
         return [self.piece(token) for token in range(self.n_vocab)]
 
+    @cached_property
+    def prefix_tokens(self) -> frozenset[int]:
+        """Tokens whose bytes begin a longer token's: text that ends with one may still be written
+        with a longer token instead."""
+        by_bytes = sorted((piece, token) for token, piece in enumerate(self.pieces()) if piece)
+        return frozenset(token for (piece, token), (after, _) in zip(by_bytes, by_bytes[1:])
+                         if len(after) > len(piece) and after.startswith(piece))
+
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
 

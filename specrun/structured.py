@@ -1,0 +1,112 @@
+"""Structured output: the grammars a generation can be held to.
+
+A `Grammar` is GBNF text (llama.cpp's grammar format). JSON schemas become GBNF through
+llama-cpp-python's converter (`llama_cpp.llama_grammar`), after a check that names any
+schema feature it would not enforce: an unsupported keyword is an error, never silently
+dropped. The JSON is written in one fixed style, Python's `json.dumps` (`{"a": 1, "b": [2, 3]}`:
+a space after each colon and comma, none elsewhere), the style most JSON in prompts and
+training text has, so keys, quotes, colons and commas are what the grammar forces, and a
+grammar draft can propose them for free.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+from specrun.errors import SpecrunError
+
+# Keywords llama-cpp-python's converter enforces; annotations that do not constrain the value.
+ENFORCED = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
+    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "pattern", "minLength", "maxLength", "format",
+})
+ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "$defs", "definitions",
+    "deprecated", "readOnly", "writeOnly", "strict", "name",
+})
+FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keyword -> {name: schema}
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # keyword -> [schema, ...]
+
+
+class SchemaError(SpecrunError):
+    """A JSON schema feature the grammar would not enforce, or a schema that is not one."""
+
+    def __init__(self, message: str, path: str):
+        super().__init__(message)
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """GBNF a generation is held to (its start rule is `root`)."""
+
+    gbnf: str
+    what: str = "grammar"  # how messages name it: "grammar", "JSON schema", "JSON object"
+
+
+def grammar_from_gbnf(text: str) -> Grammar:
+    """A grammar given as GBNF text (llama.cpp parses it when a generation first uses it)."""
+    if not isinstance(text, str) or "root" not in text:
+        raise SpecrunError("the grammar has no `root ::= ...` rule: GBNF starts from root")
+    return Grammar(text)
+
+
+def grammar_from_json_schema(schema: Any) -> Grammar:
+    """Compact JSON that validates against `schema`; SchemaError names a feature it cannot enforce."""
+    check_schema(schema, "$")
+    try:
+        text = json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter's own refusals: a $ref it cannot follow, a bad pattern
+        raise SchemaError(f"the JSON schema cannot be turned into a grammar: {exc}", "$") from None
+    return Grammar(compact(text), "JSON schema")
+
+
+def json_object_grammar() -> Grammar:
+    """Any JSON object (OpenAI's JSON mode)."""
+    return Grammar(compact(json_schema_to_gbnf(json.dumps({"type": "object"}))), "JSON object")
+
+
+def compact(gbnf: str) -> str:
+    """The converter's grammar with one space after each colon and comma and none elsewhere,
+    instead of optional whitespace between JSON tokens; and without raw control characters in
+    strings, which JSON forbids (this converter's `char` rule lets them through)."""
+    gbnf = re.sub(r'"([:,])" space', r'"\1 "', gbnf)
+    gbnf = gbnf.replace(r'char ::= [^"\\]', r'char ::= [^"\\\x7F\x00-\x1F]')
+    return re.sub(r"^space ::= .*$", 'space ::= ""', gbnf, flags=re.MULTILINE)
+
+
+def check_schema(schema: Any, path: str) -> None:
+    """Raise SchemaError for the first keyword (or value) under `schema` that the grammar would not enforce."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise SchemaError(f"the JSON schema at {path} is not an object or a boolean", path)
+    for key, value in schema.items():
+        where = f"{path}.{key}"
+        if key not in ENFORCED and key not in ANNOTATIONS:
+            raise SchemaError(f"unsupported JSON schema feature '{key}' at {path}: the output could not be held to it", where)
+        if key == "format" and value not in FORMATS:
+            raise SchemaError(f"unsupported JSON schema format '{value}' at {path} (supported: {', '.join(sorted(FORMATS))})", where)
+        if key == "type":
+            for kind in value if isinstance(value, list) else [value]:
+                if kind not in TYPES:
+                    raise SchemaError(f"unknown JSON schema type {kind!r} at {path}", where)
+        _check_children(key, value, where)
+
+
+def _check_children(key: str, value: Any, where: str) -> None:
+    if key in SCHEMA_MAPS and isinstance(value, dict):
+        for name, child in value.items():
+            check_schema(child, f"{where}.{name}")
+    elif key in SCHEMA_LISTS and isinstance(value, list):
+        for i, child in enumerate(value):
+            check_schema(child, f"{where}[{i}]")
+    elif key in ("items", "additionalProperties") and isinstance(value, (dict, bool)):
+        check_schema(value, where)
