@@ -35,9 +35,10 @@ class ChatFormat:
         self.source = source  # where the format came from, for the user
         self._formatter = formatter
 
-    def render(self, messages: list[Message]) -> Rendered:
+    def render(self, messages: list[Message], tools: list[dict] | None = None) -> Rendered:
+        """`tools`: OpenAI's tool objects, for a template that lists them (Qwen's do); others ignore them."""
         try:
-            result = self._formatter(messages=messages)
+            result = self._formatter(messages=messages, tools=tools)
         except Exception as exc:  # jinja2 errors and templates' raise_exception(...)
             raise SpecrunError(f"the {self.name} chat format refused the conversation: {exc}") from None
         stops = result.stop if isinstance(result.stop, list) else [result.stop] if result.stop else []
