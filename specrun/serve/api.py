@@ -2,11 +2,14 @@
 
 Request bodies are pydantic models parsed from the raw bytes, whose Rust JSON parser bounds
 nesting and refuses lone surrogates and bytes that are not UTF-8. The models check only types
-and shapes, and ignore fields they do not name (as OpenAI does); what a setting may be is the
-library's rule (`specrun.settings`, `SpeculativeSettings`, `parse_k`), applied before the
-request is queued. `body_error` and `setting_error` turn those errors into OpenAI's error
-object. Builders turn a finished generation into `chat.completion` / `text_completion` bodies
-and stream chunks, each carrying `usage` and llama-server's `timings`.
+and shapes, and ignore fields they do not name (as OpenAI does), except OpenAI's fields that
+specrun cannot honour (`UNSUPPORTED`), which are refused rather than ignored. What a setting
+may be is the library's rule (`specrun.settings`, `SpeculativeSettings`, `parse_k`), applied
+before the request is queued; so is the grammar of `response_format`, `json_schema` or
+`grammar` (`specrun.structured`) and of the tools' schemas. `body_error` and `setting_error`
+turn those errors into OpenAI's error object. Builders turn a finished generation into
+`chat.completion` / `text_completion` bodies and stream chunks, each carrying `usage` and
+llama-server's `timings`.
 """
 
 from __future__ import annotations
@@ -30,10 +33,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from specrun.engine import Stats
+from specrun.errors import SpecrunError
 from specrun.policy import SpeculativeSettings, parse_k
+from specrun.serve.tool_calls import CallPiece, ToolCall
+from specrun.serve.tools import ToolRequest, call_grammar, function_parameters
 from specrun.settings import SettingError, check
+from specrun.structured import Grammar, SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 SAMPLING = {"temperature", "top_p", "top_k", "min_p"}  # request fields passed on to SamplerSettings, named as there
 SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `speculative` object
 EXPECTED = {  # pydantic's type errors, by what the field takes
@@ -41,6 +48,15 @@ EXPECTED = {  # pydantic's type errors, by what the field takes
     "list_type": "an array", "dict_type": "an object", "model_type": "an object",
 }
 CONTENT = "a string or an array of text parts"
+TOOL_CHOICE = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+NO_LOGPROBS = "specrun returns no log probabilities"
+UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) when they ask for something
+    "logit_bias": "specrun does not bias tokens: every token is drawn from the target's own distribution",
+    "logprobs": NO_LOGPROBS,
+    "top_logprobs": NO_LOGPROBS,
+    "functions": "it is OpenAI's deprecated function calling: send 'tools' instead",
+    "function_call": "it is OpenAI's deprecated function calling: send 'tool_choice' (with 'tools') instead",
+}
 
 
 class ApiError(Exception):
@@ -58,7 +74,7 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    messages: list[dict[str, str]] | None = None  # a chat request
+    messages: list[dict[str, Any]] | None = None  # a chat request: its turns (Message.turn)
     prompt: str | None = None  # a completion request
     max_tokens: int | None = None  # None: the server's default
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplerSettings overrides, checked by the library's rules
@@ -68,6 +84,9 @@ class GenerationRequest:
     include_usage: bool = False
     k: int | str | None = None  # None: the server's --k
     speculative: SpeculativeSettings | None = None
+    grammar: Grammar | None = None  # what the output is held to (response_format, json_schema or grammar)
+    grammar_param: str | None = None  # the field the grammar came from, for an error llama.cpp finds in it
+    tools: ToolRequest | None = None  # the tools a chat reply may call (none with tool_choice "none")
 
     @property
     def chat(self) -> bool:
@@ -118,13 +137,31 @@ class TextPart(Strict):
         try:
             return handler(value)
         except ValidationError:
-            raise PydanticCustomError("invalid_value", 'only text parts ({"type": "text", "text": ...}) are supported') from None
+            kind = value.get("type") if isinstance(value, dict) else None
+            what = f"{kind!r} parts are not" if isinstance(kind, str) and kind != "text" else "only text parts are"
+            raise PydanticCustomError("invalid_value", what + ' supported: specrun serves text models; send text parts '
+                                      '({"type": "text", "text": ...})') from None
+
+
+class FunctionCall(Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(Strict):
+    """A call an assistant's turn made, as the client sends it back."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
 
 
 class Message(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[list[TextPart], BeforeValidator(_as_parts), expecting(CONTENT)] | None = Field(
         None, validate_default=True)  # None only in an assistant's turn (one that only called tools)
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's turn that called tools
+    tool_call_id: str | None = Field(None, validate_default=True)  # a tool's result: the call it answers
 
     @field_validator("content")
     @classmethod
@@ -133,8 +170,79 @@ class Message(Strict):
             raise PydanticCustomError("invalid_type", "expected {expected}", {"expected": CONTENT})
         return content
 
-    def turn(self) -> dict[str, str]:
-        return {"role": ROLES[self.role], "content": "\n".join(part.text for part in self.content or ())}
+    @field_validator("tool_call_id")
+    @classmethod
+    def _answers(cls, tool_call_id: str | None, info: ValidationInfo) -> str | None:
+        if tool_call_id is None and info.data.get("role") == "tool":
+            raise PydanticCustomError("missing", "a tool's message names the call it answers")
+        return tool_call_id
+
+    def turn(self) -> dict[str, Any]:
+        """The turn as chat templates take it: role and text, an assistant's calls, the call a result answers."""
+        turn: dict[str, Any] = {"role": ROLES[self.role], "content": "\n".join(part.text for part in self.content or ())}
+        if self.role == "assistant" and self.tool_calls:
+            turn["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.role == "tool":
+            turn["tool_call_id"] = self.tool_call_id
+        return turn
+
+
+class Function(Strict):
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule; the call reader counts on it
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of an object
+    strict: bool | None = None  # the arguments are held to the schema either way
+
+    def as_dict(self) -> dict:
+        """As the template and the tools prompt take it: what the request gave, nothing more."""
+        given = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {key: value for key, value in given.items() if value is not None}
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: Function
+
+
+class ChosenFunction(Strict):
+    name: str
+
+
+class ToolChoice(Strict):
+    """tool_choice: a string ("none", "auto", "required") stands for {"type": it}."""
+
+    type: Literal["none", "auto", "required", "function"]
+    function: ChosenFunction | None = Field(None, validate_default=True)
+
+    @field_validator("function")
+    @classmethod
+    def _named(cls, function: ChosenFunction | None, info: ValidationInfo) -> ChosenFunction | None:
+        if function is None and info.data.get("type") == "function":
+            raise PydanticCustomError("missing", "a function tool_choice names the function")
+        return function
+
+
+def _choice_object(value: Any) -> Any:
+    return {"type": value} if isinstance(value, str) else value
+
+
+class JsonSchemaFormat(Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # None: any JSON object
+    strict: bool | None = None  # the output is held to the schema either way
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = Field(None, validate_default=True)
+
+    @field_validator("json_schema")
+    @classmethod
+    def _described(cls, json_schema: JsonSchemaFormat | None, info: ValidationInfo) -> JsonSchemaFormat | None:
+        if json_schema is None and info.data.get("type") == "json_schema":
+            raise PydanticCustomError("missing", "a json_schema response format gives the schema")
+        return json_schema
 
 
 class StreamOptions(Strict):
@@ -165,30 +273,50 @@ class Body(Strict):
     stream_options: StreamOptions | None = None
     k: Annotated[int | str, expecting('an integer, "auto" or "llama.cpp"')] | None = None
     speculative: Speculative | None = None
+    response_format: ResponseFormat | None = None
+    json_schema: dict[str, Any] | None = None  # llama-server's: the schema itself
+    grammar: str | None = None  # llama-server's: GBNF
+    logit_bias: dict[str, Any] | None = None  # refused unless empty
+    top_logprobs: int | None = None  # refused
 
 
 class ChatBody(Body):
     messages: Annotated[list[Message], Field(min_length=1)]
+    tools: list[Tool] | None = None
+    tool_choice: Annotated[ToolChoice, BeforeValidator(_choice_object), expecting(TOOL_CHOICE)] | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None  # refused when true
+    functions: Any = None  # refused: OpenAI's deprecated function calling
+    function_call: Any = None
 
 
 class CompletionBody(Body):
     prompt: Annotated[str, BeforeValidator(_only_item), expecting("a string (or an array of one string)")]
+    logprobs: int | None = None  # refused
 
 
 def parse_chat(raw: bytes) -> GenerationRequest:
-    """Raises ValidationError for a body of the wrong shape, SettingError for a setting out of range."""
+    """Raises ValidationError for a body of the wrong shape, SettingError for a setting out of range,
+    ApiError for a field specrun cannot honour."""
     body = ChatBody.model_validate_json(raw)
-    return _request(body, messages=[message.turn() for message in body.messages])
+    tools = _tools(body)
+    request = _request(body, messages=[message.turn() for message in body.messages], tools=tools)
+    if tools is not None and request.grammar is not None:
+        raise ApiError(400, f"Unsupported parameter: '{request.grammar_param}' together with 'tools': hold the reply to "
+                            "one or the other (or send tool_choice \"none\").", request.grammar_param, "unsupported_parameter")
+    return request
 
 
 def parse_completion(raw: bytes) -> GenerationRequest:
-    """Raises ValidationError for a body of the wrong shape, SettingError for a setting out of range."""
+    """Raises ValidationError for a body of the wrong shape, SettingError for a setting out of range,
+    ApiError for a field specrun cannot honour."""
     body = CompletionBody.model_validate_json(raw)
     return _request(body, prompt=body.prompt)
 
 
 def _request(body: Body, **what: Any) -> GenerationRequest:
     """What the worker runs, every setting checked by the library's rule."""
+    _refuse_unsupported(body)
     if body.n not in (None, 1):
         raise ApiError(400, f"Invalid value for 'n': specrun returns one choice per request, but {body.n} were asked for.",
                        "n", "invalid_value")
@@ -198,10 +326,83 @@ def _request(body: Body, **what: Any) -> GenerationRequest:
     check(**sampling)
     speculative = SpeculativeSettings(**body.speculative.model_dump(exclude_none=True)) if body.speculative else None
     options = body.stream_options
+    grammar, grammar_param = _output_grammar(body)
     return GenerationRequest(max_tokens=_max_tokens(body), sampling=sampling, seed=body.seed,
                              stops=tuple(stop for stop in body.stop or () if stop), stream=bool(body.stream),
                              include_usage=bool(options and options.include_usage),
-                             k=None if body.k is None else parse_k(body.k), speculative=speculative, **what)
+                             k=None if body.k is None else parse_k(body.k), speculative=speculative,
+                             grammar=grammar, grammar_param=grammar_param, **what)
+
+
+def _refuse_unsupported(body: Body) -> None:
+    """OpenAI's fields specrun cannot honour, when they ask for something, are refused rather than ignored."""
+    for name, why in UNSUPPORTED.items():
+        value = getattr(body, name, None)
+        if not (value is None or value is False or value in ({}, [])):
+            raise ApiError(400, f"Unsupported parameter: '{name}': {why}.", name, "unsupported_parameter")
+
+
+def _output_grammar(body: Body) -> tuple[Grammar | None, str | None]:
+    """The grammar the output is held to and the field it came from: response_format, or
+    llama-server's json_schema (a schema) or grammar (GBNF); at most one of them."""
+    kind = body.response_format.type if body.response_format else "text"
+    asked = {"response_format": kind != "text", "json_schema": body.json_schema is not None, "grammar": body.grammar is not None}
+    given = [name for name, on in asked.items() if on]
+    if len(given) > 1:
+        raise ApiError(400, f"Give only one of {' and '.join(map(repr, given))}: each says what the output is held to.",
+                       given[1], "invalid_value")
+    if not given:
+        return None, None
+    param = "response_format.json_schema.schema" if kind == "json_schema" else given[0]
+    try:
+        if kind != "text":
+            schema = body.response_format.json_schema.schema_ if kind == "json_schema" else None
+            return (json_object_grammar() if schema is None else grammar_from_json_schema(schema)), param
+        if body.json_schema is not None:
+            return grammar_from_json_schema(body.json_schema), param
+        return grammar_from_gbnf(body.grammar), param
+    except SpecrunError as error:  # SchemaError names the schema feature, a GBNF error what is missing
+        raise ApiError(400, f"Invalid value for '{param}': {error}.", param, "invalid_value") from None
+
+
+def _tools(body: ChatBody) -> ToolRequest | None:
+    """The tools a reply may call, each one's schema checked; None without tools or with tool_choice "none"."""
+    choice = body.tool_choice.type if body.tool_choice else "auto"
+    if not body.tools:
+        if choice not in ("auto", "none"):
+            raise ApiError(400, f"Invalid value for 'tool_choice': {choice!r} needs 'tools' to choose from.",
+                           "tool_choice", "invalid_value")
+        return None
+    if choice == "none":
+        return None
+    functions = [tool.function.as_dict() for tool in body.tools]
+    _check_functions(functions)
+    named = body.tool_choice.function.name if choice == "function" else None
+    chosen = [function for function in functions if named in (None, function["name"])]
+    if not chosen:
+        raise ApiError(400, f"Invalid value for 'tool_choice.function.name': no tool is called {named!r} "
+                            f"(the tools: {', '.join(function['name'] for function in functions)}).",
+                       "tool_choice.function.name", "invalid_value")
+    try:
+        call = call_grammar(chosen)
+    except SchemaError as error:  # the converter's refusal of the tools together (each one alone passed)
+        raise ApiError(400, f"Invalid value for 'tools': {error}.", "tools", "invalid_value") from None
+    return ToolRequest(tuple({"type": "function", "function": function} for function in functions),
+                       must_call=choice != "auto", named=named, parallel=body.parallel_tool_calls is not False, call=call)
+
+
+def _check_functions(functions: list[dict]) -> None:
+    """Each tool's name is its own and its parameters can be held to (a 400 naming the tool's field otherwise)."""
+    for i, function in enumerate(functions):
+        if any(function["name"] == other["name"] for other in functions[:i]):
+            param = f"tools[{i}].function.name"
+            raise ApiError(400, f"Invalid value for '{param}': another tool is called {function['name']!r} too.",
+                           param, "invalid_value")
+        try:
+            grammar_from_json_schema(function_parameters(function))
+        except SchemaError as error:
+            param = f"tools[{i}].function.parameters"
+            raise ApiError(400, f"Invalid value for '{param}': {error}.", param, "invalid_value") from None
 
 
 def _max_tokens(body: Body) -> int | None:
@@ -259,10 +460,11 @@ def _json_type(value: Any) -> str:
 class Outcome:
     """A finished generation, as the responses report it."""
 
-    text: str
-    finish_reason: str  # "stop", "length", or "abort" (the client went away or the server is stopping)
+    text: str | None  # None: a reply that only called tools
+    finish_reason: str  # "stop", "length", "tool_calls", or "abort" (the client went away or the server is stopping)
     prompt_tokens: int
     stats: Stats
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 def usage(outcome: Outcome) -> dict:
@@ -319,7 +521,7 @@ class Shape:
 
     def response(self, outcome: Outcome) -> dict:
         body = self._head(self.object_name)
-        body["choices"] = [{"index": 0, **self.whole(outcome.text), "logprobs": None, "finish_reason": outcome.finish_reason}]
+        body["choices"] = [{"index": 0, **self.whole(outcome), "logprobs": None, "finish_reason": outcome.finish_reason}]
         return {**body, "usage": usage(outcome), "timings": timings(outcome)}
 
     def chunk(self, text: str) -> dict:
@@ -333,10 +535,14 @@ class Shape:
         """`stream_options.include_usage`: one more chunk, with no choices."""
         return {**self._head(self.chunk_name), "choices": [], "usage": usage(outcome), "timings": timings(outcome)}
 
+    def call_chunk(self, piece: CallPiece) -> dict:
+        """A piece of a tool call (chat only)."""
+        raise NotImplementedError
+
     def opening_chunks(self) -> list[dict]:
         return []
 
-    def whole(self, text: str) -> dict:
+    def whole(self, outcome: Outcome) -> dict:
         raise NotImplementedError
 
     def piece(self, text: str | None) -> dict:
@@ -346,11 +552,25 @@ class Shape:
 class ChatShape(Shape):
     object_name, chunk_name, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
-    def whole(self, text: str) -> dict:
-        return {"message": {"role": "assistant", "content": text}}
+    def whole(self, outcome: Outcome) -> dict:
+        message = {"role": "assistant", "content": outcome.text}
+        if outcome.tool_calls:
+            message["tool_calls"] = [{"id": call.id, "type": "function",
+                                      "function": {"name": call.name, "arguments": call.arguments}}
+                                     for call in outcome.tool_calls]
+        return {"message": message}
 
     def piece(self, text: str | None) -> dict:
         return {"delta": {} if text is None else {"content": text}}
+
+    def call_chunk(self, piece: CallPiece) -> dict:
+        """OpenAI's order: the call's index, id, type and name first, then pieces of its arguments."""
+        call = {"index": piece.index, "function": {"arguments": piece.arguments}}
+        if piece.id is not None:
+            call = {"index": piece.index, "id": piece.id, "type": "function",
+                    "function": {"name": piece.name, "arguments": piece.arguments}}
+        choice = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}
+        return {**self._head(self.chunk_name), "choices": [choice]}
 
     def opening_chunks(self) -> list[dict]:
         choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
@@ -360,8 +580,8 @@ class ChatShape(Shape):
 class CompletionShape(Shape):
     object_name, chunk_name, prefix = "text_completion", "text_completion", "cmpl"
 
-    def whole(self, text: str) -> dict:
-        return {"text": text}
+    def whole(self, outcome: Outcome) -> dict:
+        return {"text": outcome.text}
 
     def piece(self, text: str | None) -> dict:
         return {"text": text or ""}

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 from specrun.serve import api
 from specrun.serve.api import ApiError, Shape
 from specrun.serve.metrics import MEDIA_TYPE, Metrics
+from specrun.serve.tool_calls import CallPiece, merged
 from specrun.serve.worker import Failed, Finished, Job, Text, Worker
 from specrun.settings import SettingError
 
@@ -203,7 +204,8 @@ async def _next(job: Job, watch: asyncio.Future) -> object:
 
 
 async def _events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: text chunks, the finishing chunk with timings, usage if asked, [DONE].
+    """Server-sent events: text chunks, tool call chunks, the finishing chunk with timings, usage
+    if asked, [DONE]. A reply's text comes before its calls, so a batch of reports keeps that order.
 
     Starlette stops this generator when the client disconnects; `finally` then cancels the job.
     """
@@ -215,6 +217,8 @@ async def _events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[
             text = "".join(r.text for r in reports if isinstance(r, Text))
             if text:
                 yield _sse(shape.chunk(text))
+            for piece in merged([r for r in reports if isinstance(r, CallPiece)]):
+                yield _sse(shape.call_chunk(piece))
             end = reports[-1]
             if isinstance(end, Failed):
                 yield _sse(end.error.body())

@@ -22,7 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from specrun.engine import Stats, StepEvent
 
 PREFIX = "specrun:"
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "tool_calls", "abort")
 MEDIA_TYPE = CONTENT_TYPE_LATEST
 
 

@@ -1,7 +1,8 @@
 """One model on one thread: requests run one at a time, in arrival order, from a bounded queue.
 
 The event loop submits a `Job` and awaits what the worker reports on it: `Started` (the
-prompt fits and the reply begins) or `Failed`, then `Text` pieces, then `Finished`. A job
+prompt fits and the reply begins) or `Failed`, then `Text` pieces (and `CallPiece`s of the
+tools it calls, read from the reply by `CallReader`), then `Finished`. A job
 that is cancelled (its client went away, or the server is stopping) ends at the next
 event of its generation, within the step in flight, and the model moves on.
 """
@@ -20,12 +21,14 @@ from typing import Callable, Union
 
 from specrun.chat.conversation import Transcript
 from specrun.chat.formats import choose_format
-from specrun.chat.reply import Piece, stream_reply
+from specrun.chat.reply import Piece, Reply, stream_reply
 from specrun.engine import Generator, Stats, StepEvent
 from specrun.errors import RpcLost, SpecrunError
 from specrun.policy import SpeculativeRule
 from specrun.serve.api import ApiError, GenerationRequest, Outcome, setting_error
 from specrun.serve.metrics import Metrics
+from specrun.serve.tool_calls import CallPiece, CallReader
+from specrun.serve.tools import prompt_messages, tool_grammar, tool_style
 from specrun.session import Session
 from specrun.settings import SettingError
 
@@ -53,7 +56,7 @@ class Failed:
     error: ApiError
 
 
-Report = Union[Started, Text, Finished, Failed]
+Report = Union[Started, Text, CallPiece, Finished, Failed]
 
 
 class Job:
@@ -177,6 +180,7 @@ class Worker:
         try:
             self.session = self._open_session()
             self._chat_format = choose_format(self.session.target_model, self._chat_format_name)
+            self._tool_style = tool_style(self._chat_format)
             self._transcript = Transcript(self.session.target_model)
             self._sampler = self.session.config.sampler  # the server's defaults; requests override them
             if self.session.drafter is not None:
@@ -221,12 +225,14 @@ class Worker:
             return
         job.report(Started(len(prompt.tokens)))
         max_tokens = job.request.max_tokens or self.max_tokens or self.session.target.n_ctx
-        reply = stream_reply(generator, prompt.tokens, max_tokens, prompt.stops, _Reporter(job, self.metrics), started,
-                             cancelled=lambda: job.cancelled)
+        reader = CallReader(self._tool_style.form) if job.request.tools else None
+        view = _Reporter(job, self.metrics, reader)
+        reply = stream_reply(generator, prompt.tokens, max_tokens, prompt.stops, view, started, cancelled=lambda: job.cancelled)
+        view.finish()
         if job.request.chat:
             self._transcript.record(prompt.tokens, prompt.text, reply.tokens)
         self.session.remember(prompt.tokens + reply.tokens)
-        outcome = Outcome(reply.text, FINISH_REASONS.get(reply.stop_reason, "stop"), len(prompt.tokens), reply.stats)
+        outcome = view.outcome(reply, len(prompt.tokens))
         self.metrics.finish(outcome.finish_reason, outcome.prompt_tokens,
                             outcome.prompt_tokens - reply.stats.prefilled_tokens, reply.stats)
         self._request_s = 0.8 * self._request_s + 0.2 * (time.perf_counter() - started)
@@ -234,8 +240,9 @@ class Worker:
 
     def _prompt(self, request: GenerationRequest) -> Prompt:
         if request.chat:
+            messages, tools = prompt_messages(self._tool_style, request.messages, request.tools)
             try:
-                rendered = self._chat_format.render(request.messages)
+                rendered = self._chat_format.render(messages, tools)
             except SpecrunError as exc:
                 raise ApiError(400, str(exc), "messages", "invalid_value") from None
             tokens, text, _ = self._transcript.prompt(rendered.text)
@@ -265,19 +272,45 @@ class Worker:
             raise ApiError(400, f"Invalid value for '{param}': drafts can be at most {longest} tokens long, but {asked} were asked for.",
                            param, "invalid_value")
         policy = SpeculativeRule(request.speculative) if request.speculative else request.k
-        return self.session.generator(policy=policy, sampler=settings)
+        grammar = tool_grammar(self._tool_style.form, request.tools) if request.tools else request.grammar
+        try:
+            return self.session.generator(policy=policy, sampler=settings, grammar=grammar)
+        except SpecrunError as exc:  # llama.cpp refused the request's GBNF (the tools' grammar is ours: a bug)
+            if request.grammar_param is None:
+                raise
+            raise ApiError(400, f"Invalid value for '{request.grammar_param}': {exc}", request.grammar_param,
+                           "invalid_value") from None
 
 
 class _Reporter:
-    """The reply's view: text pieces go to the client, steps to the metrics."""
+    """The reply's view: text pieces go to the client (through the call reader when tools may be
+    called), steps to the metrics."""
 
-    def __init__(self, job: Job, metrics: Metrics):
-        self.job, self.metrics = job, metrics
+    def __init__(self, job: Job, metrics: Metrics, reader: CallReader | None):
+        self.job, self.metrics, self.reader = job, metrics, reader
 
     def show(self, pieces: list[Piece]) -> None:
         text = "".join(text for text, _ in pieces)
         if text:
-            self.job.report(Text(text))
+            self._report([text] if self.reader is None else self.reader.feed(text))
 
     def step(self, event: StepEvent, stats: Stats) -> None:
         self.metrics.step(event)
+
+    def finish(self) -> None:
+        """After the reply: the text the reader held back, if no calls came."""
+        if self.reader is not None:
+            self._report(self.reader.finish())
+
+    def outcome(self, reply: Reply, prompt_tokens: int) -> Outcome:
+        finish_reason = FINISH_REASONS.get(reply.stop_reason, "stop")
+        if self.reader is None:
+            return Outcome(reply.text, finish_reason, prompt_tokens, reply.stats)
+        calls = tuple(self.reader.calls)
+        if calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
+        return Outcome(self.reader.content, finish_reason, prompt_tokens, reply.stats, calls)
+
+    def _report(self, pieces: list[str | CallPiece]) -> None:
+        for piece in pieces:
+            self.job.report(Text(piece) if isinstance(piece, str) else piece)
