@@ -255,11 +255,20 @@ COMMON = {
     "speculative.n_max": {"null", "integer"},
     "speculative.n_min": {"null", "integer"},
     "speculative.p_min": {"null"},  # in [0, 1]
+    "response_format": {"null"},  # an object with a type
+    "response_format.type": set(),
+    "json_schema": {"null"},  # {"x": 1} is no schema
+    "grammar": {"null"},  # "x" has no root rule
+    "logit_bias": {"null"},  # refused unless empty
+    "top_logprobs": {"null"},  # refused
 }
 OWN = {
     CHAT_PATH: {"messages": set(), "messages.0": set(), "messages.0.role": set(), "messages.0.content": {"string"},
-                "messages.0.content.0": set(), "messages.0.content.0.type": set(), "messages.0.content.0.text": {"string"}},
-    COMPLETION_PATH: {"prompt": {"string", "array"}},  # ["x"]: an array of one string
+                "messages.0.content.0": set(), "messages.0.content.0.type": set(), "messages.0.content.0.text": {"string"},
+                "messages.0.tool_calls": {"null"}, "tools": {"null"}, "tool_choice": {"null"},  # none to choose from
+                "parallel_tool_calls": {"null", "boolean"}, "logprobs": {"null"},  # true is refused
+                "functions": {"null"}, "function_call": {"null"}},  # OpenAI's deprecated API: refused
+    COMPLETION_PATH: {"prompt": {"string", "array"}, "logprobs": {"null"}},  # ["x"]: an array of one string
 }
 NUMERIC = ["n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "k", "speculative.n_max",
            "speculative.n_min", "speculative.p_min"]  # not seed: a negative one draws a fresh seed

@@ -1,0 +1,305 @@
+"""Structured output and tool calls through `specrun serve`'s HTTP API: on tiny generated models
+behind two chat templates (one with no tool syntax, which gets the generic JSON form, and a
+Hermes one, as Qwen's), and on SmolLM2-135M-Instruct through the official openai client.
+"""
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+from serve_helpers import RunningServer
+from tinymodels import write_tiny_llama
+
+from specrun.serve.server import ServeOptions
+from specrun.session import SessionConfig
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+# No tool syntax, and like Gemma's it refuses roles it does not know: tool turns must reach it rewritten.
+GENERIC_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}<|{{ m['role'] }}|>{{ m['content'] | trim }}"
+    "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+# A Hermes template in the way of Qwen 2.5's: it lists the tools and writes calls and results itself.
+HERMES_TEMPLATE = """{% if tools %}<|im_start|>system
+{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}
+
+{% endif %}# Tools
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+Call a function as <tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% elif messages[0]['role'] == 'system' %}<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% endif %}{% for m in messages %}{% if m['role'] == 'system' %}{% elif m['role'] == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m['content'] }}
+</tool_response><|im_end|>
+{% elif m['tool_calls'] %}<|im_start|>assistant
+{% for call in m['tool_calls'] %}<tool_call>
+{"name": "{{ call['function']['name'] }}", "arguments": {{ call['function']['arguments'] | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ m['role'] }}
+{{ m['content'] }}<|im_end|>
+{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+TEMPLATES = {"generic": GENERIC_TEMPLATE, "hermes": HERMES_TEMPLATE}
+
+WORD = {"type": "string", "pattern": "^[a-z]{1,8}$"}  # short and ASCII: a tiny model's calls end, and read back the same
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now.",
+    "parameters": {"type": "object", "properties": {"city": WORD, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"]}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": WORD}, "required": ["zone"]}}}
+TOOLS = [WEATHER, CLOCK]
+ASK = [{"role": "user", "content": "what is the weather in the city"}]
+ANSWER = {"type": "object", "properties": {"word": WORD, "count": {"type": "integer"}, "ok": {"type": "boolean"}},
+          "required": ["word", "count", "ok"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """One server per template, over the same tiny weights."""
+    root = tmp_path_factory.mktemp("tools")
+    running = {}
+    for name, template in TEMPLATES.items():
+        model = write_tiny_llama(root / f"{name}.gguf", seed=0, chat_template=template)
+        config = SessionConfig(target=model, lookup=True, store_tokens=400, k=4, n_ctx=2048, threads=1)
+        running[name] = RunningServer(config, ServeOptions(port=0))
+    yield running
+    for server in running.values():
+        server.stop()
+
+
+@pytest.fixture
+def generic(servers):
+    return servers["generic"]
+
+
+def ok(server: RunningServer, path: str, body: dict) -> dict:
+    response = server.post(path, json={"max_tokens": 200, "temperature": 0, **body})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def events(server: RunningServer, path: str, body: dict) -> list[dict]:
+    """The chunks of a streamed request, in order."""
+    with httpx.stream("POST", f"{server.url}{path}", json={"max_tokens": 200, "temperature": 0, **body, "stream": True},
+                      timeout=60) as response:
+        assert response.status_code == 200
+        lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def assert_valid_call(call: dict, tools: list[dict]) -> dict:
+    """An OpenAI tool call of one of `tools`, its arguments JSON text that validates; returns them."""
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
+    assert call["function"]["name"] in schemas
+    arguments = json.loads(call["function"]["arguments"])
+    jsonschema.validate(arguments, schemas[call["function"]["name"]])
+    return arguments
+
+
+# --- response_format, json_schema, grammar -------------------------------------------------
+@pytest.mark.parametrize("path, body", [
+    (CHAT, {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}}),
+    (COMPLETIONS, {"prompt": "the answer:", "response_format": {"type": "json_schema",
+                                                                 "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}}),
+    (CHAT, {"messages": ASK, "json_schema": ANSWER}),  # llama-server's
+    (COMPLETIONS, {"prompt": "hello world", "json_schema": ANSWER}),
+])
+def test_a_json_schema_output_parses_and_validates_streamed_or_not(generic, path, body):
+    whole = ok(generic, path, body)["choices"][0]
+    text = whole["message"]["content"] if path == CHAT else whole["text"]
+    assert whole["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(text), ANSWER)
+    chunks = events(generic, path, body)
+    streamed = "".join((c["choices"][0]["delta"].get("content") or "") if path == CHAT else c["choices"][0]["text"]
+                       for c in chunks if c["choices"])
+    assert streamed == text
+
+
+@pytest.mark.parametrize("path, body", [(CHAT, {"messages": ASK}), (COMPLETIONS, {"prompt": "the cat sat"})])
+def test_json_mode_gives_a_json_object_and_a_gbnf_grammar_holds_the_output(generic, path, body):
+    whole = ok(generic, path, {**body, "response_format": {"type": "json_object"}})["choices"][0]
+    if whole["finish_reason"] == "stop":
+        assert isinstance(json.loads(whole["message"]["content"] if path == CHAT else whole["text"]), dict)
+    held = ok(generic, path, {**body, "grammar": 'root ::= ("yes" | "no") " " [0-9]'})["choices"][0]
+    text = held["message"]["content"] if path == CHAT else held["text"]
+    assert held["finish_reason"] == "stop" and text[:3] in ("yes", "no ") and text[-1].isdigit()
+    text_format = ok(generic, path, {**body, "max_tokens": 8, "response_format": {"type": "text"}, "logprobs": None})
+    assert text_format["usage"]["completion_tokens"] >= 1
+
+
+MINIMUM = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}
+REFUSED = [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": MINIMUM}}},
+     "response_format.json_schema.schema", "'minimum' at $.properties.age"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"not": {"type": "null"}}}}},
+     "response_format.json_schema.schema", "'not'"),
+    ({"json_schema": {"type": "string", "format": "email"}}, "json_schema", "'email'"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "'text', 'json_object' or 'json_schema'"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "Missing required parameter"),
+    ({"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'}, "grammar", "only one of"),
+    ({"grammar": "yes ::= \"yes\""}, "grammar", "root"),
+    ({"grammar": 'root ::= "yes" | ('}, "grammar", "cannot parse"),  # llama.cpp's parser refuses it on the model thread
+    ({"logit_bias": {"50": 10}}, "logit_bias", "does not bias"),
+    ({"top_logprobs": 2}, "top_logprobs", "no log probabilities"),
+    ({"n": 2}, "n", "one choice"),
+]
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+@pytest.mark.parametrize("extra, param, fragment", REFUSED)
+def test_what_the_output_cannot_be_held_to_is_a_400_naming_the_field(generic, path, extra, param, fragment):
+    body = {"messages": ASK} if path == CHAT else {"prompt": "hello"}
+    response = generic.post(path, json={**body, **extra, "max_tokens": 4})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert error["param"] == param and fragment in error["message"], error
+    assert ok(generic, path, {**body, "max_tokens": 2})["usage"]["completion_tokens"] == 2
+
+
+CHAT_REFUSED = [
+    ({"logprobs": True}, "logprobs", "unsupported_parameter"),
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions", "unsupported_parameter"),
+    ({"function_call": "auto"}, "function_call", "unsupported_parameter"),
+    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]},
+     "messages[0].content[0]", "invalid_value"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
+     "messages[0].content[0]", "invalid_value"),
+    ({"messages": [*ASK, {"role": "tool", "content": "sunny"}]}, "messages[1].tool_call_id", "missing_required_parameter"),
+    ({"tool_choice": "required"}, "tool_choice", "invalid_value"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice.type", "invalid_value"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name",
+     "invalid_value"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice.function", "missing_required_parameter"),
+    ({"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools[0].function.name", "invalid_value"),
+    ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name", "invalid_value"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": MINIMUM}}]}, "tools[0].function.parameters",
+     "invalid_value"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+     "tools[0].function.parameters", "invalid_value"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type", "invalid_value"),
+]
+
+
+@pytest.mark.parametrize("extra, param, code", CHAT_REFUSED)
+def test_what_chat_cannot_honour_is_a_400_naming_the_field(generic, extra, param, code):
+    response = generic.post(CHAT, json={"messages": ASK, **extra, "max_tokens": 4})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["code"] == code, error
+    if param.startswith("messages") and "content" in param:
+        assert extra["messages"][0]["content"][0]["type"] in error["message"]  # it names the kind of part
+
+
+def test_completion_logprobs_are_refused_and_fields_that_ask_for_nothing_are_served(generic):
+    refused = generic.post(COMPLETIONS, json={"prompt": "hello", "logprobs": 1}).json()["error"]
+    assert refused["param"] == "logprobs" and refused["code"] == "unsupported_parameter"
+    nothing = {"logprobs": False, "logit_bias": {}, "tools": [], "tool_choice": "none", "functions": [],
+               "response_format": {"type": "text"}, "parallel_tool_calls": True}
+    reply = ok(generic, CHAT, {"messages": ASK, "max_tokens": 3, **nothing})["choices"][0]
+    assert "tool_calls" not in reply["message"] and isinstance(reply["message"]["content"], str)
+
+
+# --- tool calls ------------------------------------------------------------------------------
+@pytest.mark.parametrize("form", TEMPLATES)
+def test_a_required_call_parses_and_validates_and_streams_in_openais_order(servers, form):
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    choice = ok(servers[form], CHAT, body)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert_valid_call(call, TOOLS)
+    chunks = events(servers[form], CHAT, body)
+    pieces = [p for c in chunks if c["choices"] for p in c["choices"][0]["delta"].get("tool_calls", ())]
+    first, *rest = pieces
+    assert first["index"] == 0 and first["id"].startswith("call_") and first["type"] == "function"
+    assert first["function"] == {"name": call["function"]["name"], "arguments": ""}
+    assert rest and all(set(p) == {"index", "function"} and set(p["function"]) == {"arguments"} for p in rest)
+    assert "".join(p["function"]["arguments"] for p in rest) == call["function"]["arguments"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert not any(c["choices"][0]["delta"].get("content") for c in chunks if c["choices"])
+
+
+@pytest.mark.parametrize("form", TEMPLATES)
+def test_a_named_tool_is_the_one_called_and_parallel_calls_each_validate(servers, form):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    choice = ok(servers[form], CHAT, {"messages": ASK, "tools": TOOLS, "tool_choice": named})["choices"][0]
+    calls = choice["message"]["tool_calls"]
+    assert calls and all(call["function"]["name"] == "get_time" for call in calls)
+    complete = calls if choice["finish_reason"] == "tool_calls" else calls[:-1]  # a reply cut by max_tokens ends mid-call
+    for call in complete:
+        assert_valid_call(call, TOOLS)
+    assert len({call["id"] for call in calls}) == len(calls)
+
+
+@pytest.mark.parametrize("form", TEMPLATES)
+def test_tool_choice_none_answers_in_text_and_auto_in_text_or_valid_calls(servers, form):
+    none = ok(servers[form], CHAT, {"messages": ASK, "tools": TOOLS, "tool_choice": "none", "max_tokens": 12})["choices"][0]
+    assert "tool_calls" not in none["message"] and none["finish_reason"] in ("stop", "length")
+    auto = ok(servers[form], CHAT, {"messages": ASK, "tools": TOOLS, "parallel_tool_calls": False})["choices"][0]
+    message = auto["message"]
+    if auto["finish_reason"] == "tool_calls":
+        (call,) = message["tool_calls"]
+        assert_valid_call(call, TOOLS)
+    else:
+        assert "tool_calls" not in message and message["content"] is not None
+        assert "<tool_call>" not in message["content"] and '{"tool_calls"' not in message["content"]
+
+
+@pytest.mark.parametrize("form", TEMPLATES)
+def test_a_history_with_calls_and_results_is_rendered_as_the_model_wrote_it(servers, form):
+    server = servers[form]
+    body = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
+    first = ok(server, CHAT, {"messages": ASK, **body})
+    (call,) = first["choices"][0]["message"]["tool_calls"]
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": call["id"], "content": '{"sky": "sunny"}'},
+                {"role": "tool", "tool_call_id": call["id"], "content": "and warm"}]
+    second = ok(server, CHAT, {"messages": messages, **body})
+    assert_valid_call(second["choices"][0]["message"]["tool_calls"][0], TOOLS)
+    # The call went back in as the model wrote it: all of the first request is cached, only the results are new.
+    cached = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 2
+    assert second["timings"]["cache_n"] >= cached, (second["timings"], first["usage"])
+    after = ok(server, CHAT, {"messages": [*messages, {"role": "user", "content": "and so"}], "max_tokens": 8})
+    assert "tool_calls" not in after["choices"][0]["message"]
+
+
+# --- the official client on a real model ------------------------------------------------------
+CITY_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city's name"}},
+                   "required": ["city"]}}}
+
+
+@pytest.mark.smollm2
+def test_the_openai_client_calls_a_tool_and_answers_from_its_result_on_smollm2(smollm2):
+    running = RunningServer(SessionConfig(target=smollm2, lookup=True, k=4, n_ctx=2048, threads=2))
+    try:
+        client = running.client()
+        messages = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+        # One call: given the choice, a 135M model calls again and again.
+        asked = client.chat.completions.create(model="any", messages=messages, tools=[CITY_WEATHER], tool_choice="required",
+                                               parallel_tool_calls=False, max_tokens=64, temperature=0)
+        choice = asked.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        (call,) = choice.message.tool_calls
+        assert call.id.startswith("call_") and call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), CITY_WEATHER["function"]["parameters"])
+        messages += [choice.message, {"role": "tool", "tool_call_id": call.id,
+                                      "content": json.dumps({"city": "Paris", "sky": "sunny", "temperature_c": 21})}]
+        answered = client.chat.completions.create(model="any", messages=messages, tools=[CITY_WEATHER], max_tokens=96,
+                                                  temperature=0)
+        final = answered.choices[0]
+        assert final.finish_reason == "stop" and not final.message.tool_calls and final.message.content.strip()
+    finally:
+        running.stop()
