@@ -240,6 +240,12 @@ def test_a_named_tool_is_the_one_called_and_parallel_calls_each_validate(servers
     for call in complete:
         assert_valid_call(call, TOOLS)
     assert len({call["id"] for call in calls}) == len(calls)
+    streamed: dict[int, list[str]] = {}  # index -> [name, arguments]
+    for chunk in events(servers[form], CHAT, {"messages": ASK, "tools": TOOLS, "tool_choice": named}):
+        for piece in chunk["choices"][0]["delta"].get("tool_calls", ()) if chunk["choices"] else ():
+            streamed.setdefault(piece["index"], [piece["function"].get("name"), ""])
+            streamed[piece["index"]][1] += piece["function"]["arguments"]
+    assert [streamed[i] for i in sorted(streamed)] == [[c["function"]["name"], c["function"]["arguments"]] for c in calls]
 
 
 @pytest.mark.parametrize("form", TEMPLATES)
