@@ -26,6 +26,7 @@ from specrun.gbnf import GbnfState, GrammarSyntaxError
 from specrun.policy import DraftPolicy
 from specrun.sampling import Distribution, Sampler, SamplerSettings, filtered
 from specrun.structured import Grammar
+from specrun.translate import exact_tokens
 
 FORCED_CHARS = 256  # the most text one grammar draft reads ahead
 
@@ -41,7 +42,8 @@ class Constraint:
             self.reader: GbnfState | None = GbnfState.start(grammar.gbnf)
         except GrammarSyntaxError:
             self.reader = None  # llama.cpp takes grammars this reader does not: no grammar drafts then
-        self._text = codecs.getincrementaldecoder("utf-8")()
+        # Bytes that are not UTF-8 reach the reader as U+FFFD: it only guesses; llama.cpp decides.
+        self._text = codecs.getincrementaldecoder("utf-8")("replace")
         self._rows: list[GrammarState] = [self.state]
 
     def admissible(self, tokens: list[int]) -> int:
@@ -97,13 +99,15 @@ class GrammarDraft:
     def __init__(self, constraint: Constraint, target: Model):
         self.constraint, self.target = constraint, target
         self.end = target.eot if target.eot >= 0 else target.eos
+        self.extendable = target.prefix_tokens  # read once per model (a second for 262k tokens), before any timing
+        self.pieces = target.pieces()
 
     def propose(self, history: Sequence[int], limit: int, policy: DraftPolicy, sampler: Sampler) -> Draft:
         text, ends = self.constraint.forced()
-        tokens = self.target.tokenize(text, add_special=False, parse_special=False) if text else []
+        tokens = (exact_tokens(self.target, self.pieces, text.encode()) or []) if text else []
         if ends:
             tokens.append(self.end)
-        elif tokens and tokens[-1] in self.target.prefix_tokens:
+        elif tokens and tokens[-1] in self.extendable:
             tokens.pop()  # the free text after it may be written with a longer token (`"` then `"John`)
         if not tokens:
             return Draft(self.name)

@@ -63,7 +63,7 @@ def shared_rows():
 
 
 # Command lines with {tiny} (the tiny target), {dir}, {missing}, {binary}, {empty}, {cut},
-# {noarch}, {vocab_only} and {alien} filled in by the `inputs` fixture.
+# {noarch}, {vocab_only}, {alien}, {minimum} and {schema_prompts} filled in by the `inputs` fixture.
 COMMAND_ROWS = [
     # prompts
     (["generate", "", "-m", "{tiny}", "--lookup"], ["no prompt", "PROMPT is empty"]),
@@ -83,6 +83,12 @@ COMMAND_ROWS = [
     (["generate", "hi", "-m", "{tiny}", "--draft", "{vocab_only}"], ["draft model", "tokenizer.gguf holds no weights", "vocab-only"]),
     (["generate", "hi", "-m", "{tiny}", "--draft", "{noarch}"], ["draft model", "noarch.gguf holds no weights"]),
     (["generate", "hi", "-m", "{tiny}", "--draft", "{alien}"], ["alien.gguf shares almost no tokens with target", "0 of its 400"]),
+    # structured output
+    (["generate", "hi", "-m", "{tiny}", "--json-schema", "{empty}"], ["--json-schema", "empty.txt", "not JSON"]),
+    (["generate", "hi", "-m", "{tiny}", "--json-schema", "{minimum}"], ["--json-schema", "unsupported JSON schema feature 'minimum'"]),
+    (["generate", "hi", "-m", "{tiny}", "--json-schema", "{minimum}", "--grammar", "{empty}"], ["either --json-schema or --grammar"]),
+    (["generate", "hi", "-m", "{tiny}", "--grammar", "{empty}"], ["the grammar has no `root ::= ...` rule"]),
+    (["bench", "{schema_prompts}", "-m", "{tiny}"], ["prompts.jsonl line 1", '"schema"', "'not'"]),
     (["chat", "-m", "{tiny}", "--k", "-2"], ["--k", "'-2'"]),
     (["chat", "-m", "{tiny}", "--chat-format", "nope"], ["--chat-format", "'nope'", "chatml"]),
     (["chat", "-m", "{tiny}", "-n", "3000"], ["--max-tokens", "at most half the context (2048 tokens", "but is 3000"]),
@@ -144,6 +150,8 @@ def inputs(tmp_path, tiny, monkeypatch, record_property):
         b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 4) + b"name" + struct.pack("<IQ", 8, 1) + b"x"
     )
     write_tiny_llama(folder / "tokenizer.gguf", vocab="gpt2", vocab_only=True)
+    (folder / "minimum.json").write_text('{"type": "integer", "minimum": 3}')
+    (folder / "prompts.jsonl").write_text('{"prompt": "x", "schema": {"not": {"type": "null"}}}\n')
     # Config and caches live beside the folder: matplotlib keeps its font list there.
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -152,7 +160,8 @@ def inputs(tmp_path, tiny, monkeypatch, record_property):
         "tiny": str(tiny["target"]), "dir": str(folder / "dir"), "missing": str(folder / "missing.txt"),
         "missing_dir": str(folder / "no" / "such"), "binary": str(folder / "binary.txt"),
         "empty": str(folder / "empty.txt"), "cut": str(folder / "cut.gguf"), "noarch": str(folder / "noarch.gguf"),
-        "vocab_only": str(folder / "tokenizer.gguf"), "alien": str(tiny["alien"]),
+        "vocab_only": str(folder / "tokenizer.gguf"), "alien": str(tiny["alien"]), "minimum": str(folder / "minimum.json"),
+        "schema_prompts": str(folder / "prompts.jsonl"),
         "root": folder, "record": record_property,
     }
 

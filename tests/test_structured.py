@@ -188,3 +188,28 @@ def test_the_allowed_check_agrees_with_the_full_mask(tiny):
         assert 0 < np.isfinite(masked).sum() < model.n_vocab
     finally:
         model.close()
+
+
+def test_generate_holds_its_output_to_a_json_schema_file(tiny, tmp_path, capsys):
+    from specrun.cli.app import run_app
+
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    assert run_app(["generate", PROMPT, "-m", str(tiny["target"]), "--lookup", "-n", "64", "--json-schema", str(schema),
+                    "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["text"].startswith('{"name": "') and result["stats"]["grammar_tokens"] > 0
+    if result["stats"]["stop_reason"] == "eog":
+        jsonschema.validate(json.loads(result["text"]), PERSON)
+
+
+def test_bench_holds_a_prompt_file_s_records_to_their_schemas(tiny, tmp_path, capsys):
+    from specrun.cli.app import run_app
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": PROMPT, "schema": PERSON}) + "\n" for _ in range(2)))
+    out = tmp_path / "b.json"
+    assert run_app(["bench", str(prompts), "-m", str(tiny["target"]), "--methods", "plain,lookup", "--k", "auto", "-n", "24",
+                    "--warmup", "0", "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["summary"]["lookup_kauto"]["tokens"] > 0

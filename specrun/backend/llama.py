@@ -259,6 +259,10 @@ class Model:
 
     def pieces(self) -> list[bytes]:
         """Every token's bytes as `piece` gives them, by id (b"" for control tokens)."""
+        return self._all_pieces
+
+    @cached_property
+    def _all_pieces(self) -> list[bytes]:
         return [self.piece(token) for token in range(self.n_vocab)]
 
     @cached_property

@@ -2,25 +2,28 @@
 
 .txt: one prompt per line; when some line is exactly `---`, prompts are instead the
 blocks between such lines (multi-line prompts). .jsonl: one object per line with
-`prompt` (text to continue) or `messages` (a chat, rendered as `specrun chat` would).
+`prompt` (text to continue) or `messages` (a chat, rendered as `specrun chat` would), and
+optionally `schema`, a JSON schema every method's output is held to.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from specrun.errors import SpecrunError
 from specrun.files import read_text
+from specrun.structured import grammar_from_json_schema
 
 if TYPE_CHECKING:
     from specrun.chat.formats import ChatFormat
 
 SEPARATOR = "---"
-BUILTIN_SETS = ("code", "extraction", "chat", "writing")  # files specrun/prompts/NAME.txt
+DEFAULT_SETS = ("code", "extraction", "chat", "writing")  # files specrun/prompts/NAME.txt, run by default
+BUILTIN_SETS = (*DEFAULT_SETS, "structured")  # structured.jsonl: extractions held to a JSON schema each
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class Prompt:
     messages: tuple[tuple[str, str], ...] = ()  # (role, content) pairs when text is None
     source: str = ""  # "file:line", for error messages and reports
     group: str = ""  # built-in set name, or the file name
+    schema: dict | bool | None = None  # a JSON schema the output is held to
 
 
 def load_prompt_file(path: Path) -> list[Prompt]:
@@ -43,13 +47,15 @@ def load_prompt_file(path: Path) -> list[Prompt]:
     return prompts
 
 
-def load_builtin(names: Sequence[str] = BUILTIN_SETS) -> list[Prompt]:
+def load_builtin(names: Sequence[str] = DEFAULT_SETS) -> list[Prompt]:
     prompts: list[Prompt] = []
     for name in names:
         if name not in BUILTIN_SETS:
             raise SpecrunError(f"--set: unknown prompt set {name!r} (built-in: {', '.join(BUILTIN_SETS)})")
-        text = resources.files("specrun").joinpath("prompts", f"{name}.txt").read_text(encoding="utf-8")
-        prompts += parse_txt(text, f"{name}.txt", group=name)
+        suffix = ".jsonl" if name == "structured" else ".txt"
+        text = resources.files("specrun").joinpath("prompts", name + suffix).read_text(encoding="utf-8")
+        parsed = _parse_jsonl(text, name + suffix) if suffix == ".jsonl" else parse_txt(text, name + suffix)
+        prompts += [replace(p, group=name) for p in parsed]
     return prompts
 
 
@@ -96,12 +102,18 @@ def _parse_json_line(line: str, where: str, blank: Prompt) -> Prompt:
         raise SpecrunError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(record, dict) or ("prompt" in record) == ("messages" in record):
         raise SpecrunError(f'{where}: expected an object with either "prompt" or "messages"')
+    schema = record.get("schema")
+    if schema is not None:
+        try:
+            grammar_from_json_schema(schema)  # an unsupported feature is named here, before anything loads
+        except SpecrunError as exc:
+            raise SpecrunError(f'{where}: "schema": {exc}') from None
     if "prompt" in record:
         prompt = record["prompt"]
         if not isinstance(prompt, str) or not prompt.strip():
             raise SpecrunError(f'{where}: "prompt" has to be a non-empty string')
-        return Prompt(prompt, source=blank.source, group=blank.group)
-    return Prompt(None, _parse_messages(record["messages"], where), blank.source, blank.group)
+        return Prompt(prompt, source=blank.source, group=blank.group, schema=schema)
+    return Prompt(None, _parse_messages(record["messages"], where), blank.source, blank.group, schema)
 
 
 def _parse_messages(messages: object, where: str) -> tuple[tuple[str, str], ...]:

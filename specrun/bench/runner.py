@@ -17,6 +17,7 @@ from specrun.engine import Stats
 from specrun.errors import SpecrunError
 from specrun.sampling import SamplerSettings
 from specrun.session import Session
+from specrun.structured import Grammar
 
 
 @dataclass(frozen=True)
@@ -58,22 +59,25 @@ def measure(
     max_tokens: int,
     repeat: int = 1,
     warmup: int = 0,
+    grammars: Sequence[Grammar | None] | None = None,
 ) -> Iterator[Run]:
     """Warm up on the first prompt (untimed), then for each prompt and repeat run every
     variant in order (A B C A B C ...) so slow drift hits all of them alike.
 
     With a session store, each prompt and its plain output are stored after all its runs:
     the store method drafts from the earlier prompts of the run, never from this one's.
+    `grammars[i]` holds every method's output for prompt i to a grammar (plain's too).
     """
+    grammars = grammars or [None] * len(prompts)
     seed = settings.seed if settings.seed is not None else 0  # the CLI always sets one at temperature > 0
     for _ in range(warmup):
         for variant in variants:
-            run_variant(session, variant, prompts[0], settings, seed, max_tokens)
+            run_variant(session, variant, prompts[0], settings, seed, max_tokens, grammars[0])
     for index, prompt in enumerate(prompts):
         for rep in range(repeat):
             plain_tokens: list[int] | None = None
             for variant in variants:
-                tokens, stats = run_variant(session, variant, prompt, settings, seed, max_tokens)
+                tokens, stats = run_variant(session, variant, prompt, settings, seed, max_tokens, grammars[index])
                 if variant.method == PLAIN:
                     plain_tokens = tokens
                 match = tokens == plain_tokens if settings.greedy and variant.method != PLAIN else None
@@ -82,7 +86,8 @@ def measure(
 
 
 def run_variant(
-    session: Session, variant: Variant, prompt: list[int], settings: SamplerSettings, seed: int, max_tokens: int
+    session: Session, variant: Variant, prompt: list[int], settings: SamplerSettings, seed: int, max_tokens: int,
+    grammar: Grammar | None = None,
 ) -> tuple[list[int], Stats]:
     """One timed generation of `variant` from empty caches: its tokens and stats."""
     drafter = METHODS[variant.method](session)
@@ -93,6 +98,6 @@ def run_variant(
     # Same seed for every method, so at temperature > 0 all start from the same stream;
     # auto measures verify costs once per session.
     generator = session.generator(plain=drafter is None, policy=variant.k, sampler=replace(settings, seed=seed),
-                                  drafter=drafter)
+                                  drafter=drafter, grammar=grammar)
     run = generator.run(prompt, max_tokens)
     return run.tokens, run.stats

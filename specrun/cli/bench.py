@@ -29,6 +29,7 @@ from specrun.files import check_writable, write_text_atomic
 from specrun.ngram_store import DEFAULT_LIMIT
 from specrun.session import Session
 from specrun.settings import check
+from specrun.structured import grammar_from_json_schema
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ KList = Annotated[Optional[str], typer.Option("--k", help="Comma list of draft l
 @o.model_options
 def bench(
     prompts: Annotated[Optional[Path], typer.Argument(help="Prompts: .txt (one per line, or blocks split by ---) or .jsonl (default: the built-in sets).")] = None,
-    prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)} (default: all of them).")] = None,
+    prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)} (structured: held to JSON schemas; default: {','.join(prompt_files.DEFAULT_SETS)}).")] = None,
     methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of plain, lookup, draft, hybrid, store (default plain,lookup,draft; draft and hybrid need --draft; store: lookup, then n-grams of the earlier prompts and outputs of the run).")] = None,
     k: KList = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens per run (default 96 on built-in sets, 128 on a file).")] = None,
@@ -90,7 +91,8 @@ def bench(
         texts = _render_all(loaded, session)
         token_lists = tokenize_all(session, texts, [p.source for p in loaded])
         results = Results(variants, len(loaded))
-        with closing(measure(session, token_lists, variants, config.sampler, max_tokens, repeat, warmup)) as runs:
+        grammars = [grammar_from_json_schema(p.schema) if p.schema is not None else None for p in loaded]
+        with closing(measure(session, token_lists, variants, config.sampler, max_tokens, repeat, warmup, grammars)) as runs:
             _run_with_progress(runs, results, len(loaded) * repeat * len(variants), loaded, warmup)
     meta = [{"source": p.source, "group": p.group, "prompt_tokens": len(t)} for p, t in zip(loaded, token_lists)]
     settings = _config_record(config, method_names, ks, max_tokens, repeat, warmup, source_name, len(loaded))
@@ -116,7 +118,7 @@ def _load_prompts(path: Path | None, prompt_set: str | None) -> tuple[list[promp
         raise SpecrunError("give either PROMPTS or --set NAME, not both")
     if path is not None:
         return prompt_files.load_prompt_file(path), str(path)
-    names = [n.strip() for n in (prompt_set or ",".join(prompt_files.BUILTIN_SETS)).split(",") if n.strip()]
+    names = [n.strip() for n in (prompt_set or ",".join(prompt_files.DEFAULT_SETS)).split(",") if n.strip()]
     return prompt_files.load_builtin(names), "built-in sets: " + ", ".join(names)
 
 

@@ -12,8 +12,11 @@ import typer
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
 from specrun.engine import TokenEvent
+from specrun.errors import SpecrunError
+from specrun.files import read_text
 from specrun.session import Session
 from specrun.settings import check
+from specrun.structured import Grammar, grammar_from_gbnf, grammar_from_json_schema
 
 
 @app.command()
@@ -25,24 +28,27 @@ def generate(
     k: o.K = "auto",
     max_tokens: o.MaxTokens = 256,
     compare_plain: Annotated[bool, typer.Option("--compare-plain", help="Also decode plainly; report speed-up and match.")] = False,
+    json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Hold the output to the JSON schema in FILE (default: free text).")] = None,
+    grammar_file: Annotated[Optional[Path], typer.Option("--grammar", help="Hold the output to the GBNF grammar in FILE, llama.cpp's format (default: free text).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
     *,
     model: o.ModelOptions,
 ) -> None:
     """Continue PROMPT with the target, drafting by --draft model and/or --lookup."""
     check(max_tokens=max_tokens)
+    grammar = read_grammar(json_schema, grammar_file)  # before minutes of model loading
     text = o.read_prompt(prompt, prompt_file)
     config = model.session_config(lookup, k)
     with Session(config) as session:
         if config.draft is None and not config.lookup:
             err_console.print("[dim]no --draft or --lookup: plain decoding[/]")
         tokens = session.tokenize(text)
-        spec = session.generator().run(tokens, max_tokens, _echo if not as_json else None)
+        spec = session.generator(grammar=grammar).run(tokens, max_tokens, _echo if not as_json else None)
         if not as_json:
             sys.stdout.write("\n")
         result = {"text": session.detokenize(spec.tokens), "tokens": spec.tokens, "stats": spec.stats.to_dict()}
         if compare_plain:
-            plain = session.generator(plain=True).run(tokens, max_tokens)
+            plain = session.generator(plain=True, grammar=grammar).run(tokens, max_tokens)
             result["plain"] = {
                 "text": session.detokenize(plain.tokens),
                 "tokens_per_s": plain.stats.tokens_per_s,
@@ -54,6 +60,24 @@ def generate(
         print(json.dumps(result))
     else:
         _report(result)
+
+
+def read_grammar(json_schema: Path | None, grammar_file: Path | None) -> Grammar | None:
+    """The grammar --json-schema or --grammar names, read and checked."""
+    if json_schema is not None and grammar_file is not None:
+        raise SpecrunError("give either --json-schema or --grammar, not both")
+    if grammar_file is not None:
+        return grammar_from_gbnf(read_text(grammar_file, "--grammar"))
+    if json_schema is None:
+        return None
+    try:
+        schema = json.loads(read_text(json_schema, "--json-schema"))
+    except json.JSONDecodeError as exc:
+        raise SpecrunError(f"--json-schema {json_schema}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    try:
+        return grammar_from_json_schema(schema)
+    except SpecrunError as exc:
+        raise SpecrunError(f"--json-schema {json_schema}: {exc}") from None
 
 
 def _echo(event: TokenEvent) -> None:
