@@ -37,6 +37,7 @@ _LAZY = {
     "Stats": "specrun.engine",
     "Reply": "specrun.chat.reply",
     "Grammar": "specrun.structured",
+    "SchemaError": "specrun.structured",
     "grammar_from_json_schema": "specrun.structured",
     "grammar_from_gbnf": "specrun.structured",
     "json_object_grammar": "specrun.structured",

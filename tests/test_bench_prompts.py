@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specrun.bench.methods import Variant, parse_k_values, parse_methods, plan_variants
-from specrun.bench.prompts import BUILTIN_SETS, Prompt, load_builtin, load_prompt_file, render
+from specrun.bench.prompts import BUILTIN_SETS, DEFAULT_SETS, Prompt, load_builtin, load_prompt_file, render
 from specrun.errors import SpecrunError
 
 
@@ -91,7 +91,8 @@ def test_builtin_sets_hold_a_few_real_prompts_each():
         assert 3 <= len(prompts) <= 6, name
         assert all(p.group == name and len(p.text) > 80 for p in prompts)
         assert len(set(texts(prompts))) == len(prompts)
-    assert len(load_builtin()) == sum(len(load_builtin([n])) for n in BUILTIN_SETS)
+    assert len(load_builtin()) == sum(len(load_builtin([n])) for n in DEFAULT_SETS)  # structured only when asked for
+    assert all(p.schema is not None for p in load_builtin(["structured"]))
 
 
 def test_unknown_builtin_set():

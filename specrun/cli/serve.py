@@ -40,6 +40,7 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECRUN_API_KEY", help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY; default: no key).")] = None,
     cors_origin: Annotated[Optional[list[str]], typer.Option("--cors-origin", callback=checked_origins, help="A browser origin allowed to call the API besides this machine's own pages (scheme://host[:port]; '*': any), once per origin (default: none).")] = None,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one runs; more get HTTP 429.")] = 32,
+    grammar_drafts: Annotated[bool, typer.Option("--grammar-drafts/--no-grammar-drafts", help="Draft what a request's grammar (response_format, tools) forces.")] = True,
     *,
     model: o.ModelOptions,
 ) -> None:
@@ -52,7 +53,7 @@ def serve(
     if chat_format not in (None, PLAIN):
         check_format_name(chat_format)  # before minutes of model loading
     options = ServeOptions(host=host, port=port, api_key=api_key, queue=queue, max_tokens=max_tokens, chat_format=chat_format,
-                           cors_origins=tuple(cors_origin or ()))
+                           cors_origins=tuple(cors_origin or ()), grammar_drafts=grammar_drafts)
     config = model.session_config(lookup, k, store_tokens)
     server = Server(config, options, on_ready=lambda session: note(f"ready: {describe(config, session)}"))
     note(f"specrun serve: listening on {server.url} (loading {config.target.name}; /health answers 503 until ready)")

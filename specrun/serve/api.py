@@ -482,6 +482,7 @@ def timings(outcome: Outcome) -> dict:
     with a draft of another vocabulary also what translating for it did (specrun's own keys)."""
     s = outcome.stats
     prompt_n, prompt_ms, predicted_ms = _prompt_n(outcome), 1000 * s.prefill_s, 1000 * s.generate_s
+    forced = {"draft_n_grammar": s.grammar_tokens} if s.grammar_tokens else {}
     translated = {"draft_translate_ms": 1000 * s.translate_s, "draft_n_reencoded": s.draft_tokens_reencoded,
                   "draft_n_mapped": s.draft_tokens_mapped, "draft_n_kept": s.draft_tokens_kept} if s.translated_feed else {}
     return {
@@ -497,6 +498,7 @@ def timings(outcome: Outcome) -> dict:
         "draft_n": s.drafted,
         "draft_n_accepted": s.accepted,
         **translated,
+        **forced,
     }
 
 

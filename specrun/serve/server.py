@@ -35,6 +35,7 @@ class ServeOptions:
     chat_format: str | None = None
     model_name: str | None = None  # the id /v1/models reports (default: the target file's name)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed besides loopback ones ("*": any)
+    grammar_drafts: bool = True  # a request held to a grammar drafts what the grammar forces
 
     def __post_init__(self) -> None:
         check(port=self.port, queue=self.queue, max_tokens=self.max_tokens)
@@ -46,7 +47,8 @@ class Server:
                  open_session: Callable[[], Session] | None = None):
         self.metrics = Metrics()
         self.worker = Worker(open_session or (lambda: Session(config)), self.metrics, options.queue, options.max_tokens,
-                             options.chat_format, on_ready=on_ready, on_failed=lambda error: self.stop())
+                             options.chat_format, on_ready=on_ready, on_failed=lambda error: self.stop(),
+                             grammar_drafts=options.grammar_drafts)
         model = options.model_name or config.target.stem
         self.socket = bind(options.host, options.port)
         host, port = self.socket.getsockname()[:2]

@@ -111,8 +111,11 @@ class Worker:
         chat_format: str | None = None,
         on_ready: Callable[[Session], None] = lambda session: None,
         on_failed: Callable[[BaseException], None] = lambda error: None,
+        grammar_drafts: bool = True,
     ):
+        """`grammar_drafts`: a request held to a grammar drafts what the grammar forces."""
         self._open_session = open_session
+        self.grammar_drafts = grammar_drafts
         self.metrics = metrics
         self.queue_size = queue_size
         self.max_tokens = max_tokens  # None: until the context is full
@@ -274,7 +277,7 @@ class Worker:
         policy = SpeculativeRule(request.speculative) if request.speculative else request.k
         grammar = tool_grammar(self._tool_style.form, request.tools) if request.tools else request.grammar
         try:
-            return self.session.generator(policy=policy, sampler=settings, grammar=grammar)
+            return self.session.generator(policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts)
         except SpecrunError as exc:  # llama.cpp refused the request's GBNF (the tools' grammar is ours: a bug)
             if request.grammar_param is None:
                 raise
