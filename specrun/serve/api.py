@@ -1,4 +1,4 @@
-"""OpenAI's request and response shapes, with llama-server's additions, and its error objects.
+"""OpenAI's request bodies, with llama-server's additions, and its error objects.
 
 Request bodies are pydantic models parsed from the raw bytes, whose Rust JSON parser bounds
 nesting and refuses lone surrogates and bytes that are not UTF-8. The models check only types
@@ -8,14 +8,11 @@ may be is the library's rule (`specrun.settings`, `SpeculativeSettings`, `parse_
 before the request is queued; so is the grammar of `response_format`, `json_schema` or
 `grammar` (`specrun.structured`) and of the tools' schemas. `body_error` and `setting_error`
 turn those errors into OpenAI's error object. Builders turn a finished generation into
-`chat.completion` / `text_completion` bodies and stream chunks, each carrying `usage` and
-llama-server's `timings`.
+`chat.completion` / `text_completion` bodies and stream chunks (specrun/serve/responses.py).
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -32,10 +29,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from specrun.engine import Stats
 from specrun.errors import SpecrunError
 from specrun.policy import SpeculativeSettings, parse_k
-from specrun.serve.tool_calls import CallPiece, ToolCall
 from specrun.serve.tools import ToolRequest, call_grammar, function_parameters
 from specrun.settings import SettingError, check
 from specrun.structured import Grammar, SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
@@ -453,137 +448,3 @@ def _json_type(value: Any) -> str:
     if isinstance(value, str):
         return "a string"
     return "an array" if isinstance(value, list) else "an object"
-
-
-# --- responses -------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Outcome:
-    """A finished generation, as the responses report it."""
-
-    text: str | None  # None: a reply that only called tools
-    finish_reason: str  # "stop", "length", "tool_calls", or "abort" (the client went away or the server is stopping)
-    prompt_tokens: int
-    stats: Stats
-    tool_calls: tuple[ToolCall, ...] = ()
-
-
-def usage(outcome: Outcome) -> dict:
-    cached = outcome.prompt_tokens - _prompt_n(outcome)
-    return {
-        "prompt_tokens": outcome.prompt_tokens,
-        "completion_tokens": outcome.stats.tokens,
-        "total_tokens": outcome.prompt_tokens + outcome.stats.tokens,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def timings(outcome: Outcome) -> dict:
-    """llama-server's `timings`: prompt tokens processed (not cached) and generated, with their times;
-    with a draft of another vocabulary also what translating for it did (specrun's own keys)."""
-    s = outcome.stats
-    prompt_n, prompt_ms, predicted_ms = _prompt_n(outcome), 1000 * s.prefill_s, 1000 * s.generate_s
-    forced = {"draft_n_grammar": s.grammar_tokens} if s.grammar_tokens else {}
-    translated = {"draft_translate_ms": 1000 * s.translate_s, "draft_n_reencoded": s.draft_tokens_reencoded,
-                  "draft_n_mapped": s.draft_tokens_mapped, "draft_n_kept": s.draft_tokens_kept} if s.translated_feed else {}
-    return {
-        "cache_n": outcome.prompt_tokens - prompt_n,
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-        "prompt_per_second": 1000 * prompt_n / prompt_ms if prompt_ms else 0.0,
-        "predicted_n": s.tokens,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / s.tokens if s.tokens else 0.0,
-        "predicted_per_second": 1000 * s.tokens / predicted_ms if predicted_ms else 0.0,
-        "draft_n": s.drafted,
-        "draft_n_accepted": s.accepted,
-        **translated,
-        **forced,
-    }
-
-
-def _prompt_n(outcome: Outcome) -> int:
-    return outcome.stats.prefilled_tokens
-
-
-class Shape:
-    """Response bodies of one request: ids and creation time shared by all its chunks."""
-
-    object_name = ""
-    chunk_name = ""
-    prefix = ""
-
-    def __init__(self, model: str):
-        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model = model
-
-    def _head(self, name: str) -> dict:
-        return {"id": self.id, "object": name, "created": self.created, "model": self.model}
-
-    def response(self, outcome: Outcome) -> dict:
-        body = self._head(self.object_name)
-        body["choices"] = [{"index": 0, **self.whole(outcome), "logprobs": None, "finish_reason": outcome.finish_reason}]
-        return {**body, "usage": usage(outcome), "timings": timings(outcome)}
-
-    def chunk(self, text: str) -> dict:
-        return {**self._head(self.chunk_name), "choices": [{"index": 0, **self.piece(text), "logprobs": None, "finish_reason": None}]}
-
-    def final_chunk(self, outcome: Outcome) -> dict:
-        choice = {"index": 0, **self.piece(None), "logprobs": None, "finish_reason": outcome.finish_reason}
-        return {**self._head(self.chunk_name), "choices": [choice], "timings": timings(outcome)}
-
-    def usage_chunk(self, outcome: Outcome) -> dict:
-        """`stream_options.include_usage`: one more chunk, with no choices."""
-        return {**self._head(self.chunk_name), "choices": [], "usage": usage(outcome), "timings": timings(outcome)}
-
-    def call_chunk(self, piece: CallPiece) -> dict:
-        """A piece of a tool call (chat only)."""
-        raise NotImplementedError
-
-    def opening_chunks(self) -> list[dict]:
-        return []
-
-    def whole(self, outcome: Outcome) -> dict:
-        raise NotImplementedError
-
-    def piece(self, text: str | None) -> dict:
-        raise NotImplementedError
-
-
-class ChatShape(Shape):
-    object_name, chunk_name, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
-
-    def whole(self, outcome: Outcome) -> dict:
-        message = {"role": "assistant", "content": outcome.text}
-        if outcome.tool_calls:
-            message["tool_calls"] = [{"id": call.id, "type": "function",
-                                      "function": {"name": call.name, "arguments": call.arguments}}
-                                     for call in outcome.tool_calls]
-        return {"message": message}
-
-    def piece(self, text: str | None) -> dict:
-        return {"delta": {} if text is None else {"content": text}}
-
-    def call_chunk(self, piece: CallPiece) -> dict:
-        """OpenAI's order: the call's index, id, type and name first, then pieces of its arguments."""
-        call = {"index": piece.index, "function": {"arguments": piece.arguments}}
-        if piece.id is not None:
-            call = {"index": piece.index, "id": piece.id, "type": "function",
-                    "function": {"name": piece.name, "arguments": piece.arguments}}
-        choice = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}
-        return {**self._head(self.chunk_name), "choices": [choice]}
-
-    def opening_chunks(self) -> list[dict]:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        return [{**self._head(self.chunk_name), "choices": [choice]}]
-
-
-class CompletionShape(Shape):
-    object_name, chunk_name, prefix = "text_completion", "text_completion", "cmpl"
-
-    def whole(self, outcome: Outcome) -> dict:
-        return {"text": outcome.text}
-
-    def piece(self, text: str | None) -> dict:
-        return {"text": text or ""}

@@ -19,8 +19,9 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from specrun.serve import api
-from specrun.serve.api import ApiError, Shape
+from specrun.serve.api import ApiError
 from specrun.serve.metrics import MEDIA_TYPE, Metrics
+from specrun.serve.responses import ChatShape, CompletionShape, Shape
 from specrun.serve.tool_calls import CallPiece, merged
 from specrun.serve.worker import Failed, Finished, Job, Text, Worker
 from specrun.settings import SettingError
@@ -92,11 +93,11 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, api.parse_chat, api.ChatShape(model), worker, metrics)
+        return await generate(request, api.parse_chat, ChatShape(model), worker, metrics)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await generate(request, api.parse_completion, api.CompletionShape(model), worker, metrics)
+        return await generate(request, api.parse_completion, CompletionShape(model), worker, metrics)
 
     return router
 

@@ -25,8 +25,9 @@ from specrun.chat.reply import Piece, Reply, stream_reply
 from specrun.engine import Generator, Stats, StepEvent
 from specrun.errors import RpcLost, SpecrunError
 from specrun.policy import SpeculativeRule
-from specrun.serve.api import ApiError, GenerationRequest, Outcome, setting_error
+from specrun.serve.api import ApiError, GenerationRequest, setting_error
 from specrun.serve.metrics import Metrics
+from specrun.serve.responses import Outcome
 from specrun.serve.tool_calls import CallPiece, CallReader
 from specrun.serve.tools import prompt_messages, tool_grammar, tool_style
 from specrun.session import Session
