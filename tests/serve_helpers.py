@@ -42,6 +42,19 @@ class Pace:
         return session
 
 
+def wait_healthy(url: str, timeout: float = 60) -> None:
+    """Until the server at `url` answers /health with 200 (a TimeoutError after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"the server at {url} did not become ready")
+
+
 class RunningServer:
     def __init__(self, config: SessionConfig, options: ServeOptions | None = None, open_session=None, wait: bool = True):
         options = options or ServeOptions(port=0)
@@ -53,15 +66,7 @@ class RunningServer:
             self.wait_ready()
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"the server at {self.url} did not become ready")
+        wait_healthy(self.url, timeout)
 
     def client(self, api_key: str = "none") -> OpenAI:
         return OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=60)

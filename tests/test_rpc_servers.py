@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from serve_helpers import wait_healthy
 
 from specrun import rpc
 from specrun.errors import SpecrunError
@@ -279,7 +280,7 @@ def test_a_server_whose_rpc_server_died_answers_503_and_keeps_serving(servers, t
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url)
+        wait_healthy(url, 120)
         servers[1].stop()
         with httpx.Client(base_url=url, timeout=120) as client:
             responses = [client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8}) for _ in range(2)]
@@ -293,18 +294,6 @@ def test_a_server_whose_rpc_server_died_answers_503_and_keeps_serving(servers, t
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err.decode()
     assert err.decode().strip().splitlines()[-1].startswith(f"error: lost RPC server {servers[1].endpoint}")
-
-
-def wait_healthy(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"specrun serve at {url} did not become ready")
 
 
 def test_a_busy_server_is_reported_not_waited_for(servers):
