@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import jsonschema
-from bench_serve import FIELDS, Running, Setup, client, ngram_mod_default_n_max, timed_stream
+from bench_serve import FIELDS, Running, Setup, client, llama_server_setups, timed_stream
 from bench_serve import agent_prompts as records
 from compare_llama_cpp import build_tools
 
@@ -36,12 +36,8 @@ SCHEMA = {
 
 
 def setups(bin_dir: Path) -> list[Setup]:
-    found = [Setup("llama-server none", "llama-server"),
-             Setup("llama-server ngram-simple", "llama-server", ("--spec-type", "ngram-simple")),
-             Setup("llama-server ngram-mod", "llama-server", ("--spec-type", "ngram-mod"))]
-    if ngram_mod_default_n_max(bin_dir) != 64:
-        found.append(Setup("llama-server ngram-mod n-max 64", "llama-server", ("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "64")))
-    return found + [Setup("specrun", "specrun"), Setup("specrun --no-grammar-drafts", "specrun", ("--no-grammar-drafts",))]
+    return llama_server_setups(bin_dir) + [Setup("specrun", "specrun"),
+                                           Setup("specrun --no-grammar-drafts", "specrun", ("--no-grammar-drafts",))]
 
 
 def prompts(count: int) -> list[str]:

@@ -12,12 +12,14 @@ Every set-up runs at once and each request goes to each of them in turn (interle
 Set-ups: llama-server with no speculation, --spec-type ngram-simple, ngram-mod (its
 defaults) and ngram-mod with n-max 64 (dropped when that is already its default);
 specrun serve with drafts learned across requests (the default) and with per-request
-lookup only (--store-tokens 0). Reported: tokens/s per workload and the ratios the issue
+lookup only (--store-tokens 0); with --baseline DIR, both again as another checkout has
+them (to measure a change, before and after, in one interleaved run). Reported: tokens/s per workload and the ratios the issue
 asks for, the server's overhead per request (client wall time minus the server's own
 prompt_ms + predicted_ms), and the first streamed chunk's latency after prefill (time to
 the first text chunk minus prompt_ms; it includes the first step's decode).
 
     python scripts/bench_serve.py [--target GGUF] [--threads 2] [--agent-requests 20] [--max-tokens 128] [--rounds 1]
+    python scripts/bench_serve.py --baseline /tmp/before   # after git worktree add /tmp/before REV
     python scripts/bench_serve.py --memory [--requests 1000]   # resident memory after 100 and after N requests
     python scripts/bench_serve.py --conversation [--turns 10]  # first chunk of each chat turn (the prompt cache)
     python scripts/bench_serve.py --target tiny.gguf --agent-requests 3 --copy-prompts 1 --max-tokens 16   # a quick run
@@ -94,9 +96,11 @@ class Setup:
     name: str
     kind: str  # "llama-server" or "specrun"
     args: tuple[str, ...] = ()
+    checkout: Path | None = None  # where `python -m specrun` runs, so it imports that checkout's code
 
 
-def setups(bin_dir: Path) -> list[Setup]:
+def llama_server_setups(bin_dir: Path) -> list[Setup]:
+    """llama-server without speculation and with each n-gram type it has."""
     llama = [
         Setup("llama-server none", "llama-server"),
         Setup("llama-server ngram-simple", "llama-server", ("--spec-type", "ngram-simple")),
@@ -107,11 +111,17 @@ def setups(bin_dir: Path) -> list[Setup]:
                            ("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "64")))
     else:
         print("note: ngram-mod's default n-max is already 64 in this build; its 'n-max 64' set-up is the default one")
+    return llama
+
+
+def setups(bin_dir: Path, baseline: Path | None) -> list[Setup]:
     specrun = [
         Setup("specrun cross-request", "specrun"),
         Setup("specrun per-request lookup", "specrun", ("--store-tokens", "0")),
     ]
-    return llama + specrun
+    if baseline:
+        specrun += [Setup(f"{s.name} @ baseline", s.kind, s.args, baseline.resolve()) for s in specrun]
+    return llama_server_setups(bin_dir) + specrun
 
 
 def ngram_mod_default_n_max(bin_dir: Path) -> int | None:
@@ -134,12 +144,13 @@ class Running:
         self.url = f"http://127.0.0.1:{self.port}"
         if setup.kind == "llama-server":
             cmd = [bin_dir / "llama-server", "-m", model, "-t", threads, "-c", ctx, "-np", "1", "--host", "127.0.0.1",
-                   "--port", self.port, "--no-webui", *setup.args]
+                   "--port", self.port, "--no-webui", "--no-repack", *setup.args]  # repacking off, as specrun runs
         else:
             cmd = [sys.executable, "-m", "specrun", "serve", "--target", model, "--threads", threads, "--ctx-size", ctx,
                    "--port", self.port, *setup.args]
         self._log = log.open("w")
-        self.process = subprocess.Popen([str(c) for c in cmd], stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen([str(c) for c in cmd], stdout=self._log, stderr=subprocess.STDOUT,
+                                        cwd=setup.checkout)
         deadline = time.monotonic() + 300
         while not self._healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -343,6 +354,8 @@ def main() -> None:
     parser.add_argument("--conversation", action="store_true", help="time the first chunk of each turn of one chat instead")
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--turn-tokens", type=int, default=48, help="max tokens per --conversation reply")
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout (git worktree add DIR REV) whose specrun serve runs beside this one's")
     args = parser.parse_args()
     if min(args.agent_requests, args.max_tokens, args.rounds) < 1 or args.requests < 100:
         sys.exit("bench_serve.py: --agent-requests, --max-tokens and --rounds have to be >= 1, --requests >= 100")
@@ -359,7 +372,7 @@ def main() -> None:
     # drift falls on every set-up alike (an idle server waits without spinning).
     servers: dict[str, Running] = {}
     try:
-        for setup in setups(bin_dir):
+        for setup in setups(bin_dir, args.baseline):
             servers[setup.name] = Running(setup, bin_dir, model, args.threads, args.ctx_size,
                                           log_dir / f"{setup.name.replace(' ', '-')}.log")
         results = {name: interleaved_replay(servers, workload, args.max_tokens, args.rounds)

@@ -89,7 +89,7 @@ def main() -> None:
     prompts = read_prompts(args.prompts)
     bin_dir, model = build_tools(args.build), embedded_model_path()
     n, t = str(args.tokens), str(args.threads)
-    common = ["-m", model, "-n", n, "-t", t, "-c", "2048", "--temp", "0"]
+    common = ["-m", model, "-n", n, "-t", t, "-c", "2048", "--temp", "0", "--no-repack"]  # as specrun runs
     ours = ["--target", model, "-n", n, "-t", t, "-c", "2048"]
     pairs = {
         "plain": ([bin_dir / "llama-completion", *common], ours),

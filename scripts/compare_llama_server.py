@@ -55,7 +55,7 @@ def llama_server(bin_dir: Path, model: Path, spec_type: str, threads: int, log: 
     """One llama-server on a free loopback port, ready and warmed up; stopped by its process id."""
     port = free_port()
     cmd = [bin_dir / "llama-server", "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-           "-tb", str(threads), "-c", "2048", "-np", "1", "--no-webui"]
+           "-tb", str(threads), "-c", "2048", "-np", "1", "--no-webui", "--no-repack"]  # as specrun runs
     if spec_type != "none":
         cmd += ["--spec-type", spec_type]
     with log.open("a") as out:
