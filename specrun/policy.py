@@ -12,6 +12,7 @@ and then so it comes back when the text turns predictable.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, Sequence
@@ -30,6 +31,7 @@ WIDE_WIDTHS = (24, 32, 48, 64)
 SPOT_CHECK_WIDTH = 64  # a kept table is checked at 1 row and this many (about 1 s on 2 CPU cores)
 WIDER_ROW_GAIN = 0.05  # keep doubling the widest width while a row gets at least this much cheaper
 FREE_DRAFT_SHARE = 0.01  # a draft token costing under 1% of a one-row decode counts as free
+PROBE_SHARE = 0.01  # probes of a source measured slower take at most this share of the time
 
 
 K_ALLOWED = "an integer >= 1, 'auto' or 'llama.cpp'"
@@ -251,6 +253,7 @@ class SourceTrack:
     steps: int = 0
     skipped: int = 0  # plain steps since this source was last tried
     probe_interval: int = 16
+    probe_lost_s: float = 0.0  # what the last probe cost beyond plain decoding of the tokens it gave
     probing: bool = False  # the step in flight is a probe
     probed: bool = False  # ever probed: one declined before anything was measured is probed at once
     prior: float = PRIOR
@@ -319,13 +322,19 @@ class AutoK:
         track.forget(self.decay)
         track.skipped += 1
         unmeasured = track.steps == 0 and not track.probed
-        if track.skipped < track.probe_interval and not unmeasured:
+        if track.skipped < self.probe_spacing(track) and not unmeasured:
             return 0
         if not unmeasured:
             track.probe_interval = min(track.probe_interval * 2, 512)  # back off while probes fail
         track.skipped = 0
         track.probing = track.probed = True
         return self.probe_k(track, limit)
+
+    def probe_spacing(self, track: SourceTrack) -> int:
+        """Plain steps before the next probe: the backed-off interval, or more where a probe
+        costs more than a step (a model draft first catches its cache up on the text since it
+        last drafted, a new prompt's whole length), so that probes stay within PROBE_SHARE."""
+        return max(track.probe_interval, math.ceil(track.probe_lost_s / (PROBE_SHARE * self.costs[1])))
 
     def probe_k(self, track: SourceTrack, limit: int) -> int:
         """The probe's length: of 1..4 drafts, the cheapest per token if all are accepted."""
@@ -377,8 +386,10 @@ class AutoK:
         self._learn_acceptance(track, step)
 
     def _learn_rate(self, track: SourceTrack, step: StepRecord) -> None:
-        if track.probing and step.accepted:
-            track.steps = 0  # a useful probe: judge the source afresh, from this step on
+        if track.probing:
+            track.probe_lost_s = max(step.draft_s + step.verify_s - (step.accepted + 1) * self.costs[1], 0.0)
+            if step.accepted:
+                track.steps = 0  # a useful probe: judge the source afresh, from this step on
         track.probing = False
         first = track.steps == 0
         track.steps += 1

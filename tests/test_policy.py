@@ -55,10 +55,25 @@ def test_slow_source_falls_back_to_plain_and_probes_with_backoff():
     for _ in range(40):
         cap = policy.cap("draft", 16).k
         caps.append(cap)
-        policy.observe(StepRecord("draft" if cap else None, 2 if cap else 0, 0, None, 0.05 if cap else 0.0, 0.010))
+        # Probes that cost little more than a plain step: spaced by the backed-off interval alone.
+        policy.observe(StepRecord("draft" if cap else None, 2 if cap else 0, 0, None, 0.001 if cap else 0.0, 0.010))
     probes = [i for i, cap in enumerate(caps) if cap]
     assert len(probes) >= 2 and caps.count(0) > 30
     assert probes[1] - probes[0] > probes[0]  # the interval doubles while probes fail
+
+
+def test_a_costly_probe_waits_until_probes_would_take_a_hundredth_of_the_time():
+    policy = AutoK(FLAT)
+    learn(policy, "draft", 4, 0, times=10, draft_s=0.050)
+    caps = []
+    for _ in range(2100):
+        cap = policy.cap("draft", 16).k
+        caps.append(cap)
+        # Each probe's draft first catches its cache up (200 ms) and then keeps no token.
+        policy.observe(StepRecord("draft" if cap else None, 0, 0, None, 0.2 if cap else 0.0, 0.010))
+    probes = [i for i, cap in enumerate(caps) if cap]
+    # 200 ms lost against 10 ms plain steps: at most 1% of the time is 2,000 steps apart.
+    assert len(probes) == 2 and 2000 <= probes[1] - probes[0] <= 2002
 
 
 def test_a_useful_probe_brings_speculation_back_at_once():
