@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -33,6 +34,15 @@ class Draft:
     # The drafter's probability for each token (model drafts), for confidence stops.
     confidences: list[float] | None = None
     translation: Translation | None = None  # a draft model with another vocabulary says what translating cost
+    # Seconds a model draft spent feeding its cache more text than one step can accept (a new
+    # prompt, or text other sources drafted) before it could draft: charged to probes, not per token.
+    catch_up_s: float = 0.0
+
+
+def catch_up_seconds(fed: int, k: int, seconds: float) -> float:
+    """Of `seconds` spent decoding `fed` tokens before drafting up to `k`, what was catching up:
+    all of it where more was fed than a step of k drafts can accept, else nothing."""
+    return seconds if fed > k + 1 else 0.0
 
 
 class DraftSource(Protocol):
@@ -223,7 +233,9 @@ class DraftModel:
         common = self.context.reuse_prefix(history)
         if common == len(history):
             self.context.truncate(common - 1)  # we need the last position's logits again
-        logits = self.context.eval(history[len(self.context.tokens) :])
+        started, missing = time.perf_counter(), history[len(self.context.tokens) :]
+        logits = self.context.eval(missing)
+        catch_up_s = catch_up_seconds(len(missing), budget.k, time.perf_counter() - started)
         sample = self.sample and not sampler.settings.greedy
         tokens: list[int] = []
         dists: list[Distribution] = []
@@ -240,7 +252,7 @@ class DraftModel:
             if i < budget.k - 1:
                 logits = self.context.eval([token])
         measured = sample or policy.wants_confidence
-        return Draft(self.name, tokens, dists if sample else None, confidences if measured else None)
+        return Draft(self.name, tokens, dists if sample else None, confidences if measured else None, catch_up_s=catch_up_s)
 
     def _guess(self, row: np.ndarray, sampler: Sampler, sample: bool,
                wants_confidence: bool) -> tuple[int, Distribution | None, float]:

@@ -328,7 +328,7 @@ class Generator:
         step = Step(draft, accepted, emitted, drafted_at - started, verified_at - drafted_at, time.perf_counter() - verified_at)
         if not first:  # the prefill's decode says nothing of verify costs
             self.policy.observe(StepRecord(draft.source, len(draft.tokens), accepted, draft.confidences, step.draft_s,
-                                           step.verify_s + step.check_s))
+                                           step.verify_s + step.check_s, draft.catch_up_s))
         return step
 
     @staticmethod

@@ -83,6 +83,7 @@ class StepRecord:
     confidences: Sequence[float] | None  # the drafter's probability per drafted token, when it measured them
     draft_s: float  # seconds spent drafting
     verify_s: float  # seconds of the verify decode and the check of its rows
+    catch_up_s: float = 0.0  # of draft_s, feeding a model draft's cache text it missed (see Draft.catch_up_s)
 
 
 class DraftPolicy(Protocol):
@@ -253,7 +254,7 @@ class SourceTrack:
     steps: int = 0
     skipped: int = 0  # plain steps since this source was last tried
     probe_interval: int = 16
-    probe_lost_s: float = 0.0  # what the last probe cost beyond plain decoding of the tokens it gave
+    catch_up_s: float = 0.0  # what the last probe spent catching the drafter up
     probing: bool = False  # the step in flight is a probe
     probed: bool = False  # ever probed: one declined before anything was measured is probed at once
     prior: float = PRIOR
@@ -315,6 +316,8 @@ class AutoK:
         k = 0 if measured_slow else self.best_k(track, limit)
         if k:
             track.skipped = 0
+            if not track.probed:  # a first draft measures what catching the drafter up costs, as a probe does
+                track.probing = track.probed = True
             return k
         # Plain is faster for now. Old evidence fades with the text that passes, and a probe
         # now and then lets acceptance be seen to rise. A source never probed gets one at
@@ -331,10 +334,10 @@ class AutoK:
         return self.probe_k(track, limit)
 
     def probe_spacing(self, track: SourceTrack) -> int:
-        """Plain steps before the next probe: the backed-off interval, or more where a probe
-        costs more than a step (a model draft first catches its cache up on the text since it
-        last drafted, a new prompt's whole length), so that probes stay within PROBE_SHARE."""
-        return max(track.probe_interval, math.ceil(track.probe_lost_s / (PROBE_SHARE * self.costs[1])))
+        """Plain steps before the next probe: the backed-off interval, or more where a model
+        draft's probe first catches its cache up on the text since it last drafted (a new
+        prompt's whole length), so that catching up stays within PROBE_SHARE of the time."""
+        return max(track.probe_interval, math.ceil(track.catch_up_s / (PROBE_SHARE * self.costs[1])))
 
     def probe_k(self, track: SourceTrack, limit: int) -> int:
         """The probe's length: of 1..4 drafts, the cheapest per token if all are accepted."""
@@ -386,19 +389,19 @@ class AutoK:
         self._learn_acceptance(track, step)
 
     def _learn_rate(self, track: SourceTrack, step: StepRecord) -> None:
-        if track.probing:
-            track.probe_lost_s = max(step.draft_s + step.verify_s - (step.accepted + 1) * self.costs[1], 0.0)
-            if step.accepted:
-                track.steps = 0  # a useful probe: judge the source afresh, from this step on
-        track.probing = False
+        probe, track.probing = track.probing, False
+        if probe and step.accepted:
+            track.steps = 0  # a useful probe: judge the source afresh, from this step on
         first = track.steps == 0
         track.steps += 1
         if step.drafted:
-            track.draft_token_s = ema(track.draft_token_s, step.draft_s / step.drafted, 0.2, first)
+            track.draft_token_s = ema(track.draft_token_s, (step.draft_s - step.catch_up_s) / step.drafted, 0.2, first)
+        if probe:
+            track.catch_up_s = step.catch_up_s
         track.tokens_per_step = ema(track.tokens_per_step, step.accepted + 1, 0.1, first)
         track.seconds_per_step = ema(track.seconds_per_step, step.draft_s + step.verify_s, 0.1, first)
         if step.drafted and step.accepted:
-            track.probe_interval = 16  # it paid: if it falls back to plain, probe again soon
+            track.probe_interval, track.catch_up_s = 16, 0.0  # it paid: if it falls back to plain, probe again soon
 
     def _learn_acceptance(self, track: SourceTrack, step: StepRecord) -> None:
         reached = min(step.drafted, step.accepted + 1)  # positions reached by verification

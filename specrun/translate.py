@@ -32,7 +32,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from specrun.backend import Context, Model
-from specrun.drafters import Draft, Translation
+from specrun.drafters import Draft, Translation, catch_up_seconds
 from specrun.errors import IncompatibleError
 from specrun.policy import Budget, DraftPolicy, Source
 from specrun.sampling import Distribution, Sampler, filtered
@@ -357,13 +357,15 @@ class TranslatingDraft:
         if (not new and not self.ends) or any(v >= SPECIAL for v in pending) or \
                 len(new) + budget.k + 1 > self.context.free_slots:
             return Draft(self.source)  # nothing to draft from yet, or no room left in the draft's cache
+        started = time.perf_counter()
         logits = self._decode(new, new_ends, from_stream=True)
+        catch_up_s = catch_up_seconds(len(new), budget.k, time.perf_counter() - started)
         guess = self._guess(logits, budget, policy, sampler)
         started = time.perf_counter()
         tokens, dists, confidences = self._for_target(guess, bytes(pending))
         translating += time.perf_counter() - started
         fed = Translation(translating, reencoded=len(new) if reencoded else 0, mapped=0 if reencoded else len(new), kept=kept)
-        return Draft(self.source, tokens[:limit], dists, confidences, fed)
+        return Draft(self.source, tokens[:limit], dists, confidences, fed, catch_up_s)
 
     def _guess(self, logits: np.ndarray, budget: Budget, policy: DraftPolicy, sampler: Sampler) -> Guess:
         """Up to budget.k draft tokens from the cache's end, each decoded onto it but the last.

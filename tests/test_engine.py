@@ -126,6 +126,21 @@ def test_prompts_longer_than_the_batch_are_prefilled_and_drafted_in_chunks(tiny)
         draft_model.close()
 
 
+def test_a_draft_model_reports_catching_up_apart_from_drafting(tiny):
+    """Feeding a new prompt is charged to catch_up_s (auto spaces probes by it); feeding what
+    one step accepted is part of drafting."""
+    model = Model(tiny["draft"], role="draft")
+    try:
+        drafter = DraftModel(Context(model, ContextOptions(n_ctx=256)), sample=False)
+        history = model.tokenize(PROMPT)
+        first = drafter.propose(history, 4, FixedK(4), Sampler.seeded(SamplerSettings()))
+        assert first.catch_up_s > 0 and len(first.tokens) == 4
+        history += first.tokens[:2]
+        assert drafter.propose(history, 4, FixedK(4), Sampler.seeded(SamplerSettings())).catch_up_s == 0
+    finally:
+        model.close()
+
+
 def test_a_prompt_longer_than_the_session_batch(tiny):
     """Sessions decode 512 rows at most at once: a longer prompt takes two prefill decodes."""
     text = " ".join(["the cat sat on the mat and the dog sat on the log ,"] * 30)

@@ -70,7 +70,7 @@ def test_a_costly_probe_waits_until_probes_would_take_a_hundredth_of_the_time():
         cap = policy.cap("draft", 16).k
         caps.append(cap)
         # Each probe's draft first catches its cache up (200 ms) and then keeps no token.
-        policy.observe(StepRecord("draft" if cap else None, 0, 0, None, 0.2 if cap else 0.0, 0.010))
+        policy.observe(StepRecord("draft" if cap else None, 0, 0, None, 0.2 if cap else 0.0, 0.010, 0.2 if cap else 0.0))
     probes = [i for i, cap in enumerate(caps) if cap]
     # 200 ms lost against 10 ms plain steps: at most 1% of the time is 2,000 steps apart.
     assert len(probes) == 2 and 2000 <= probes[1] - probes[0] <= 2002
@@ -99,6 +99,16 @@ def test_a_probe_drafts_the_cheapest_width_per_token():
     assert AutoK(CPU).probe_k(new, 16) == 3  # 4 rows cost 65 ms, 3 rows 97
     assert AutoK(CPU).probe_k(new, 2) == 1
     assert AutoK(CPU).probe_k(slow_draft, 16) == 1  # 2 tokens for 158 ms beat 4 for 365
+
+
+def test_a_first_draft_that_caught_up_a_whole_prompt_is_charged_like_a_probe():
+    policy = AutoK(FLAT)
+    assert policy.cap("draft", 16).k > 0  # unmeasured: drafts on the prior
+    policy.observe(StepRecord("draft", 4, 0, None, 0.208, 0.010, catch_up_s=0.2))  # fed the prompt first (200 ms)
+    assert policy.sources["draft"].draft_token_s == pytest.approx(0.002)  # drafting, without the catch-up
+    assert policy.cap("draft", 16).k > 0
+    policy.observe(StepRecord("draft", 2, 0, None, 0.004, 0.011))  # measured slow: plain from here
+    assert not any(policy.cap("draft", 16).k for _ in range(1990))
 
 
 def test_an_unmeasured_source_is_probed_once_before_plain():
