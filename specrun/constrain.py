@@ -5,11 +5,12 @@ row by the grammar state after the drafts before it (a copy of the state walked 
 draft; a draft token the grammar forbids ends the draft before verification). A row's
 distribution is the filtered one restricted to what the grammar allows, renormalised; only
 when none of its support is allowed is the whole vocabulary masked and filtered again (a
-mask over 262k tokens costs ~60 ms; asking about a row's tens of candidates, microseconds).
+mask over Gemma's 262k tokens costs ~33 ms here; asking about a row's argmax, ~0.1 ms).
 
 `GrammarDraft` proposes what the grammar forces from the current state (keys, quotes,
 commas, a call's opening), read off the same GBNF by `specrun.gbnf`: free to draft, and
-always allowed.
+always allowed. `GrammarFirst` puts it ahead of the other sources, which still draft where
+they write the forced text and more.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from specrun.backend import Model
 from specrun.backend.grammar import GrammarState
-from specrun.drafters import Draft
+from specrun.drafters import Draft, DraftSource
 from specrun.gbnf import GbnfState, GrammarSyntaxError
 from specrun.policy import DraftPolicy
 from specrun.sampling import Distribution, Sampler, SamplerSettings, filtered
@@ -115,3 +116,34 @@ class GrammarDraft:
 
     def rollback(self, history: Sequence[int]) -> None:
         pass  # the constraint moves with what the engine emits
+
+    def writes_and_goes_past(self, forced: Sequence[int], tokens: Sequence[int]) -> bool:
+        """Whether `tokens` write the text of this step's `forced` draft and more after it."""
+        if not forced or forced[-1] == self.end:
+            return False  # the forced text ends the output
+        text, theirs = (b"".join(self.pieces[t] for t in seq) for seq in (forced, tokens))
+        return len(theirs) > len(text) and theirs.startswith(text)
+
+
+class GrammarFirst:
+    """The grammar's forced text, or another source's draft where that writes the forced text too
+    and goes on past it (a record copied from an earlier request holds its keys, and its values)."""
+
+    name = "hybrid"
+
+    def __init__(self, forced: GrammarDraft, other: DraftSource):
+        self.forced, self.other = forced, other
+
+    @property
+    def model(self):
+        return self.other.model
+
+    def propose(self, history: Sequence[int], limit: int, policy: DraftPolicy, sampler: Sampler) -> Draft:
+        forced = self.forced.propose(history, limit, policy, sampler)
+        other = self.other.propose(history, limit, policy, sampler)
+        if not forced.tokens or self.forced.writes_and_goes_past(forced.tokens, other.tokens):
+            return other
+        return forced
+
+    def rollback(self, history: Sequence[int]) -> None:
+        self.other.rollback(history)

@@ -13,7 +13,7 @@ from typing import Any, Iterator, Sequence
 from specrun import cost_cache
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.compat import check_vocab
-from specrun.constrain import Constraint, GrammarDraft
+from specrun.constrain import Constraint, GrammarDraft, GrammarFirst
 from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup, blank_lines
 from specrun.engine import Event, Generator, Stats
 from specrun.errors import SpecrunError
@@ -203,7 +203,7 @@ class Session:
         drafter = None if plain else drafter or self.drafter
         if constraint is not None and grammar_drafts and not plain:
             forced = GrammarDraft(constraint, self.target_model)
-            drafter = forced if drafter is None else Hybrid(forced, drafter)
+            drafter = forced if drafter is None else GrammarFirst(forced, drafter)
         if drafter is None:  # plain decoding needs no policy, nor auto's start-up measurement of verify costs
             return Generator(self.target, None, Sampler.seeded(settings), constraint=constraint)
         if policy is None or isinstance(policy, (int, str)):

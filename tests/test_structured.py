@@ -16,8 +16,8 @@ from test_exactness import MIN_P, SETTINGS, first_tokens
 
 from specrun.backend import Context, ContextOptions, Model
 from specrun.backend.grammar import GrammarState
-from specrun.constrain import Constraint, GrammarDraft
-from specrun.drafters import DraftModel, Hybrid, PromptLookup
+from specrun.constrain import Constraint, GrammarDraft, GrammarFirst
+from specrun.drafters import Draft, DraftModel, PromptLookup
 from specrun.engine import Generator
 from specrun.errors import SpecrunError
 from specrun.gbnf import GbnfState, GrammarSyntaxError
@@ -106,6 +106,40 @@ def session_text(tiny, tokens) -> str:
         model.close()
 
 
+class Proposing:
+    """A draft source that always proposes the same tokens."""
+
+    name, model = "lookup", None
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def propose(self, history, limit, policy, sampler):
+        return Draft(self.name, self.tokens[:limit])
+
+    def rollback(self, history):
+        pass
+
+
+@pytest.mark.parametrize("after, drafts", [
+    (b'Ann", "age": 3', "other"),  # writes the forced text and goes on: the copy drafts
+    (b"", "forced"),  # no more than the forced text
+    (None, "forced"),  # another text
+])
+def test_other_sources_draft_past_the_forced_text(tiny, after, drafts):
+    model = Model(tiny["target"])
+    try:
+        forced = GrammarDraft(Constraint(model, grammar_from_json_schema(PERSON)), model)
+        forced_tokens = forced.propose([model.bos], 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens
+        forced_text = b"".join(model.piece(t) for t in forced_tokens)
+        other = Proposing(exact_tokens(model, model.pieces(), b'{"age": 3' if after is None else forced_text + after))
+        draft = GrammarFirst(forced, other).propose([model.bos], 64, FixedK(64), Sampler.seeded(SETTINGS))
+    finally:
+        model.close()
+    assert forced_text.startswith(b'{"')  # the object's opening and its first key are forced
+    assert draft.tokens == (other.tokens if drafts == "other" else forced_tokens)
+
+
 def test_a_grammar_the_reader_cannot_follow_still_holds_the_output(tiny):
     # A right-recursive rule llama.cpp takes; the reader is given up on, drafting stops, masking goes on.
     grammar = grammar_from_gbnf('root ::= "[" item "]"\nitem ::= [a-z] | [a-z] item\n')
@@ -126,8 +160,8 @@ class ConstrainedRig:
     def generator(self, drafting: str, grammar, seed: int) -> Generator:
         constraint = Constraint(self.models[0], grammar)
         forced = GrammarDraft(constraint, self.models[0])
-        drafter = {"plain": None, "grammar": Hybrid(forced, PromptLookup()),
-                   "model": Hybrid(forced, DraftModel(self.draft, sample=True))}[drafting]
+        drafter = {"plain": None, "grammar": GrammarFirst(forced, PromptLookup()),
+                   "model": GrammarFirst(forced, DraftModel(self.draft, sample=True))}[drafting]
         sampler = Sampler.seeded(SETTINGS.__class__(**{**SETTINGS.__dict__, "seed": seed}))
         return Generator(self.target, drafter, sampler, FixedK(2), constraint=constraint)
 
