@@ -71,6 +71,21 @@ def test_offline_uses_only_local_files(env, capsys) -> None:
     assert env["hub"].requests == []
 
 
+def test_a_file_on_disk_with_another_vocabulary_is_offered_translated(env, capsys, tmp_path: Path) -> None:
+    shape = dict(n_embd=128, n_ff=256)
+    cache = tmp_path / "cache" / "specrun"
+    foreign = write_tiny_llama(cache / "foreign.gguf", vocab="different", n_layer=1, **shape)
+    write_tiny_llama(cache / "alien.gguf", vocab="alien", n_layer=1, **shape)  # shares almost nothing
+    code, report, err = suggest(capsys, "--target", env["target"], "--offline")
+    assert code == 0, err
+    drafts = {d["draft"]: d for d in report["drafts"]}
+    assert set(drafts) == {str(env["cached"]), str(foreign)}
+    assert drafts[str(foreign)]["translated"] and drafts[str(foreign)]["translation"]["usable"]
+    assert not drafts[str(env["cached"])]["translated"]
+    assert run_app(["pair", "suggest", "--target", str(env["target"]), "--offline"]) == 0
+    assert f"{foreign} (cache, translated)" in capsys.readouterr().out
+
+
 def test_top_limits_the_list(env, capsys) -> None:
     code, report, _ = suggest(capsys, "--target", env["target"], "--top", "1")
     assert code == 0 and len(report["drafts"]) == 1

@@ -81,7 +81,7 @@ def suggest(
     offline: OfflineOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Compatible drafts for TARGET, best first: from profiles, files on disk, then the hub."""
+    """Drafts for TARGET, best first: from profiles, files on disk (another vocabulary: translated), then the hub."""
     known, found = find_drafts(target, offline, top, report=_report)
     if json_out:
         typer.echo(json.dumps({

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from specrun import settings
@@ -162,8 +163,13 @@ def check_models(target: str, draft: str, *, ctx: int = DEFAULT_CTX, acceptance:
     settings.check(ctx=ctx, acceptance=acceptance)
     known = locate(target, offline), locate(draft, offline)
     result = check_pair(known[0].facts, known[1].facts, ctx, acceptance, budget=memory_budget(rpc=rpc))
-    if result.translated and known[0].path is not None and known[1].path is not None:
-        result = replace(result, translation=translated_pair(known[0].path, known[1].path))
+    return with_translation(result, known[0].path, known[1].path)
+
+
+def with_translation(result: PairCheck, target: Path | None, draft: Path | None) -> PairCheck:
+    """A translated pair with how its vocabularies line up, read from the two files when both are on disk."""
+    if result.translated and target is not None and draft is not None:
+        return replace(result, translation=translated_pair(target, draft))
     return result
 
 

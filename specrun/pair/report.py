@@ -147,7 +147,7 @@ def target_lines(target: Known) -> list[str]:
 def suggest_lines(target: Known, found: list[Suggestion]) -> list[str]:
     lines = [*target_lines(target), ""]
     if not found:
-        lines.append("no compatible draft cheaper than the target was found "
+        lines.append("no draft cheaper than the target was found "
                      "(try without --offline, or `specrun pair derive` for a layer subset)")
         return lines
     lines.append(f"{'#':>2}  {'speed-up':>8}  {'k':>2}  {'cost':>5}  {'accept':>6}  "
@@ -158,7 +158,7 @@ def suggest_lines(target: Known, found: list[Suggestion]) -> list[str]:
         on_disk = s.draft.store or ("file" if s.draft.path else "-")
         lines.append(f"{rank:>2}  {speedup:>7.2f}x  {k:>2}  {s.cost_ratio:>5.2f}  "
                      f"{s.prior.alpha:>6.0%}  {human_bytes(memory) if memory else '?':>10}  "
-                     f"{s.evidence:<13}  {on_disk:<9}  {s.spec} ({s.origin})")
+                     f"{s.evidence:<13}  {on_disk:<9}  {s.spec} ({s.origin}{', translated' if s.translated else ''})")
         lines += [f"      {w}" for w in (s.check.warnings() if s.check else [])]
     lines += ["", "speed-up is predicted, not measured: cost = draft/target bytes read per token (from "
               "the headers) or parameters (evidence: profile, no file read), accept = assumed acceptance by "

@@ -1,11 +1,12 @@
-"""`pair suggest`: compatible drafts for a target, ranked by a stated cost model.
+"""`pair suggest`: drafts for a target, ranked by a stated cost model.
 
 Candidates come from the profiles (drafts listed for the target and the other models of
 its family), the files already on disk (the Hugging Face cache, Ollama, LM Studio,
-llama.cpp, specrun's cache) and, online, a hub search for the target's family. Local
-knowledge comes first: a file on disk is judged by its header, a hub file by its remote
-header, and with neither (offline) a profile model by its profile: the same tokenizer
-and the parameter counts. Each suggestion says which.
+llama.cpp, specrun's cache) and, online, a hub search for the target's family; a file on
+disk with another vocabulary is offered as a translated draft. Local knowledge comes first:
+a file on disk is judged by its header, a hub file by its remote header, and with neither
+(offline) a profile model by its profile: the same tokenizer and the parameter counts. Each
+suggestion says which.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from specrun.errors import SpecrunError
 from specrun.hub.profiles import load_profiles
 from specrun.hub.quants import RepoFile, group_quants
 from specrun.hub.stores import stored_models
-from specrun.pair.check import PRIOR_OTHER_FAMILY, PRIOR_SAME_FAMILY, PairCheck, Prior, check_pair
+from specrun.pair.check import PRIOR_OTHER_FAMILY, PRIOR_SAME_FAMILY, PairCheck, Prior, check_pair, with_translation
 from specrun.pair.cost import best_k, verdict
 from specrun.pair.sources import PROFILE, Known, locate
 
@@ -82,6 +83,11 @@ class Suggestion:
     @property
     def memory_bytes(self) -> int | None:
         return self.check.memory_bytes if self.check is not None else None
+
+    @property
+    def translated(self) -> bool:
+        """Another vocabulary than the target's: it drafts through the translating source."""
+        return self.check is not None and self.check.translated
 
     def as_json(self) -> dict:
         k, speedup = self.best or (None, None)
@@ -214,7 +220,7 @@ def dedupe(candidates: Iterable[Candidate]) -> list[Candidate]:
 
 def judged(target: Known, candidates: list[Candidate], offline: bool,
            report: Callable[[str], None]) -> list[Suggestion]:
-    """Compatible candidates cheaper than the target, each read once, each file judged once."""
+    """Candidates that can draft for the target and are cheaper, each read once, each file judged once."""
     kept: dict[object, Suggestion] = {}
     skipped: list[str] = []
     for candidate in candidates:
@@ -239,11 +245,14 @@ def judged(target: Known, candidates: list[Candidate], offline: bool,
 
 
 def judge(target: Known, draft: Known, candidate: Candidate) -> Suggestion | None:
-    """A suggestion when the draft is compatible and cheaper; None otherwise."""
+    """A suggestion when the draft can draft for the target and is cheaper; None otherwise. A
+    draft with another vocabulary is judged translated where both files are on disk (how the
+    vocabularies line up is read from them), and left out elsewhere."""
     if target.facts is not None and draft.facts is not None:
-        result = check_pair(target.facts, draft.facts)
+        result = with_translation(check_pair(target.facts, draft.facts), target.path, draft.path)
         same_file = (draft.facts.file_size, draft.facts.n_params) == (target.facts.file_size, target.facts.n_params)
-        if not result.compat.ok or same_file or result.cost_ratio is None or result.cost_ratio >= 1:
+        unread = result.translated and result.translation is None
+        if unread or not result.can_draft or same_file or result.cost_ratio is None or result.cost_ratio >= 1:
             return None
         return Suggestion(candidate.spec, candidate.origin, draft, check=result)
     estimate = profile_estimate(target, draft)
