@@ -9,7 +9,7 @@ against the schema (jsonschema), tok/s over the generated tokens (the server's o
 `timings.predicted_ms`), the same on the requests where every set-up wrote the same text, and
 for specrun the share of generated tokens that came from drafts of what the grammar forced.
 
-    python scripts/bench_schema.py --requests 200 [--target SmolLM2.gguf]
+    python scripts/bench_schema.py --requests 200 [--target SmolLM2.gguf] [--without-copies]
 """
 
 from __future__ import annotations
@@ -35,9 +35,14 @@ SCHEMA = {
 }
 
 
-def setups(bin_dir: Path) -> list[Setup]:
-    return llama_server_setups(bin_dir) + [Setup("specrun", "specrun"),
-                                           Setup("specrun --no-grammar-drafts", "specrun", ("--no-grammar-drafts",))]
+def setups(bin_dir: Path, without_copies: bool) -> list[Setup]:
+    found = llama_server_setups(bin_dir) + [Setup("specrun", "specrun"),
+                                            Setup("specrun --no-grammar-drafts", "specrun", ("--no-grammar-drafts",))]
+    if without_copies:  # nothing copied from the prompt or earlier requests: what the grammar drafts alone give
+        copies_off = ("--no-lookup", "--store-tokens", "0")
+        found += [Setup("specrun, grammar drafts only", "specrun", copies_off),
+                  Setup("specrun, no drafts", "specrun", (*copies_off, "--no-grammar-drafts"))]
+    return found
 
 
 def prompts(count: int) -> list[str]:
@@ -61,11 +66,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "llama-tools")
+    parser.add_argument("--without-copies", action="store_true",
+                        help="also specrun without lookup and store, with and without grammar drafts")
     args = parser.parse_args()
     bin_dir = build_tools(args.build, ["llama-server"])
     model = args.target or embedded_model_path()
     with tempfile.TemporaryDirectory() as logs:
-        servers = {s.name: Running(s, bin_dir, model, args.threads, 4096, Path(logs) / f"{i}.log") for i, s in enumerate(setups(bin_dir))}
+        servers = {s.name: Running(s, bin_dir, model, args.threads, 4096, Path(logs) / f"{i}.log") for i, s in enumerate(setups(bin_dir, args.without_copies))}
         try:
             runs = replay(servers, prompts(args.requests), args.max_tokens)
         finally:
