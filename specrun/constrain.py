@@ -52,11 +52,11 @@ class Constraint:
         for `restrict` (row i is verified in the state after the first i)."""
         self._rows = [self.state]
         for token in tokens:
-            if not self._rows[-1].allows(np.array([token]))[0]:
-                break
             after = self._rows[-1].clone()
-            if token not in self.model.eog_ids:  # nothing follows an end; llama.cpp takes one only when complete
-                after.accept(token)
+            # Nothing follows an end, and llama.cpp takes one only when the grammar is complete.
+            allowed = after.allows(np.array([token]))[0] if token in self.model.eog_ids else after.try_accept(token)
+            if not allowed:
+                break
             self._rows.append(after)
         return len(self._rows) - 1
 

@@ -3,7 +3,7 @@
 `GrammarState` wraps one `llama_sampler_init_grammar`: `allows(ids)` asks llama.cpp about a
 few tokens (the filtered support of a row: tens of tokens, microseconds), `mask(logits)` about
 the whole vocabulary (milliseconds over 262k tokens: only when none of the few is allowed),
-`accept` advances it by a token the grammar allows, `clone` copies it to walk a draft.
+`accept` / `try_accept` advance it by a token the grammar allows, `clone` copies it to walk a draft.
 """
 
 from __future__ import annotations
@@ -34,11 +34,17 @@ class GrammarState:
         return GrammarState(self.model, self._gbnf, self.what, llama().llama_sampler_clone(self._sampler))
 
     def accept(self, token: int) -> None:
-        """Advance by `token`. llama.cpp ends the process on a token its grammar forbids, so that
-        is checked first, and refused with an error."""
-        if not self.allows(np.array([token]))[0]:
+        """Advance by `token`, or refuse it with an error where the grammar forbids it."""
+        if not self.try_accept(token):
             raise SpecrunError(f"token {token} ({self.model.piece(token)!r}) is not allowed by the {self.what} here")
+
+    def try_accept(self, token: int) -> bool:
+        """Advance by `token` if the grammar allows it; whether it did. llama.cpp ends the process
+        on a token its grammar forbids, so that is asked first."""
+        if not self.allows(np.array([token]))[0]:
+            return False
         llama().llama_sampler_accept(self._sampler, token)
+        return True
 
     def allows(self, ids: np.ndarray) -> np.ndarray:
         """For each token id, whether the grammar allows it next."""
