@@ -313,8 +313,7 @@ def _request(body: Body, **what: Any) -> GenerationRequest:
     """What the worker runs, every setting checked by the library's rule."""
     _refuse_unsupported(body)
     if body.n not in (None, 1):
-        raise ApiError(400, f"Invalid value for 'n': specrun returns one choice per request, but {body.n} were asked for.",
-                       "n", "invalid_value")
+        raise invalid_value("n", f"specrun returns one choice per request, but {body.n} were asked for.")
     if body.k is not None and body.speculative is not None:
         raise ApiError(400, "Give either 'k' or 'speculative', not both.", "k", "invalid_value")
     sampling = body.model_dump(include=SAMPLING, exclude_none=True)
@@ -357,7 +356,7 @@ def _output_grammar(body: Body) -> tuple[Grammar | None, str | None]:
             return grammar_from_json_schema(body.json_schema), param
         return grammar_from_gbnf(body.grammar), param
     except SpecrunError as error:  # SchemaError names the schema feature, a GBNF error what is missing
-        raise ApiError(400, f"Invalid value for '{param}': {error}.", param, "invalid_value") from None
+        raise invalid_value(param, f"{error}.") from None
 
 
 def _tools(body: ChatBody) -> ToolRequest | None:
@@ -365,8 +364,7 @@ def _tools(body: ChatBody) -> ToolRequest | None:
     choice = body.tool_choice.type if body.tool_choice else "auto"
     if not body.tools:
         if choice not in ("auto", "none"):
-            raise ApiError(400, f"Invalid value for 'tool_choice': {choice!r} needs 'tools' to choose from.",
-                           "tool_choice", "invalid_value")
+            raise invalid_value("tool_choice", f"{choice!r} needs 'tools' to choose from.")
         return None
     if choice == "none":
         return None
@@ -375,13 +373,12 @@ def _tools(body: ChatBody) -> ToolRequest | None:
     named = body.tool_choice.function.name if choice == "function" else None
     chosen = [function for function in functions if named in (None, function["name"])]
     if not chosen:
-        raise ApiError(400, f"Invalid value for 'tool_choice.function.name': no tool is called {named!r} "
-                            f"(the tools: {', '.join(function['name'] for function in functions)}).",
-                       "tool_choice.function.name", "invalid_value")
+        raise invalid_value("tool_choice.function.name", f"no tool is called {named!r} "
+                            f"(the tools: {', '.join(function['name'] for function in functions)}).")
     try:
         call = call_grammar(chosen)
     except SchemaError as error:  # the converter's refusal of the tools together (each one alone passed)
-        raise ApiError(400, f"Invalid value for 'tools': {error}.", "tools", "invalid_value") from None
+        raise invalid_value("tools", f"{error}.") from None
     return ToolRequest(tuple({"type": "function", "function": function} for function in functions),
                        must_call=choice != "auto", named=named, parallel=body.parallel_tool_calls is not False, call=call)
 
@@ -391,13 +388,12 @@ def _check_functions(functions: list[dict]) -> None:
     for i, function in enumerate(functions):
         if any(function["name"] == other["name"] for other in functions[:i]):
             param = f"tools[{i}].function.name"
-            raise ApiError(400, f"Invalid value for '{param}': another tool is called {function['name']!r} too.",
-                           param, "invalid_value")
+            raise invalid_value(param, f"another tool is called {function['name']!r} too.")
         try:
             grammar_from_json_schema(function_parameters(function))
         except SchemaError as error:
             param = f"tools[{i}].function.parameters"
-            raise ApiError(400, f"Invalid value for '{param}': {error}.", param, "invalid_value") from None
+            raise invalid_value(param, f"{error}.") from None
 
 
 def _max_tokens(body: Body) -> int | None:
@@ -411,11 +407,16 @@ def _max_tokens(body: Body) -> int | None:
 
 
 # --- errors ----------------------------------------------------------------------------
+def invalid_value(param: str, why: str) -> ApiError:
+    """OpenAI's 400 for a request field's value: "Invalid value for 'param': why"."""
+    return ApiError(400, f"Invalid value for '{param}': {why}", param, "invalid_value")
+
+
 def setting_error(error: SettingError, param: str | None = None) -> ApiError:
     """A library setting's error as OpenAI's 400. `param` is the request field; by default
     the library's name, under `speculative.` for llama-server's speculative settings."""
     param = param or (f"speculative.{error.param}" if error.param in SPECULATIVE else error.param)
-    return ApiError(400, f"Invalid value for '{param}': {error.phrase('it')}.", param, "invalid_value")
+    return invalid_value(param, f"{error.phrase('it')}.")
 
 
 def body_error(error: ValidationError) -> ApiError:
@@ -435,7 +436,7 @@ def body_error(error: ValidationError) -> ApiError:
         return ApiError(400, f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead.",
                         param, "invalid_type")
     message = problem["msg"]
-    return ApiError(400, f"Invalid value for '{param}': {message[0].lower()}{message[1:]}.", param, "invalid_value")
+    return invalid_value(param, f"{message[0].lower()}{message[1:]}.")
 
 
 def _json_type(value: Any) -> str:

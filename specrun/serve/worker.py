@@ -25,7 +25,7 @@ from specrun.chat.reply import Piece, Reply, stream_reply
 from specrun.engine import Generator, Stats, StepEvent
 from specrun.errors import RpcLost, SpecrunError
 from specrun.policy import SpeculativeRule
-from specrun.serve.api import ApiError, GenerationRequest, setting_error
+from specrun.serve.api import ApiError, GenerationRequest, invalid_value, setting_error
 from specrun.serve.metrics import Metrics
 from specrun.serve.responses import Outcome
 from specrun.serve.tool_calls import CallPiece, CallReader
@@ -273,8 +273,7 @@ class Worker:
         asked = request.speculative.n_max if request.speculative else request.k
         if isinstance(asked, int) and asked > longest:
             param = "speculative.n_max" if request.speculative else "k"
-            raise ApiError(400, f"Invalid value for '{param}': drafts can be at most {longest} tokens long, but {asked} were asked for.",
-                           param, "invalid_value")
+            raise invalid_value(param, f"drafts can be at most {longest} tokens long, but {asked} were asked for.")
         policy = SpeculativeRule(request.speculative) if request.speculative else request.k
         grammar = tool_grammar(self._tool_style.form, request.tools) if request.tools else request.grammar
         try:
@@ -282,8 +281,7 @@ class Worker:
         except SpecrunError as exc:  # llama.cpp refused the request's GBNF (the tools' grammar is ours: a bug)
             if request.grammar_param is None:
                 raise
-            raise ApiError(400, f"Invalid value for '{request.grammar_param}': {exc}", request.grammar_param,
-                           "invalid_value") from None
+            raise invalid_value(request.grammar_param, str(exc)) from None
 
 
 class _Reporter:
