@@ -6,7 +6,18 @@ from test_engine import PROMPT, assert_greedy_exact
 
 from specrun.engine import TokenEvent
 from specrun.errors import SpecrunError
-from specrun.policy import AutoK, Budget, FixedK, PMinPolicy, SourceTrack, StepRecord, measure_verify_costs, parse_k, time_decodes
+from specrun.policy import (
+    PRIOR,
+    AutoK,
+    Budget,
+    FixedK,
+    PMinPolicy,
+    SourceTrack,
+    StepRecord,
+    measure_verify_costs,
+    parse_k,
+    time_decodes,
+)
 from specrun.session import Session, SessionConfig
 
 FLAT = [0.0] + [0.010] * 18  # a GPU-like target: verifying 17 rows costs what 1 does
@@ -19,6 +30,15 @@ def learn(policy, source, drafted, accepted, times=30, draft_s=0.0, verify_s=Non
         policy.cap(source, 16)
         seconds = policy.costs[drafted + 1] if verify_s is None else verify_s
         policy.observe(StepRecord(source, drafted, accepted, confidences, draft_s, seconds))
+
+
+def granted(policy, source, steps, record, limit=16, prior=PRIOR):
+    """Run `steps` steps of `source`, each reported as `record(k)`: the k each was granted."""
+    ks = []
+    for _ in range(steps):
+        ks.append(policy.cap(source, limit, prior).k)
+        policy.observe(record(ks[-1]))
+    return ks
 
 
 def test_flat_costs_and_high_acceptance_draft_long():
@@ -37,11 +57,8 @@ def test_steep_costs_never_pay_so_k_is_zero():
 def test_low_acceptance_shortens_the_draft():
     costs = [0.0] + [0.010 + 0.002 * w for w in range(1, 19)]
     policy = AutoK(costs)
-    caps = []
-    for _ in range(60):  # the first guess is always right, the second always wrong
-        cap = policy.cap("lookup", 16).k
-        caps.append(cap)
-        policy.observe(StepRecord("lookup", cap, min(cap, 1), None, 0.0, costs[cap + 1]))
+    # The first guess is always right, the second always wrong.
+    caps = granted(policy, "lookup", 60, lambda cap: StepRecord("lookup", cap, min(cap, 1), None, 0.0, costs[cap + 1]))
     assert caps[0] >= 3  # the prior expects 70% acceptance
     # Mostly one token; as the second position's misses age, it is tried again now and then.
     assert max(caps[-20:]) <= 2 and caps[-20:].count(1) >= 10
@@ -51,12 +68,9 @@ def test_slow_source_falls_back_to_plain_and_probes_with_backoff():
     policy = AutoK(FLAT)
     # Each step drafts 4 tokens at 50 ms and gets 1 token: far below plain's 100 tok/s.
     learn(policy, "draft", 4, 0, times=10, draft_s=0.050)
-    caps = []
-    for _ in range(40):
-        cap = policy.cap("draft", 16).k
-        caps.append(cap)
-        # Probes that cost little more than a plain step: spaced by the backed-off interval alone.
-        policy.observe(StepRecord("draft" if cap else None, 2 if cap else 0, 0, None, 0.001 if cap else 0.0, 0.010))
+    # Probes that cost little more than a plain step: spaced by the backed-off interval alone.
+    caps = granted(policy, "draft", 40,
+                   lambda cap: StepRecord("draft" if cap else None, 2 if cap else 0, 0, None, 0.001 if cap else 0.0, 0.010))
     probes = [i for i, cap in enumerate(caps) if cap]
     assert len(probes) >= 2 and caps.count(0) > 30
     assert probes[1] - probes[0] > probes[0]  # the interval doubles while probes fail
@@ -65,12 +79,9 @@ def test_slow_source_falls_back_to_plain_and_probes_with_backoff():
 def test_a_costly_probe_waits_until_probes_would_take_a_hundredth_of_the_time():
     policy = AutoK(FLAT)
     learn(policy, "draft", 4, 0, times=10, draft_s=0.050)
-    caps = []
-    for _ in range(2100):
-        cap = policy.cap("draft", 16).k
-        caps.append(cap)
-        # Each probe's draft first catches its cache up (200 ms) and then keeps no token.
-        policy.observe(StepRecord("draft" if cap else None, 0, 0, None, 0.2 if cap else 0.0, 0.010, 0.2 if cap else 0.0))
+    # Each probe's draft first catches its cache up (200 ms) and then keeps no token.
+    caps = granted(policy, "draft", 2100,
+                   lambda cap: StepRecord("draft" if cap else None, 0, 0, None, 0.2 if cap else 0.0, 0.010, 0.2 if cap else 0.0))
     probes = [i for i, cap in enumerate(caps) if cap]
     # 200 ms lost against 10 ms plain steps: at most 1% of the time is 2,000 steps apart.
     assert len(probes) == 2 and 2000 <= probes[1] - probes[0] <= 2002
@@ -79,11 +90,8 @@ def test_a_costly_probe_waits_until_probes_would_take_a_hundredth_of_the_time():
 def test_a_useful_probe_brings_speculation_back_at_once():
     policy = AutoK(FLAT)
     learn(policy, "draft", 4, 0, times=10, draft_s=0.050)  # slow and useless: plain from now on
-    caps = []
-    for _ in range(40):  # the text turns predictable and the draft cheap
-        cap = policy.cap("draft", 16).k
-        caps.append(cap)
-        policy.observe(StepRecord("draft" if cap else None, cap, cap, None, 0.0001 * cap, 0.010))
+    # The text turns predictable and the draft cheap.
+    caps = granted(policy, "draft", 40, lambda cap: StepRecord("draft" if cap else None, cap, cap, None, 0.0001 * cap, 0.010))
     probe = next(i for i, cap in enumerate(caps) if cap)
     assert caps[probe] == 1  # with drafting at 12.5 ms a token, the shortest probe costs least per token
     assert all(cap > 1 for cap in caps[probe + 1 :])
@@ -250,11 +258,9 @@ def test_a_small_batch_or_context_caps_the_widths(fake_timing):
 def test_a_long_copy_accepted_in_full_earns_a_long_draft_and_a_rejection_shortens_it():
     costs = [0.0] + [0.010 + 0.004 * w for w in range(1, 129)]  # this CPU's shape: 14 ms at 1, 4.1 a row at 64
     policy = AutoK(costs)
-    caps = []
-    for _ in range(12):  # every copied token accepted
-        cap = policy.cap("lookup-copy", 127, prior=0.97).k
-        caps.append(cap)
-        policy.observe(StepRecord("lookup-copy", cap, cap, None, 0.0, costs[cap + 1]))
+    # Every copied token accepted.
+    caps = granted(policy, "lookup-copy", 12, lambda cap: StepRecord("lookup-copy", cap, cap, None, 0.0, costs[cap + 1]),
+                   127, 0.97)
     assert caps[0] < 64 and caps[-1] >= 64
     for _ in range(12):  # now every copy breaks after 8 tokens
         cap = policy.cap("lookup-copy", 127, prior=0.97).k
@@ -267,11 +273,9 @@ def test_one_old_rejection_deep_in_a_copy_does_not_cap_later_drafts_below_it():
     policy = AutoK(costs)
     policy.cap("lookup-copy", 127, prior=0.99)
     policy.observe(StepRecord("lookup-copy", 63, 17, None, 0.0, costs[64]))  # one copy broke at its 18th token
-    caps = []
-    for _ in range(30):  # then every copy goes through: shorter drafts must be able to grow past 18 again
-        cap = policy.cap("lookup-copy", 127, prior=0.99).k
-        caps.append(cap)
-        policy.observe(StepRecord("lookup-copy", cap, cap, None, 0.0, costs[cap + 1]))
+    # Then every copy goes through: shorter drafts must be able to grow past 18 again.
+    caps = granted(policy, "lookup-copy", 30, lambda cap: StepRecord("lookup-copy", cap, cap, None, 0.0, costs[cap + 1]),
+                   127, 0.99)
     assert caps[0] <= 24 and caps[-1] >= 64
 
 
