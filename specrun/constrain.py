@@ -9,8 +9,9 @@ mask over Gemma's 262k tokens costs ~33 ms here; asking about a row's argmax, ~0
 
 `GrammarDraft` proposes what the grammar forces from the current state (keys, quotes,
 commas, a call's opening), read off the same GBNF by `specrun.gbnf`: free to draft, and
-always allowed. `GrammarFirst` puts it ahead of the other sources, which still draft where
-they write the forced text and more.
+always allowed. `GrammarFirst` puts it ahead of the other sources: where text is forced, a
+copy (lookup, the store) still drafts if it writes that text and more; a draft model is
+asked only where nothing is forced, so its decodes never redo what the grammar gives free.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 
 from specrun.backend import Model
 from specrun.backend.grammar import GrammarState
-from specrun.drafters import Draft, DraftSource
+from specrun.drafters import Draft, DraftSource, copying_part
 from specrun.gbnf import GbnfState, GrammarSyntaxError
 from specrun.policy import DraftPolicy
 from specrun.sampling import Distribution, Sampler, SamplerSettings, filtered
@@ -126,13 +127,16 @@ class GrammarDraft:
 
 
 class GrammarFirst:
-    """The grammar's forced text, or another source's draft where that writes the forced text too
-    and goes on past it (a record copied from an earlier request holds its keys, and its values)."""
+    """The grammar's forced text, or a copy's draft where that writes the forced text too and
+    goes on past it (a record copied from an earlier request holds its keys, and its values);
+    where nothing is forced, the other sources' draft, a model's included."""
 
     name = "hybrid"
 
     def __init__(self, forced: GrammarDraft, other: DraftSource):
         self.forced, self.other = forced, other
+        # A model would spend a decode on each forced token it rewrote: it waits for the free text.
+        self.copies = copying_part(other)
 
     @property
     def model(self):
@@ -140,10 +144,10 @@ class GrammarFirst:
 
     def propose(self, history: Sequence[int], limit: int, policy: DraftPolicy, sampler: Sampler) -> Draft:
         forced = self.forced.propose(history, limit, policy, sampler)
-        other = self.other.propose(history, limit, policy, sampler)
-        if not forced.tokens or self.forced.writes_and_goes_past(forced.tokens, other.tokens):
-            return other
-        return forced
+        if not forced.tokens:
+            return self.other.propose(history, limit, policy, sampler)
+        copy = self.copies.propose(history, limit, policy, sampler) if self.copies is not None else None
+        return copy if copy is not None and self.forced.writes_and_goes_past(forced.tokens, copy.tokens) else forced
 
     def rollback(self, history: Sequence[int]) -> None:
         self.other.rollback(history)

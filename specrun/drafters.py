@@ -295,3 +295,10 @@ class Hybrid:
     def rollback(self, history: Sequence[int]) -> None:
         for source in self.sources:
             source.rollback(history)
+
+
+def copying_part(source: DraftSource) -> DraftSource | None:
+    """The part of `source` that drafts without a model of its own (lookup, the store), whose
+    drafts cost no decodes; None when every part of it is a model."""
+    parts = [part for part in getattr(source, "sources", (source,)) if part.model is None]
+    return parts[0] if len(parts) == 1 else Hybrid(*parts) if parts else None

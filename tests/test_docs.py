@@ -174,7 +174,8 @@ def script_help(script: str) -> str:
 def check_script(words: list[str]) -> None:
     script = ROOT / words[1]
     assert script.is_file(), f"no script {words[1]}"
-    for word in words[2:]:
+    own = words[2 : words.index("--")] if "--" in words else words[2:]  # after a bare --: the wrapped command's
+    for word in own:
         if word.startswith("--"):
             option = word.split("=", 1)[0]
             assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", script_help(words[1])), (

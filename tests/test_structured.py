@@ -17,7 +17,7 @@ from test_exactness import MIN_P, SETTINGS, first_tokens
 from specrun.backend import Context, ContextOptions, Model
 from specrun.backend.grammar import GrammarState
 from specrun.constrain import Constraint, GrammarDraft, GrammarFirst
-from specrun.drafters import Draft, DraftModel, PromptLookup
+from specrun.drafters import Draft, DraftModel, Hybrid, PromptLookup
 from specrun.engine import Generator
 from specrun.errors import SpecrunError
 from specrun.gbnf import GbnfState, GrammarSyntaxError
@@ -138,6 +138,49 @@ def test_other_sources_draft_past_the_forced_text(tiny, after, drafts):
         model.close()
     assert forced_text.startswith(b'{"')  # the object's opening and its first key are forced
     assert draft.tokens == (other.tokens if drafts == "other" else forced_tokens)
+
+
+class ModelDrafting(Proposing):
+    """A stand-in for a draft model: it counts the times it was asked (each costs decodes)."""
+
+    name = "draft"
+
+    def __init__(self, tokens):
+        super().__init__(tokens)
+        self.asked = 0
+
+    @property
+    def model(self):
+        return self
+
+    def propose(self, history, limit, policy, sampler):
+        self.asked += 1
+        return super().propose(history, limit, policy, sampler)
+
+
+def test_a_draft_model_is_asked_only_where_nothing_is_forced(tiny):
+    model = Model(tiny["target"])
+    try:
+        constraint = Constraint(model, grammar_from_json_schema(PERSON))
+        forced = GrammarDraft(constraint, model)
+        start = [model.bos]
+        forced_tokens = forced.propose(start, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens
+        forced_text = b"".join(model.piece(t) for t in forced_tokens)
+        going_on = exact_tokens(model, model.pieces(), forced_text + b'Ann", "age": 3')
+        drafting = ModelDrafting(going_on)
+        copy = Proposing(going_on)
+        alone, behind_copy = GrammarFirst(forced, drafting), GrammarFirst(forced, Hybrid(Proposing([]), drafting))
+        assert alone.propose(start, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens == forced_tokens
+        assert behind_copy.propose(start, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens == forced_tokens
+        assert drafting.asked == 0  # the forced text is free: the model's decodes would redo it
+        with_copy = GrammarFirst(forced, Hybrid(copy, drafting))
+        assert with_copy.propose(start, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens == going_on  # a copy still goes past
+        constraint.commit(constraint.admissible(forced_tokens), forced_tokens)  # the forced text is accepted
+        assert forced.propose(start + forced_tokens, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens == []
+        assert alone.propose(start + forced_tokens, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens == going_on[:64]
+        assert drafting.asked == 1  # nothing is forced at the value: the model drafts
+    finally:
+        model.close()
 
 
 def test_a_grammar_the_reader_cannot_follow_still_holds_the_output(tiny):
