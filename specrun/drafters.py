@@ -39,6 +39,39 @@ class Draft:
     catch_up_s: float = 0.0
 
 
+CATCH_UP_DRAFTS = 16  # a bounded catch-up feeds what drafting this many tokens one by one costs
+MIN_WINDOW = 32  # the least context a bounded catch-up leaves a draft, and all it feeds before that is measured
+TIMED_BATCH = 8  # feeds of at least this many tokens measure the per-token cost of catching up
+
+
+class FeedCost:
+    """What a draft model takes per token to feed its cache one token at a time (drafting) and
+    in a batch (catching up), and so the window a bounded catch-up feeds: the text that costs as
+    much as drafting CATCH_UP_DRAFTS tokens. Where a batch is far cheaper per token than one
+    token (a GPU) that is the whole context; on two CPU cores, the last few dozen tokens."""
+
+    def __init__(self) -> None:
+        self.one_s = 0.0  # seconds for a one-token decode
+        self.batched_s = 0.0  # seconds per token in a batch of TIMED_BATCH or more
+
+    def eval(self, context: Context, tokens: Sequence[int]) -> np.ndarray:
+        started = time.perf_counter()
+        logits = context.eval(tokens)
+        seconds = time.perf_counter() - started
+        if len(tokens) == 1:
+            self.one_s = seconds if not self.one_s else 0.8 * self.one_s + 0.2 * seconds
+        elif len(tokens) >= TIMED_BATCH:
+            per_token = seconds / len(tokens)
+            self.batched_s = per_token if not self.batched_s else 0.8 * self.batched_s + 0.2 * per_token
+        return logits
+
+    @property
+    def window(self) -> int:
+        if not (self.one_s and self.batched_s):
+            return MIN_WINDOW
+        return max(MIN_WINDOW, int(CATCH_UP_DRAFTS * self.one_s / self.batched_s))
+
+
 def catch_up_seconds(fed: int, k: int, seconds: float) -> float:
     """Of `seconds` spent decoding `fed` tokens before drafting up to `k`, what was catching up:
     all of it where more was fed than a step of k drafts can accept, else nothing."""
@@ -209,7 +242,12 @@ def blank_lines(model) -> frozenset[int]:
 
 
 class DraftModel:
-    """A second, smaller GGUF run on its own KV cache, greedily or by sampling."""
+    """A second, smaller GGUF run on its own KV cache, greedily or by sampling.
+
+    The cache holds the history, or, where a policy bounds catching up and feeding all the
+    cache lacks would cost more than `FeedCost.window` allows, the history's first token (the
+    start token, which attention leans on) and its last `window` tokens.
+    """
 
     name = "draft"
 
@@ -217,6 +255,8 @@ class DraftModel:
         """`sample`: at temperature > 0, sample the drafts (verified by the p/q rule); else greedy."""
         self.context = context
         self.sample = sample
+        self.feed = FeedCost()
+        self.start = 0  # where in the history the cache's window begins, after its first token (0: all of it)
         # Reused every token: no vocab-sized allocation per draft.
         self._softmax = np.empty(context.model.n_vocab, dtype=np.float32)
         self._scratch = np.empty(context.model.n_vocab, dtype=bool)
@@ -230,11 +270,11 @@ class DraftModel:
         if budget.k < 1:
             return Draft(self.name)
         # Reuse the cached prefix; this also catches up after a fully accepted draft.
-        common = self.context.reuse_prefix(history)
-        if common == len(history):
-            self.context.truncate(common - 1)  # we need the last position's logits again
-        started, missing = time.perf_counter(), history[len(self.context.tokens) :]
-        logits = self.context.eval(missing)
+        view = self._view(history, policy.bounds_catch_up)
+        if len(self.context.tokens) == len(view):
+            self.context.truncate(len(view) - 1)  # we need the last position's logits again
+        started, missing = time.perf_counter(), view[len(self.context.tokens) :]
+        logits = self.feed.eval(self.context, missing)
         catch_up_s = catch_up_seconds(len(missing), budget.k, time.perf_counter() - started)
         sample = self.sample and not sampler.settings.greedy
         tokens: list[int] = []
@@ -250,7 +290,7 @@ class DraftModel:
             if q is not None:
                 dists.append(q)
             if i < budget.k - 1:
-                logits = self.context.eval([token])
+                logits = self.feed.eval(self.context, [token])
         measured = sample or policy.wants_confidence
         return Draft(self.name, tokens, dists if sample else None, confidences if measured else None, catch_up_s=catch_up_s)
 
@@ -269,8 +309,24 @@ class DraftModel:
         np.exp(self._softmax, out=self._softmax)
         return float(1.0 / self._softmax.sum())
 
+    def _view(self, history: Sequence[int], bounded: bool) -> Sequence[int]:
+        """What the cache should hold of `history`, its longest cached prefix kept: all of it, or
+        where catching up is bounded and it lacks more than the window, its first and last tokens."""
+        window = self.feed.window if bounded else len(history)
+        if self.start >= len(history) - 1 or len(history) <= window + 1:
+            self.start = 0  # rolled back into the window's gap, or all of it fits the window now
+        view = self._windowed(history)
+        if len(view) - self.context.reuse_prefix(view) > window:
+            self.start = len(history) - window
+            view = self._windowed(history)
+            self.context.reuse_prefix(view)
+        return view
+
+    def _windowed(self, history: Sequence[int]) -> Sequence[int]:
+        return [*history[:1], *history[self.start :]] if self.start else history
+
     def rollback(self, history: Sequence[int]) -> None:
-        self.context.reuse_prefix(history)
+        self.context.reuse_prefix(self._windowed(history) if self.start < len(history) - 1 else history)
 
 
 class Hybrid:

@@ -93,6 +93,9 @@ class DraftPolicy(Protocol):
     label: str  # how --k and the chat panel name it ("auto", "8", "llama.cpp")
     max_k: int  # the longest draft it ever grants: the verify batch needs max_k + 1 rows
     wants_confidence: bool  # whether `keep` reads a token's probability (drafters compute it only then)
+    # Whether a model draft far behind the text (a new prompt) may catch up on its recent part only,
+    # bounded by what that costs (auto); else it feeds all of it, as llama.cpp does.
+    bounds_catch_up: bool
 
     def cap(self, source: Source, limit: int, prior: float = PRIOR) -> Budget:
         """This step's budget for `source`, at most `limit` tokens (k = 0: do not draft).
@@ -115,6 +118,7 @@ class FixedK:
     """Draft k tokens whenever the drafter offers them (a lookup copy may offer fewer)."""
 
     wants_confidence = False
+    bounds_catch_up = False
 
     def __init__(self, k: int):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -289,6 +293,7 @@ class AutoK:
     """Cost-aware k per step from measured verify costs and online acceptance estimates."""
 
     wants_confidence = True
+    bounds_catch_up = True
 
     def __init__(self, verify_costs: list[float], decay: float = 0.9):
         """`verify_costs[w]`: seconds to verify w rows; the widest sets the longest draft."""

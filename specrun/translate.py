@@ -10,7 +10,9 @@ tokenization, converting only what was accepted since the last step: the draft t
 its last guess that the accepted text confirms stay in the cache as they are; the rest is
 re-encoded from a few tokens before the boundary (so a merge across it comes out as the
 draft's own), and the cache rolls back to where the two encodings agree. Never the whole
-history per step (llama.cpp's removed code re-tokenized all of it every step).
+history per step (llama.cpp's removed code re-tokenized all of it every step). Where a policy
+bounds catching up and the cache lacks more than `FeedCost.window` tokens (a new prompt), it
+starts over from the draft's start token and the stream's last `window` target tokens.
 
 Its guesses reach the target one of two ways (`mode`):
 - "text": the drafted text is tokenized with the target, so the target verifies its own
@@ -32,7 +34,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from specrun.backend import Context, Model
-from specrun.drafters import Draft, Translation, catch_up_seconds
+from specrun.drafters import Draft, FeedCost, Translation, catch_up_seconds
 from specrun.errors import IncompatibleError
 from specrun.policy import Budget, DraftPolicy, Source
 from specrun.sampling import Distribution, Sampler, filtered
@@ -237,6 +239,8 @@ class TranslatingDraft:
         self.context, self.bridge, self.sample, self.mode = context, bridge, sample, mode
         self.stream = TextStream(bridge)
         self.ends: list[int] = []  # stream offset after each token in the draft's cache (parallel to context.tokens)
+        self.base = 0  # stream offset the cache's text starts at, after the draft's start token (0: all of it)
+        self.feed = FeedCost()
         self._checked = 0  # cached tokens known to match the stream
         self._confirmed_guess = 0  # tokens of the drafter's own guesses the stream confirmed, since the last report
         self._scratch = np.empty(context.model.n_vocab, dtype=bool)
@@ -263,7 +267,7 @@ class TranslatingDraft:
         """How many cached draft tokens the stream has, in the same place (only those past the
         last check are compared: the guess of the last step)."""
         values = self.stream.values
-        start = self.ends[self._checked - 1] if self._checked else 0
+        start = self.ends[self._checked - 1] if self._checked else self.base
         for i in range(self._checked, len(self.ends)):
             end = self.ends[i]
             if end > len(values) or tuple(values[start:end]) != self.bridge.draft_units(self.context.tokens[i]):
@@ -285,13 +289,15 @@ class TranslatingDraft:
         is re-encoded from LOOKBEHIND tokens back (never across a special slot), and the cache
         keeps what both encodings agree on."""
         confirmed = self._confirmed()
+        if not confirmed:
+            self.base = 0  # the text before the window changed: start over from the stream's start
         mapped = self._mapped(self.ends[confirmed - 1] if confirmed else 0)
         if mapped is not None:
             return *mapped, False
         back = max(confirmed - LOOKBEHIND, 0)
         specials = [i + 1 for i in range(back, confirmed) if not self.bridge.draft_pieces[self.context.tokens[i]]]
         back = max([back, *specials])
-        tokens, ends = self._encode(self.ends[back - 1] if back else 0)
+        tokens, ends = self._encode(self.ends[back - 1] if back else self.base)
         cached = self.context.tokens[back:confirmed]
         same = _common_prefix(cached, tokens)
         self._keep(back + same)
@@ -308,6 +314,20 @@ class TranslatingDraft:
             return None
         self._keep(self._checked)
         return tokens, stream.ends[after:]
+
+    def _restart(self, window: int) -> tuple[list[int], list[int]]:
+        """The cache emptied, and the tokens to feed it anew: the draft's start token and the
+        stream from `window` target tokens back (all of it where it is no longer), not from
+        inside a character."""
+        stream, first = self.stream, max(len(self.stream.target) - window, 0)
+        while 0 < first < len(stream.target) and 0x80 <= stream.values[stream.ends[first - 1]] < 0xC0:
+            first += 1  # a UTF-8 continuation byte: the character began in the token before
+        self.base = stream.ends[first - 1] if first else 0
+        self._keep(0)
+        tokens, ends = self._encode(self.base)
+        if self.base and self.bridge.draft_bos is not None:
+            return [self.bridge.draft_bos, *tokens], [self.base, *ends]  # its end: where the text goes on
+        return tokens, ends
 
     def _encode(self, start: int) -> tuple[list[int], list[int]]:
         """The draft's tokens for the stream from `start` on, and each one's end offset; text that
@@ -337,7 +357,7 @@ class TranslatingDraft:
         if not tokens:
             tokens, ends = [self.context.tokens[-1]], [self.ends[-1]]
             self._keep(len(self.ends) - 1)
-        logits = self.context.eval(tokens)
+        logits = self.feed.eval(self.context, tokens)
         self.ends += ends
         if from_stream:
             self._checked = len(self.ends)
@@ -351,6 +371,11 @@ class TranslatingDraft:
         started = time.perf_counter()
         self._follow(history)
         new, new_ends, reencoded = self._catch_up()
+        window = self.feed.window if policy.bounds_catch_up else None
+        if self.base and (window is None or len(self.stream.target) <= window):
+            (new, new_ends), reencoded = self._restart(len(self.stream.target)), True  # all of it, from the start
+        elif window is not None and len(new) > window:
+            (new, new_ends), reencoded = self._restart(window), True
         kept, self._confirmed_guess = self._confirmed_guess, 0
         translating = time.perf_counter() - started
         pending = self.stream.values[new_ends[-1] if new_ends else self.ends[-1] if self.ends else 0:]

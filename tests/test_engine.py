@@ -3,10 +3,10 @@ greedy exactness, rollback of both caches, long prompts, stops."""
 
 import numpy as np
 import pytest
-from reference import GEMMA_ATOL, TINY_ATOL, FreshContexts, assert_greedy_choice, assert_reads_match, record_reads
+from reference import GEMMA_ATOL, TINY_ATOL, BoundedK, FreshContexts, assert_greedy_choice, assert_reads_match, record_reads
 
 from specrun.backend import Context, ContextOptions, Model
-from specrun.drafters import DraftModel, Hybrid, PromptLookup
+from specrun.drafters import MIN_WINDOW, DraftModel, FeedCost, Hybrid, PromptLookup
 from specrun.engine import Done, Generator, StepEvent, TokenEvent
 from specrun.errors import SpecrunError
 from specrun.policy import FixedK
@@ -139,6 +139,54 @@ def test_a_draft_model_reports_catching_up_apart_from_drafting(tiny):
         assert drafter.propose(history, 4, FixedK(4), Sampler.seeded(SamplerSettings())).catch_up_s == 0
     finally:
         model.close()
+
+
+def test_a_draft_far_behind_catches_up_on_its_first_token_and_a_window_where_the_policy_bounds_it(tiny):
+    """Under auto a draft fed a long prompt reads its start token and last tokens (what that costs
+    is bounded), and all of it once feeding is measured cheap; fixed k feeds all, as llama.cpp."""
+    model = Model(tiny["draft"], role="draft")
+    greedy = Sampler.seeded(SamplerSettings())
+    try:
+        drafter = DraftModel(Context(model, ContextOptions(n_ctx=1024)), sample=False)
+        history = model.tokenize(" ".join([PROMPT] * 8))
+        assert len(history) > 2 * MIN_WINDOW
+        assert len(drafter.propose(history, 4, BoundedK(4), greedy).tokens) == 4
+        drafter.rollback(history)
+        assert drafter.context.tokens == [history[0], *history[-MIN_WINDOW:]]
+        drafter.propose(history, 4, FixedK(4), greedy)
+        drafter.rollback(history)
+        assert drafter.context.tokens == history
+        drafter.rollback([])
+        drafter.propose(history, 4, BoundedK(4), greedy)
+        drafter.feed.one_s, drafter.feed.batched_s = 1.0, 0.001  # as on a GPU: a batch far cheaper per token
+        drafter.propose(history, 4, BoundedK(4), greedy)
+        drafter.rollback(history)
+        assert drafter.context.tokens == history
+    finally:
+        model.close()
+
+
+def test_greedy_output_is_the_targets_argmax_with_a_draft_reading_a_window(tiny, monkeypatch):
+    """The target's own weights as the draft, reading the start token and the last tokens only."""
+    monkeypatch.setattr(FeedCost, "window", MIN_WINDOW)  # whatever feeding measures on this machine
+    target_model, draft_model = Model(tiny["target"]), Model(tiny["same"], role="draft")
+    try:
+        target, draft = (Context(model, ContextOptions(n_ctx=512)) for model in (target_model, draft_model))
+        generator = Generator(target, DraftModel(draft, sample=False), Sampler.seeded(SamplerSettings()), BoundedK(4))
+        prompt = target_model.tokenize(" ".join([PROMPT] * 8))
+        target_reads, draft_reads = record_reads(target), record_reads(draft)
+        events = list(generator.generate(prompt, 40))
+        tokens = [e.token for e in events if isinstance(e, TokenEvent)]
+        assert events[-1].stats.accepted > 0 and draft.tokens[0] == prompt[0] and len(draft.tokens) < len(prompt)
+        with FreshContexts(tiny["target"], 512) as fresh:
+            assert_reads_match(target_reads, fresh)
+            for i, token in enumerate(tokens):
+                assert_greedy_choice(fresh.logits(prompt + tokens[:i]), token)
+        with FreshContexts(tiny["same"], 512) as fresh:
+            assert assert_reads_match(draft_reads, fresh) > 0  # each row is the window's own
+    finally:
+        target_model.close()
+        draft_model.close()
 
 
 def test_a_prompt_longer_than_the_session_batch(tiny):

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from reference import TINY_ATOL, FreshContexts, assert_reads_match, record_reads
+from reference import TINY_ATOL, BoundedK, FreshContexts, assert_greedy_choice, assert_reads_match, record_reads
 from test_engine import PROMPT, assert_greedy_exact
 
 from specrun.backend import Context, ContextOptions, Model
+from specrun.drafters import MIN_WINDOW, FeedCost
 from specrun.errors import IncompatibleError, SpecrunError
 from specrun.policy import FixedK
 from specrun.sampling import Sampler, SamplerSettings
@@ -134,6 +135,51 @@ def test_a_step_reencodes_a_short_window_however_long_the_history(translating, m
         assert sum(encoded) < 48, (len(history), encoded)
     drafter.rollback(history)
     assert cached_text(drafter) == target_text(target, history)
+
+
+@pytest.mark.parametrize("draft_name, target_name", [("gpt2", "target"), ("target", "gpt2")])
+def test_a_draft_far_behind_reads_its_start_token_and_a_window_where_the_policy_bounds_it(tiny, draft_name, target_name):
+    """Under auto a translated draft fed a long prompt reads its start token (when it has one)
+    and the last target tokens' text, and all of it once feeding is measured cheap."""
+    target, draft = Model(tiny[target_name]), Model(tiny[draft_name], role="draft")
+    context = Context(draft, ContextOptions(n_ctx=2048, n_threads=1))
+    try:
+        drafter = TranslatingDraft(context, VocabBridge(target, draft))
+        history = target.tokenize(" ".join([PROMPT] * 8))
+        assert len(history) > 2 * MIN_WINDOW
+        drafter.propose(history, 4, BoundedK(4), GREEDY)
+        drafter.rollback(history)
+        assert cached_text(drafter) == target_text(target, history[-MIN_WINDOW:])
+        assert (context.tokens[0] == draft.bos) == draft.add_bos
+        drafter.propose(history, 4, FixedK(4), GREEDY)  # fixed k feeds all of it, as llama.cpp does
+        drafter.rollback(history)
+        assert cached_text(drafter) == target_text(target, history)
+        drafter.rollback([])
+        drafter.propose(history, 4, BoundedK(4), GREEDY)
+        drafter.feed.one_s, drafter.feed.batched_s = 1.0, 0.001  # as on a GPU: a batch far cheaper per token
+        drafter.propose(history, 4, BoundedK(4), GREEDY)
+        drafter.rollback(history)
+        assert cached_text(drafter) == target_text(target, history)
+    finally:
+        context.close()
+        draft.close()
+        target.close()
+
+
+def test_greedy_output_is_the_targets_argmax_with_a_translated_draft_reading_a_window(tiny, monkeypatch):
+    monkeypatch.setattr(FeedCost, "window", MIN_WINDOW)  # whatever feeding measures on this machine
+    config = SessionConfig(target=tiny["target"], draft=tiny["gpt2"], k=4, n_ctx=1024, threads=1)
+    with Session(config) as session:
+        prompt = session.tokenize(" ".join([PROMPT] * 8))
+        target_reads, draft_reads = record_reads(session.target), record_reads(session.drafter.context)
+        run = session.generator(policy=BoundedK(4)).run(prompt, 40)
+        assert run.stats.drafted > 0 and len(session.drafter.context.tokens) < len(prompt)
+        with FreshContexts(tiny["target"], 1024) as fresh:
+            assert_reads_match(target_reads, fresh)
+            for i, token in enumerate(run.tokens):
+                assert_greedy_choice(fresh.logits(prompt + run.tokens[:i]), token)
+        with FreshContexts(tiny["gpt2"], 2048) as fresh:
+            assert assert_reads_match(draft_reads, fresh) > 0  # each row is the window's own
 
 
 def test_a_draft_sharing_almost_nothing_is_refused_with_the_reason(tiny, models):
