@@ -399,8 +399,9 @@ class AutoK:
             track.steps = 0  # a useful probe: judge the source afresh, from this step on
         first = track.steps == 0
         track.steps += 1
-        if step.drafted:
-            track.draft_token_s = ema(track.draft_token_s, (step.draft_s - step.catch_up_s) / step.drafted, 0.2, first)
+        if step.drafted or step.draft_s > step.catch_up_s:
+            # A model draft that kept no token still decoded once to guess the first: that is its cost.
+            track.draft_token_s = ema(track.draft_token_s, (step.draft_s - step.catch_up_s) / max(step.drafted, 1), 0.2, first)
         if probe:
             track.catch_up_s = step.catch_up_s
         track.tokens_per_step = ema(track.tokens_per_step, step.accepted + 1, 0.1, first)

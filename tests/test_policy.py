@@ -119,6 +119,14 @@ def test_a_first_draft_that_caught_up_a_whole_prompt_is_charged_like_a_probe():
     assert not any(policy.cap("draft", 16).k for _ in range(1990))
 
 
+def test_a_model_draft_whose_every_guess_is_dropped_is_set_aside_for_what_its_decodes_cost():
+    """Each step the model decodes (10 ms) to guess a first token that `keep` then finds too
+    unsure to verify: nothing is drafted, but the decode cost the step's time all the same."""
+    policy = AutoK(FLAT)
+    caps = granted(policy, "draft", 40, lambda cap: StepRecord("draft" if cap else None, 0, 0, None, 0.010 if cap else 0.0, 0.010))
+    assert caps[0] and sum(1 for cap in caps if cap) <= 3  # tried, then plain with a probe now and then
+
+
 def test_an_unmeasured_source_is_probed_once_before_plain():
     policy = AutoK(CPU)
     # A prior of 0.4 makes plain look faster, but nothing of this source was measured yet.
