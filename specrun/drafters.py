@@ -54,7 +54,16 @@ class FeedCost:
         self.one_s = 0.0  # seconds for a one-token decode
         self.batched_s = 0.0  # seconds per token in a batch of TIMED_BATCH or more
 
+    @property
+    def measured(self) -> bool:
+        return bool(self.one_s and self.batched_s)
+
     def eval(self, context: Context, tokens: Sequence[int]) -> np.ndarray:
+        """Feed `tokens`, timing it; until both costs are known, a batch goes in as all but its
+        last token and then that one alone, which times each at no extra cost."""
+        if not self.measured and len(tokens) > TIMED_BATCH:
+            self.eval(context, tokens[:-1])
+            tokens = tokens[-1:]
         started = time.perf_counter()
         logits = context.eval(tokens)
         seconds = time.perf_counter() - started
@@ -67,7 +76,7 @@ class FeedCost:
 
     @property
     def window(self) -> int:
-        if not (self.one_s and self.batched_s):
+        if not self.measured:
             return MIN_WINDOW
         return max(MIN_WINDOW, int(CATCH_UP_DRAFTS * self.one_s / self.batched_s))
 
@@ -269,13 +278,11 @@ class DraftModel:
         budget = policy.cap(self.name, min(limit, self.context.free_slots - 1))
         if budget.k < 1:
             return Draft(self.name)
-        # Reuse the cached prefix; this also catches up after a fully accepted draft.
-        view = self._view(history, policy.bounds_catch_up)
-        if len(self.context.tokens) == len(view):
-            self.context.truncate(len(view) - 1)  # we need the last position's logits again
-        started, missing = time.perf_counter(), view[len(self.context.tokens) :]
-        logits = self.feed.eval(self.context, missing)
-        catch_up_s = catch_up_seconds(len(missing), budget.k, time.perf_counter() - started)
+        started = time.perf_counter()
+        fed, logits = self._catch_up(history, policy.bounds_catch_up)
+        if self.start and len(history) <= self.feed.window + 1:
+            fed, logits = self._catch_up(history, True)  # that feed timed feeding cheap enough for all of it
+        catch_up_s = catch_up_seconds(fed, budget.k, time.perf_counter() - started)
         sample = self.sample and not sampler.settings.greedy
         tokens: list[int] = []
         dists: list[Distribution] = []
@@ -308,6 +315,15 @@ class DraftModel:
         np.subtract(row, row.max(), out=self._softmax)
         np.exp(self._softmax, out=self._softmax)
         return float(1.0 / self._softmax.sum())
+
+    def _catch_up(self, history: Sequence[int], bounded: bool) -> tuple[int, np.ndarray]:
+        """Feed the cache what it lacks of its view of `history` (its cached prefix reused; after
+        a fully accepted draft, just that); how many tokens that was, and the last one's logits."""
+        view = self._view(history, bounded)
+        if len(self.context.tokens) == len(view):
+            self.context.truncate(len(view) - 1)  # we need the last position's logits again
+        missing = view[len(self.context.tokens) :]
+        return len(missing), self.feed.eval(self.context, missing)
 
     def _view(self, history: Sequence[int], bounded: bool) -> Sequence[int]:
         """What the cache should hold of `history`, its longest cached prefix kept: all of it, or

@@ -384,6 +384,9 @@ class TranslatingDraft:
             return Draft(self.source)  # nothing to draft from yet, or no room left in the draft's cache
         started = time.perf_counter()
         logits = self._decode(new, new_ends, from_stream=True)
+        if self.base and window is not None and len(self.stream.target) <= self.feed.window:
+            new, new_ends = self._restart(len(self.stream.target))  # that feed timed feeding cheap enough for all of it
+            logits = self._decode(new, new_ends, from_stream=True)
         catch_up_s = catch_up_seconds(len(new), budget.k, time.perf_counter() - started)
         guess = self._guess(logits, budget, policy, sampler)
         started = time.perf_counter()

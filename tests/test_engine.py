@@ -166,6 +166,20 @@ def test_a_draft_far_behind_catches_up_on_its_first_token_and_a_window_where_the
         model.close()
 
 
+def test_a_first_feed_times_a_batch_and_one_token_and_feeds_all_where_that_shows_it_cheap(tiny, monkeypatch):
+    monkeypatch.setattr("specrun.drafters.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
+    model = Model(tiny["draft"], role="draft")
+    try:
+        drafter = DraftModel(Context(model, ContextOptions(n_ctx=1024)), sample=False)
+        history = model.tokenize(" ".join([PROMPT] * 8))
+        assert not drafter.feed.measured
+        drafter.propose(history, 4, BoundedK(4), Sampler.seeded(SamplerSettings()))
+        drafter.rollback(history)
+        assert drafter.feed.measured and drafter.context.tokens == history
+    finally:
+        model.close()
+
+
 def test_greedy_output_is_the_targets_argmax_with_a_draft_reading_a_window(tiny, monkeypatch):
     """The target's own weights as the draft, reading the start token and the last tokens only."""
     monkeypatch.setattr(FeedCost, "window", MIN_WINDOW)  # whatever feeding measures on this machine

@@ -166,6 +166,15 @@ def test_a_draft_far_behind_reads_its_start_token_and_a_window_where_the_policy_
         target.close()
 
 
+def test_a_first_feed_that_shows_feeding_cheap_feeds_a_translated_draft_all_of_it(translating, monkeypatch):
+    monkeypatch.setattr("specrun.drafters.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
+    target, drafter = translating
+    history = target.tokenize(" ".join([PROMPT] * 8))
+    drafter.propose(history, 4, BoundedK(4), GREEDY)
+    drafter.rollback(history)
+    assert drafter.feed.measured and cached_text(drafter) == target_text(target, history)
+
+
 def test_greedy_output_is_the_targets_argmax_with_a_translated_draft_reading_a_window(tiny, monkeypatch):
     monkeypatch.setattr(FeedCost, "window", MIN_WINDOW)  # whatever feeding measures on this machine
     config = SessionConfig(target=tiny["target"], draft=tiny["gpt2"], k=4, n_ctx=1024, threads=1)
