@@ -10,7 +10,7 @@ import numpy as np
 
 from specrun.backend import Context
 from specrun.errors import SpecrunError
-from specrun.policy import PRIOR, DraftPolicy, Source
+from specrun.policy import PRIOR, DraftPolicy, Source, ema
 from specrun.sampling import Distribution, Sampler, filtered
 
 
@@ -68,10 +68,9 @@ class FeedCost:
         logits = context.eval(tokens)
         seconds = time.perf_counter() - started
         if len(tokens) == 1:
-            self.one_s = seconds if not self.one_s else 0.8 * self.one_s + 0.2 * seconds
+            self.one_s = ema(self.one_s, seconds, 0.2, not self.one_s)
         elif len(tokens) >= TIMED_BATCH:
-            per_token = seconds / len(tokens)
-            self.batched_s = per_token if not self.batched_s else 0.8 * self.batched_s + 0.2 * per_token
+            self.batched_s = ema(self.batched_s, seconds / len(tokens), 0.2, not self.batched_s)
         return logits
 
     @property

@@ -315,6 +315,11 @@ class TranslatingDraft:
         self._keep(self._checked)
         return tokens, stream.ends[after:]
 
+    def _fits_whole(self, window: int | None) -> bool:
+        """Whether a cache that holds a window should be fed all of the text now: the policy
+        does not bound catching up (None), or all of it fits the window."""
+        return bool(self.base) and (window is None or len(self.stream.target) <= window)
+
     def _restart(self, window: int) -> tuple[list[int], list[int]]:
         """The cache emptied, and the tokens to feed it anew: the draft's start token and the
         stream from `window` target tokens back (all of it where it is no longer), not from
@@ -372,7 +377,7 @@ class TranslatingDraft:
         self._follow(history)
         new, new_ends, reencoded = self._catch_up()
         window = self.feed.window if policy.bounds_catch_up else None
-        if self.base and (window is None or len(self.stream.target) <= window):
+        if self._fits_whole(window):
             (new, new_ends), reencoded = self._restart(len(self.stream.target)), True  # all of it, from the start
         elif window is not None and len(new) > window:
             (new, new_ends), reencoded = self._restart(window), True
@@ -384,7 +389,7 @@ class TranslatingDraft:
             return Draft(self.source)  # nothing to draft from yet, or no room left in the draft's cache
         started = time.perf_counter()
         logits = self._decode(new, new_ends, from_stream=True)
-        if self.base and window is not None and len(self.stream.target) <= self.feed.window:
+        if window is not None and self._fits_whole(self.feed.window):
             new, new_ends = self._restart(len(self.stream.target))  # that feed timed feeding cheap enough for all of it
             logits = self._decode(new, new_ends, from_stream=True)
         catch_up_s = catch_up_seconds(len(new), budget.k, time.perf_counter() - started)
