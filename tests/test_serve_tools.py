@@ -11,6 +11,7 @@ import pytest
 from serve_helpers import RunningServer
 from tinymodels import write_tiny_llama
 
+from specrun import structured
 from specrun.serve.server import ServeOptions
 from specrun.session import SessionConfig
 
@@ -200,6 +201,18 @@ def test_what_chat_cannot_honour_is_a_400_naming_the_field(generic, extra, param
     assert error["param"] == param and error["code"] == code, error
     if param.startswith("messages") and "content" in param:
         assert extra["messages"][0]["content"][0]["type"] in error["message"]  # it names the kind of part
+
+
+def test_each_tool_schema_is_converted_once_and_one_not_chosen_is_still_checked(generic, monkeypatch):
+    converted = []
+    convert = structured.json_schema_to_gbnf
+    monkeypatch.setattr(structured, "json_schema_to_gbnf", lambda schema: converted.append(schema) or convert(schema))
+    choose = {"type": "function", "function": {"name": "get_time"}}
+    ok(generic, CHAT, {"messages": ASK, "tools": TOOLS, "tool_choice": choose, "max_tokens": 4})
+    assert len(converted) == 2  # the chosen tool's call, and the other tool alone
+    unchosen = {"type": "function", "function": {"name": "f", "parameters": MINIMUM}}
+    refused = generic.post(CHAT, json={"messages": ASK, "tools": [CLOCK, unchosen], "tool_choice": choose, "max_tokens": 4})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools[1].function.parameters"
 
 
 def test_completion_logprobs_are_refused_and_fields_that_ask_for_nothing_are_served(generic):

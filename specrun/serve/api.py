@@ -369,31 +369,39 @@ def _tools(body: ChatBody) -> ToolRequest | None:
     if choice == "none":
         return None
     functions = [tool.function.as_dict() for tool in body.tools]
-    _check_functions(functions)
+    _check_names(functions)
     named = body.tool_choice.function.name if choice == "function" else None
     chosen = [function for function in functions if named in (None, function["name"])]
-    if not chosen:
+    call = _call_grammar(functions, chosen)
+    if call is None:
         raise invalid_value("tool_choice.function.name", f"no tool is called {named!r} "
                             f"(the tools: {', '.join(function['name'] for function in functions)}).")
-    try:
-        call = call_grammar(chosen)
-    except SchemaError as error:  # the converter's refusal of the tools together (each one alone passed)
-        raise invalid_value("tools", f"{error}.") from None
     return ToolRequest(tuple({"type": "function", "function": function} for function in functions),
                        must_call=choice != "auto", named=named, parallel=body.parallel_tool_calls is not False, call=call)
 
 
-def _check_functions(functions: list[dict]) -> None:
-    """Each tool's name is its own and its parameters can be held to (a 400 naming the tool's field otherwise)."""
+def _check_names(functions: list[dict]) -> None:
     for i, function in enumerate(functions):
         if any(function["name"] == other["name"] for other in functions[:i]):
-            param = f"tools[{i}].function.name"
-            raise invalid_value(param, f"another tool is called {function['name']!r} too.")
-        try:
-            grammar_from_json_schema(function_parameters(function))
-        except SchemaError as error:
-            param = f"tools[{i}].function.parameters"
-            raise invalid_value(param, f"{error}.") from None
+            raise invalid_value(f"tools[{i}].function.name", f"another tool is called {function['name']!r} too.")
+
+
+def _call_grammar(functions: list[dict], chosen: list[dict]) -> Grammar | None:
+    """One call of a chosen tool (None: none is chosen), every tool's parameters checked that they
+    can be held to. Each schema goes through the converter once: the chosen ones together, the
+    rest alone; only when that fails is each converted alone, to name the first tool at fault."""
+    try:
+        for function in functions:
+            if function not in chosen:
+                grammar_from_json_schema(function_parameters(function))
+        return call_grammar(chosen) if chosen else None
+    except SchemaError as together:
+        for i, function in enumerate(functions):
+            try:
+                grammar_from_json_schema(function_parameters(function))
+            except SchemaError as error:
+                raise invalid_value(f"tools[{i}].function.parameters", f"{error}.") from None
+        raise invalid_value("tools", f"{together}.") from None  # each alone passed; together they do not
 
 
 def _max_tokens(body: Body) -> int | None:
