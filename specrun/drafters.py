@@ -62,8 +62,11 @@ class FeedCost:
         """Feed `tokens`, timing it; until both costs are known, a batch goes in as all but its
         last token and then that one alone, which times each at no extra cost."""
         if not self.measured and len(tokens) > TIMED_BATCH:
-            self.eval(context, tokens[:-1])
+            self._timed(context, tokens[:-1])
             tokens = tokens[-1:]
+        return self._timed(context, tokens)
+
+    def _timed(self, context: Context, tokens: Sequence[int]) -> np.ndarray:
         started = time.perf_counter()
         logits = context.eval(tokens)
         seconds = time.perf_counter() - started

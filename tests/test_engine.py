@@ -173,9 +173,12 @@ def test_a_first_feed_times_a_batch_and_one_token_and_feeds_all_where_that_shows
         drafter = DraftModel(Context(model, ContextOptions(n_ctx=1024)), sample=False)
         history = model.tokenize(" ".join([PROMPT] * 8))
         assert not drafter.feed.measured
+        reads = record_reads(drafter.context)
         drafter.propose(history, 4, BoundedK(4), Sampler.seeded(SamplerSettings()))
         drafter.rollback(history)
         assert drafter.feed.measured and drafter.context.tokens == history
+        # The window (start token and MIN_WINDOW tokens) went in as two decodes: all but its last token, then that one.
+        assert [len(held) for held, _ in reads[:2]] == [MIN_WINDOW, MIN_WINDOW + 1]
     finally:
         model.close()
 
