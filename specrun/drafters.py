@@ -21,7 +21,6 @@ class Translation:
     seconds: float  # re-encoding the accepted text and tokenizing the guess for the target
     # Draft tokens fed to its cache for the text accepted since the last step:
     reencoded: int  # re-encoded from a window of the text
-    mapped: int  # target tokens with a same-bytes draft token, taken through the token map
     kept: int  # its own guess, which the accepted text confirmed (already cached)
 
 

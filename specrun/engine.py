@@ -62,7 +62,6 @@ class Stats:
     check_s: float = 0.0  # reading the verified logits rows (argmax or filtering) and accept/reject
     translate_s: float = 0.0  # a draft with another vocabulary: keeping its text in step with the target's (in draft_s)
     draft_tokens_reencoded: int = 0  # ... draft tokens fed to its cache by re-encoding a window of the accepted text
-    draft_tokens_mapped: int = 0  # ... by the token map (a target token with a same-bytes draft token)
     draft_tokens_kept: int = 0  # ... its own guesses that the accepted text confirmed
     grammar_tokens: int = 0  # tokens the grammar forced and its draft proposed, accepted
     generate_s: float = 0.0  # wall time after the prompt was processed
@@ -84,7 +83,7 @@ class Stats:
     @property
     def translated_feed(self) -> int:
         """Draft tokens a draft with another vocabulary fed its cache, however they came."""
-        return self.draft_tokens_reencoded + self.draft_tokens_mapped + self.draft_tokens_kept
+        return self.draft_tokens_reencoded + self.draft_tokens_kept
 
     @property
     def reencoded_share(self) -> float:
@@ -119,7 +118,7 @@ class Stats:
         """Add another run's counters to these (session totals)."""
         for name in ("prompt_tokens", "prefilled_tokens", "tokens", "steps", "drafted", "accepted",
                      "prefill_s", "draft_s", "verify_s", "check_s", "generate_s", "translate_s",
-                     "draft_tokens_reencoded", "draft_tokens_mapped", "draft_tokens_kept", "grammar_tokens"):
+                     "draft_tokens_reencoded", "draft_tokens_kept", "grammar_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("drafted_by_position", "accepted_by_position"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -147,7 +146,6 @@ class Stats:
             "generate_s": self.generate_s,
             "translate_s": self.translate_s,
             "draft_tokens_reencoded": self.draft_tokens_reencoded,
-            "draft_tokens_mapped": self.draft_tokens_mapped,
             "draft_tokens_kept": self.draft_tokens_kept,
             "reencoded_share": self.reencoded_share,
             "grammar_tokens": self.grammar_tokens,
@@ -342,7 +340,6 @@ class Generator:
         if step.draft.translation is not None:
             stats.translate_s += step.draft.translation.seconds
             stats.draft_tokens_reencoded += step.draft.translation.reencoded
-            stats.draft_tokens_mapped += step.draft.translation.mapped
             stats.draft_tokens_kept += step.draft.translation.kept
 
     def _rollback(self, history: list[int]) -> None:

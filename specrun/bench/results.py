@@ -49,8 +49,7 @@ class Totals(Stats):
             "draft_share": _ratio(self.draft_s, self.generate_s),
             "verify_share": _ratio(self.verify_s, self.generate_s),
             # A draft with another vocabulary: its cache's tokens that came from re-encoding the accepted
-            # text (the rest: through the token map, or its own guesses the text confirmed), and the
-            # time translating took.
+            # text (the rest: its own guesses the text confirmed), and the time translating took.
             "reencoded_share": self.reencoded_share if self.translated_feed else None,
             "translate_share": _ratio(self.translate_s, self.generate_s),
             "matches_plain": _ratio(sum(self.matches), len(self.matches)) if self.matches else None,

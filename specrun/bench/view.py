@@ -49,7 +49,7 @@ def translation_table(document: dict) -> Table | None:
         return None
     table = Table(title="Translated drafts (a draft with another vocabulary)", caption=(
         "re-encoded: of the tokens fed to the draft's cache, the share re-encoded from a window of the accepted text "
-        "(the rest: through the token map, or its own guesses the text confirmed); translating: share of the time "
+        "(the rest: its own guesses the text confirmed); translating: share of the time "
         "spent converting between the vocabularies"),
         caption_justify="left")
     for column in ("method", "k", "re-encoded", "translating", "accepted"):

@@ -39,7 +39,7 @@ class Metrics:
         self.accepted_tokens = 0
         self.accepted_by_position: list[int] = []
         self.translate_s = 0.0  # a draft with another vocabulary: time converting between the vocabularies
-        self.translated_cache_tokens: Counter[str] = Counter({"reencoded": 0, "mapped": 0, "kept": 0})  # fed to its cache, by how
+        self.translated_cache_tokens: Counter[str] = Counter({"reencoded": 0, "kept": 0})  # fed to its cache, by how
         self.draft_tokens_by_source: Counter[str] = Counter()
         self.accepted_by_source: Counter[str] = Counter()
         self._gauges = {"num_requests_running": 0, "num_requests_waiting": 0, "ngram_store_tokens": 0}
@@ -68,7 +68,6 @@ class Metrics:
             self.generation_tokens += stats.tokens
             self.translate_s += stats.translate_s
             self.translated_cache_tokens["reencoded"] += stats.draft_tokens_reencoded
-            self.translated_cache_tokens["mapped"] += stats.draft_tokens_mapped
             self.translated_cache_tokens["kept"] += stats.draft_tokens_kept
 
     def reject(self, why: str) -> None:
@@ -104,7 +103,7 @@ class Metrics:
             yield _counter("spec_decode_translate_seconds", "Seconds a draft with another vocabulary spent translating.",
                            self.translate_s)
             yield _counter("spec_decode_translated_cache_tokens", "Tokens fed to a translated draft's cache: re-encoded "
-                           "from the accepted text, mapped token by token, or kept (its own guesses the text confirmed).",
+                           "from the accepted text, or kept (its own guesses the text confirmed).",
                            self.translated_cache_tokens, "how")
             yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests on the model now.",
                                     value=self._gauges["num_requests_running"])

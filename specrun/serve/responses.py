@@ -39,7 +39,7 @@ def timings(outcome: Outcome) -> dict:
     prompt_n, prompt_ms, predicted_ms = _prompt_n(outcome), 1000 * s.prefill_s, 1000 * s.generate_s
     forced = {"draft_n_grammar": s.grammar_tokens} if s.grammar_tokens else {}
     translated = {"draft_translate_ms": 1000 * s.translate_s, "draft_n_reencoded": s.draft_tokens_reencoded,
-                  "draft_n_mapped": s.draft_tokens_mapped, "draft_n_kept": s.draft_tokens_kept} if s.translated_feed else {}
+                  "draft_n_kept": s.draft_tokens_kept} if s.translated_feed else {}
     return {
         "cache_n": outcome.prompt_tokens - prompt_n,
         "prompt_n": prompt_n,
