@@ -218,7 +218,6 @@ class Guess:
     draft: list[int]
     dists: list[Distribution]  # q of each, when sampled
     confidences: list[float]
-    lookahead: int | None = None  # text mode: the token after them, which shows where the last target token ends
 
 
 class TranslatingDraft:
@@ -378,29 +377,24 @@ class TranslatingDraft:
         return Draft(self.source, tokens[:limit], dists, confidences, fed, catch_up_s)
 
     def _guess(self, logits: np.ndarray, budget: Budget, policy: DraftPolicy, sampler: Sampler) -> Guess:
-        """Up to budget.k draft tokens from the cache's end, each decoded onto it but the last.
-
-        In text mode the token after the last one kept is picked too (so the last kept one is
-        decoded): not verified, it shows where the target token the drafted text ends in ends.
-        """
+        """Up to budget.k draft tokens from the cache's end, each decoded onto it but the last."""
         sample = self.sample and not sampler.settings.greedy
         text = self.mode == "text"
         guess = Guess([], [], [])
-        for i in range(budget.k + text):
+        for i in range(budget.k):
             row = logits[-1]
             if not text:
                 np.putmask(row, self.bridge.unmapped, -np.inf)  # only tokens the target has
             token, q, confidence = self._pick(row, sampler, sample, policy.wants_confidence)
-            kept = policy.keep(budget, confidence) if i < budget.k and self.bridge.translatable(token, text) else None
+            kept = policy.keep(budget, confidence) if self.bridge.translatable(token, text) else None
             if kept is None:
-                guess.lookahead = token if text and self.bridge.draft_pieces[token] else None
                 break
             budget = kept
             guess.draft.append(token)
             guess.confidences.append(confidence)
             if q is not None:
                 guess.dists.append(q)
-            if token in self.bridge.draft.eog_ids or (i == budget.k - 1 and not text):
+            if token in self.bridge.draft.eog_ids or i == budget.k - 1:
                 break
             logits = self._decode([token], [self.ends[-1] + len(self.bridge.draft_units(token))], from_stream=False)
         return guess
@@ -429,26 +423,19 @@ class TranslatingDraft:
         return tokens, dists, guess.confidences or None
 
     def _text_for_target(self, guess: Guess, pending: bytes) -> list[int]:
-        """The drafted text tokenized by the target, with the lookahead's text after it, so the
-        target tokens kept are those that end within the drafted text: there, the text after
-        them shows where they end (a last token could be the start of a longer one)."""
+        """The drafted text's whole characters tokenized by the target, all of them, as llama.cpp
+        did: its last token may be the start of a longer one the target writes, but verifying it
+        costs a row, and where it is the target's own it saves a step; telling the two apart
+        would cost a draft decode a step for the token after it."""
         pieces = self.bridge.draft_pieces
         ended = bool(guess.draft) and guess.draft[-1] in self.bridge.draft.eog_ids
         text = b"".join(pieces[token] for token in (guess.draft[:-1] if ended else guess.draft))
         if not text.startswith(pending):
             return []  # the draft did not finish the character the target began
         drafted = text[len(pending):]
-        seen = _whole_characters(drafted + (pieces[guess.lookahead] if guess.lookahead is not None else b""))
+        seen = _whole_characters(drafted)
         tokens = (self.bridge.target_tokens(seen) or []) if seen else []
-        if ended:
-            return tokens + [self.bridge.target_end] if seen == drafted else tokens
-        end, kept = 0, []
-        for token in tokens:
-            end += len(self.bridge.target_pieces[token])
-            if end > len(drafted) or (end == len(drafted) and guess.lookahead is None):
-                break  # without a token after it, a target token ending with the text may go on
-            kept.append(token)
-        return kept
+        return tokens + [self.bridge.target_end] if ended and seen == drafted else tokens
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
