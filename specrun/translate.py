@@ -103,7 +103,8 @@ class VocabBridge:
         drafts = {piece for piece in self.draft_pieces if piece}
         self.overlap = Overlap(len(drafts), len(first_target), len(drafts & first_target.keys()))
         self._units: dict[int, tuple[int, ...]] = {}
-        self._words: dict[bytes, list[int] | None] = {}
+        self._target_words: dict[bytes, list[int] | None] = {}
+        self._draft_words: dict[bytes, list[int] | None] = {}
 
     @staticmethod
     def _specials(model: Model, pieces: list[bytes]) -> dict[bytes, int]:
@@ -151,7 +152,7 @@ class VocabBridge:
         is spelled byte by byte, and the spelling stops before a byte the draft has no token for."""
         tokens: list[int] = []
         for valid, run in _utf8_runs(text):
-            encoded = exact_tokens(self.draft, self.draft_pieces, run) if valid else None
+            encoded = _by_words(self.draft, self.draft_pieces, self._draft_words, run) if valid else None
             if encoded is None:
                 encoded = [self.draft_bytes[b] for b in itertools.takewhile(self.draft_bytes.__contains__, run)]
                 if len(encoded) < len(run):
@@ -160,22 +161,8 @@ class VocabBridge:
         return tokens
 
     def target_tokens(self, text: bytes) -> list[int] | None:
-        """`text` in the target's tokens, as the target's tokenizer writes it, word by word: each
-        space after a word starts a new piece, and each piece is tokenized once and remembered.
-        Where the target has no token across such a space (Gemma 3 has one in 262k, BPE
-        pre-tokenizers none), this is the tokenization of the whole; a lookup spares the
-        tokenizer, whose tables a decode has just pushed out of the CPU's caches."""
-        tokens: list[int] = []
-        for word in _words(text):
-            known = self._words.get(word)
-            if known is None:
-                if len(self._words) >= WORDS_KEPT:
-                    self._words.clear()
-                known = self._words[word] = exact_tokens(self.target, self.target_pieces, word)
-            if known is None:
-                return None
-            tokens += known
-        return tokens
+        """`text` in the target's tokens, as the target's tokenizer writes it (`_by_words`)."""
+        return _by_words(self.target, self.target_pieces, self._target_words, text)
 
     def translatable(self, draft_token: int, as_text: bool) -> bool:
         """Whether a drafted token can reach the target: as text any text token can; as a token,
@@ -461,6 +448,24 @@ def exact_tokens(model: Model, pieces: list[bytes], text: bytes) -> list[int] | 
         if spelled.endswith(b"\n") and b"".join(pieces[t] for t in led[i + 1 :]) == text:
             return led[i + 1 :]
     return None
+
+
+def _by_words(model: Model, pieces: list[bytes], known: dict[bytes, list[int] | None], text: bytes) -> list[int] | None:
+    """`text` in `model`'s tokens, word by word: each space after a word starts a new piece, and
+    each piece is tokenized once and remembered in `known`. Where the model has no token across
+    such a space (Gemma 3 has one in 262k, BPE pre-tokenizers none), this is the tokenization of
+    the whole; a lookup spares the tokenizer, whose tables a decode has just pushed out of the
+    CPU's caches."""
+    tokens: list[int] = []
+    for word in _words(text):
+        if word not in known:
+            if len(known) >= WORDS_KEPT:
+                known.clear()
+            known[word] = exact_tokens(model, pieces, word)
+        if known[word] is None:
+            return None
+        tokens += known[word]
+    return tokens
 
 
 def _words(text: bytes) -> list[bytes]:
