@@ -104,6 +104,20 @@ def test_a_character_split_across_tokens_waits_for_its_last_byte(translating):
     assert all(0 <= token < target.n_vocab for token in draft.tokens)
 
 
+def test_a_text_draft_of_k_tokens_decodes_each_but_the_last(translating):
+    target, drafter = translating
+    history = target.tokenize(PROMPT)
+    drafter.propose(history, 4, FixedK(4), GREEDY)
+    drafter.rollback(history)
+    before = len(drafter.context.tokens)
+    widths: list[int] = []
+    evaluate = drafter.context.eval
+    drafter.context.eval = lambda tokens, *rest: widths.append(len(tokens)) or evaluate(tokens, *rest)
+    draft = drafter.propose(history, 4, FixedK(4), GREEDY)
+    assert widths == [1, 1, 1, 1]  # the cache's last token again, for its logits; then 3 of the 4 guesses
+    assert len(drafter.context.tokens) == before + 3 and draft.tokens
+
+
 def test_special_tokens_become_the_drafts_own(translating):
     target, drafter = translating
     history = target.tokenize("the cat") + [target.eos] + target.tokenize("the dog", add_special=False)
