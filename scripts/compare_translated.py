@@ -92,6 +92,10 @@ def main() -> None:
                 for name, run in kinds.items():
                     runs[name].append({"prompt": i, **run(prompt, file)})
     report(runs)
+    pair = (f"specrun --k {args.k}", f"llama.cpp --draft-max {args.k} --draft-p-min 0")
+    texts = [{run["prompt"]: run["text"] for run in runs[name]} for name in pair]
+    same = sorted(i for i in texts[0] if _same(texts[0][i], texts[1][i]))
+    print(f"prompts where {pair[0]} and {pair[1]} wrote the same text: {same or 'none'}")
 
 
 def report(runs: dict[str, list[dict]]) -> None:
@@ -102,12 +106,13 @@ def report(runs: dict[str, list[dict]]) -> None:
         accepted = sum(r["accepted_per_step"] for r in rows) / len(rows)
         same = {r["prompt"] for r in rows if _same(r["text"], plain_text[r["prompt"]])}
         print(f"{name:40} {rate:7.1f} {accepted:14.2f} {len(same):>10} of {len(plain_text)}")
-    print("per prompt (tok/s, mean over rounds):")
-    for name, rows in runs.items():
-        by_prompt = collections.defaultdict(list)
-        for r in rows:
-            by_prompt[r["prompt"]].append(r["tok_s"])
-        print(f"  {name:38} " + " ".join(f"{sum(v) / len(v):6.1f}" for _, v in sorted(by_prompt.items())))
+    for key, what in (("tok_s", "tok/s"), ("accepted_per_step", "accepted per step")):
+        print(f"per prompt ({what}, mean over rounds):")
+        for name, rows in runs.items():
+            by_prompt = collections.defaultdict(list)
+            for r in rows:
+                by_prompt[r["prompt"]].append(r[key])
+            print(f"  {name:38} " + " ".join(f"{sum(v) / len(v):6.2f}" for _, v in sorted(by_prompt.items())))
 
 
 def _same(a: str, b: str) -> bool:
