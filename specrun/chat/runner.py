@@ -56,13 +56,16 @@ class ChatRunner:
         """The prompt for the next reply (raises SpecrunError if even the message alone does not fit)."""
         return self.conversation.prompt(user_text, reserve=self.max_tokens)
 
-    def reply(self, turn: Turn, view: ReplyView, started: float | None = None) -> Reply:
-        """Stream the reply to a prepared turn and make both part of the conversation."""
+    def reply(self, turn: Turn, view: ReplyView, started: float | None = None,
+              cancelled: Callable[[], bool] = lambda: False) -> Reply:
+        """Stream the reply to a prepared turn and make both part of the conversation; `cancelled`
+        is asked after every event and ends the reply as Ctrl-C does (its stop reason is "interrupted")."""
         started = time.perf_counter() if started is None else started
         if self.plain_rate:
             self.plain_rate.reset_step_clock()
         generator = self.session.generator(policy=self.policy, sampler=self.sampler)
-        reply = stream_reply(generator, turn.tokens, self.max_tokens, turn.stops, _Tap(view, self._observe_step), started)
+        reply = stream_reply(generator, turn.tokens, self.max_tokens, turn.stops, _Tap(view, self._observe_step), started,
+                             cancelled)
         if turn.dropped:
             del self.replies[: turn.dropped]
         self.conversation.add_reply(turn, reply.tokens, reply.text)

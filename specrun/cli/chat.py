@@ -17,6 +17,7 @@ from specrun.chat.runner import ChatRunner, check_reply_tokens
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
 from specrun.cli.chat_view import LivePanel, PlainView, reply_line, summary_line
+from specrun.cli.interrupts import CtrlC
 from specrun.errors import SpecrunError
 from specrun.session import Session
 from specrun.settings import SettingError
@@ -133,7 +134,7 @@ class Shell:
                 continue
             try:
                 self.send(message[1:] if message.startswith("//") else message)
-            except KeyboardInterrupt:  # a second Ctrl-C while the reply was being closed
+            except KeyboardInterrupt:  # a second Ctrl-C, while the first one's step was still running
                 self.interrupted()
 
     def interrupted(self) -> None:
@@ -217,8 +218,8 @@ class InteractiveShell(Shell):
             return self.failed(exc)
         if turn.dropped:
             self.console.print(f"[yellow]context full: left out the oldest {turn.dropped} exchange(s)[/]")
-        with LivePanel(self.console, self.runner, self.title, started) as panel:
-            panel.finish(self.runner.reply(turn, panel, started))
+        with CtrlC() as ctrl_c, LivePanel(self.console, self.runner, self.title, started) as panel:
+            panel.finish(self.runner.reply(turn, panel, started, cancelled=ctrl_c.pressed))
 
 
 class PipedShell(Shell):
@@ -241,7 +242,8 @@ class PipedShell(Shell):
         if turn.dropped:
             note(f"context full: left out the oldest {turn.dropped} exchange(s)", style="")
         view = PlainView()
-        reply = self.runner.reply(turn, view)
+        with CtrlC() as ctrl_c:
+            reply = self.runner.reply(turn, view, cancelled=ctrl_c.pressed)
         view.finish()
         note(reply_line(reply), style="")
         if reply.stop_reason == "interrupted":
