@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tinymodels import write_tiny_llama  # noqa: E402
 
 pytest_plugins = ["hub_fixtures"]  # the fake hub and the isolated stores, for the tests that ask for them
+
+# A shell starts a background job with SIGINT ignored, and a process keeps what it inherits
+# ignored: under `bash .ci/run &` (or a CI runner that does the same) every program a test
+# starts would shrug off the Ctrl-C the test sends it. The tests' programs get Ctrl-C as
+# they do from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
