@@ -71,7 +71,7 @@ def history(model: Model, prompt: str, n_tokens: int, threads: int) -> list[int]
 def compare(model: Model, tokens: list[int], n_prompt: int, k: int, options: ContextOptions) -> tuple[int, float, int, list, list]:
     context = Context(model, options)
     try:
-        context.eval(tokens[:n_prompt], logits_rows=0)
+        context.eval(tokens[:n_prompt])
         rows = mismatches = 0
         worst = 0.0
         single_s, batch_s = [], []
@@ -108,7 +108,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = parser.parse_args()
     if args.model is None:
-        from specrun.default_model import embedded_model_path
+        from specrun.hub.embedded import embedded_model_path
 
         args.model = embedded_model_path()
     ubatches = [int(value) for value in args.ubatch.split(",")]

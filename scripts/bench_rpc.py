@@ -31,9 +31,9 @@ import threading
 import time
 from pathlib import Path
 
-from specrun import rpc
-from specrun.default_model import embedded_model_path
+from specrun.backend import rpc
 from specrun.errors import SpecrunError
+from specrun.hub.embedded import embedded_model_path
 
 HERE = Path(__file__).parent
 CHUNK = 1 << 16

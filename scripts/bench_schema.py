@@ -24,7 +24,7 @@ from bench_serve import FIELDS, Running, Setup, client, llama_server_setups, tim
 from bench_serve import agent_prompts as records
 from compare_llama_cpp import build_tools
 
-from specrun.default_model import embedded_model_path
+from specrun.hub.embedded import embedded_model_path
 
 SCHEMA = {
     "type": "object",

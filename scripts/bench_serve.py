@@ -43,7 +43,7 @@ import httpx
 from chat_ttft import MESSAGES
 from compare_llama_cpp import build_tools, read_prompts
 
-from specrun.default_model import embedded_model_path
+from specrun.hub.embedded import embedded_model_path
 
 HERE = Path(__file__).parent
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specrun.chat.formats import choose_format
 from specrun.chat.runner import ChatRunner
-from specrun.default_model import embedded_model_path
+from specrun.hub.embedded import embedded_model_path
 from specrun.session import Session, SessionConfig
 
 # A long first message, so the history is a few hundred tokens before the later turns.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from specrun.default_model import embedded_model_path
+from specrun.hub.embedded import embedded_model_path
 
 HERE = Path(__file__).parent
 TOOLS = ["llama-bench", "llama-completion", "llama-lookup", "llama-speculative-simple"]

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from compare_llama_cpp import build_tools, read_prompts, tool_speed
 
-from specrun.default_model import embedded_model_path
+from specrun.hub.embedded import embedded_model_path
 
 HERE = Path(__file__).parent
 SERVER_TYPES = ["none", "ngram-simple", "ngram-mod", "ngram-map-k"]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from compare_llama_cpp import build_tools
 
-from specrun.default_model import embedded_model_path
+from specrun.hub.embedded import embedded_model_path
 
 HERE = Path(__file__).parent
 PROMPTS = [

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from compare_llama_cpp import read_prompts
 
-from specrun.default_model import embedded_model_path
-from specrun.engine import Stats
+from specrun.core.events import Stats
+from specrun.hub.embedded import embedded_model_path
 from specrun.session import Session, SessionConfig
 
 HERE = Path(__file__).parent

@@ -22,7 +22,7 @@ from bench_serve import agent_prompts
 from specrun import grammar_from_json_schema
 from specrun.backend import Context, ContextOptions, Model
 from specrun.backend.grammar import GrammarState
-from specrun.default_model import embedded_model_path
+from specrun.hub.embedded import embedded_model_path
 
 
 def timed(fn, *args):

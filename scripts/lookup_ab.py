@@ -10,8 +10,9 @@ drafted tokens the target accepted.
 
 --keep-policy keeps one policy per version and k across all prompts and rounds, as
 `specrun bench`, `chat` and `serve` keep theirs, so what auto learned carries over.
-The baseline's drafters and policy must speak today's contracts (DraftSource.propose with
-a policy and a sampler, DraftPolicy budgets): a revision from 6fc0d6f on.
+The baseline's lookup and policies must speak today's contracts (DraftSource.propose with a
+DraftRequest, DraftPolicy.offer/extend/observe) in today's layout (specrun/drafts/lookup.py,
+specrun/core/policy.py and auto.py): a revision from the one that introduced them on.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from pathlib import Path
 
 from compare_llama_cpp import read_prompts
 
-from specrun import drafters, policy
 from specrun.bench.prompts import load_builtin
-from specrun.default_model import embedded_model_path
-from specrun.engine import Generator, Stats, StepEvent
-from specrun.sampling import Sampler
+from specrun.core import auto, policy
+from specrun.core.engine import Generator
+from specrun.core.events import Stats, StepEvent
+from specrun.core.sampling import Sampler
+from specrun.drafts import lookup
+from specrun.hub.embedded import embedded_model_path
 from specrun.session import Session, SessionConfig
 
 HERE = Path(__file__).parent
@@ -42,7 +45,9 @@ def module_at(revision: str, name: str, tmp: Path):
     shown = subprocess.run(["git", "show", f"{revision}:specrun/{name}.py"], cwd=HERE.parent,
                            capture_output=True, text=True)
     if shown.returncode != 0:
-        sys.exit(f"lookup_ab: no specrun/{name}.py at revision {revision!r} (give a commit of this repository)")
+        sys.exit(f"lookup_ab: no specrun/{name}.py at revision {revision!r} (give a commit of this repository "
+                 "from the drafts/ and core/ layout on)")
+    name = name.replace("/", "_")
     path = tmp / f"baseline_{name}.py"
     path.write_text(shown.stdout)
     spec = importlib.util.spec_from_file_location(f"baseline_{name}", path)
@@ -52,15 +57,15 @@ def module_at(revision: str, name: str, tmp: Path):
     return module
 
 
-def new_lookup(drafters_module, session: Session):
-    """A PromptLookup as `drafters_module` (now or a revision's) builds it for the session's model."""
-    if hasattr(drafters_module, "blank_lines"):
-        return drafters_module.PromptLookup(breaks=drafters_module.blank_lines(session.target.model))
-    return drafters_module.PromptLookup()
+def new_lookup(lookup_module, session: Session):
+    """A PromptLookup as `lookup_module` (now or a revision's) builds it for the session's model."""
+    return lookup_module.PromptLookup(breaks=lookup_module.blank_lines(session.target.model))
 
 
 def make_policy(policies, k: int | str, costs: list[float]):
-    return policies.AutoK(costs) if k == "auto" else policies.FixedK(k)
+    """`policies`: the (policy, auto) modules of one version."""
+    fixed, cost_aware = policies
+    return cost_aware.AutoK(costs) if k == "auto" else fixed.FixedK(k)
 
 
 def main() -> None:
@@ -80,8 +85,9 @@ def main() -> None:
         prompts = [("prompts", text) for text in read_prompts(args.prompts)]
     ks = [int(k) if k.isdigit() else k for k in args.k.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        baseline = (module_at(args.baseline, "drafters", Path(tmp)), module_at(args.baseline, "policy", Path(tmp)))
-        versions = {"now": (drafters, policy), args.baseline: baseline}
+        baseline = (module_at(args.baseline, "drafts/lookup", Path(tmp)),
+                    (module_at(args.baseline, "core/policy", Path(tmp)), module_at(args.baseline, "core/auto", Path(tmp))))
+        versions = {"now": (lookup, (policy, auto)), args.baseline: baseline}
         runs = [("plain", None, 1)] + [(name, modules, k) for name, modules in versions.items() for k in ks]
         speed = collections.defaultdict(list)  # (name, k) -> (prompt index, tokens, seconds)
         sources = collections.defaultdict(lambda: [0, 0])  # (name, k, group, source) -> drafted, accepted

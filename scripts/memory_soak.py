@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specrun.core.sampling import SamplerSettings  # noqa: E402
 from specrun.errors import SpecrunError  # noqa: E402
-from specrun.sampling import SamplerSettings  # noqa: E402
 from specrun.session import Session, SessionConfig  # noqa: E402
 
 PROMPTS = [
@@ -69,7 +69,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
     if args.target is None:
-        from specrun.default_model import embedded_model_path
+        from specrun.hub.embedded import embedded_model_path
 
         args.target = embedded_model_path()
     config = SessionConfig(target=args.target, draft=args.draft, lookup=args.lookup, k=4, n_ctx=512,

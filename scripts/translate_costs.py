@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specrun.default_model import embedded_model_path  # noqa: E402
+from specrun.hub.embedded import embedded_model_path  # noqa: E402
 from specrun.session import Session, SessionConfig  # noqa: E402
 
 PARAGRAPH = (

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specrun.backend import Context, ContextOptions, Model, ModelOptions  # noqa: E402
-from specrun.policy import time_decodes  # noqa: E402
+from specrun.core.costs import time_decodes  # noqa: E402
 
 WIDTHS = [*range(1, 18), 24, 32, 48, 64, 96, 128, 256]
 
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="also draw the curves to this image")
     args = parser.parse_args()
     if args.model is None:
-        from specrun.default_model import embedded_model_path
+        from specrun.hub.embedded import embedded_model_path
 
         args.model = embedded_model_path()
     ubatches = [int(u) for u in args.ubatch_size.split(",")]

@@ -8,7 +8,7 @@ The public Python API is what this package exports (docs/python-api.md):
         print(session.generate("The capital of France is", max_tokens=16).text)
 
 Importing specrun is cheap: llama.cpp and the models load when a name that needs them is
-first used. Every other module (specrun.engine, specrun.policy, specrun.backend, ...) is
+first used. Every other module (specrun.core, specrun.drafts, specrun.backend, ...) is
 internal and may change between releases.
 """
 
@@ -30,17 +30,17 @@ _LAZY = {
     "Session": "specrun.session",
     "SessionConfig": "specrun.session",
     "Generation": "specrun.session",
-    "SamplerSettings": "specrun.sampling",
-    "TokenEvent": "specrun.engine",
-    "StepEvent": "specrun.engine",
-    "Done": "specrun.engine",
-    "Stats": "specrun.engine",
+    "SamplerSettings": "specrun.core.sampling",
+    "TokenEvent": "specrun.core.events",
+    "StepEvent": "specrun.core.events",
+    "Done": "specrun.core.events",
+    "Stats": "specrun.core.events",
     "Reply": "specrun.chat.reply",
-    "Grammar": "specrun.structured",
-    "SchemaError": "specrun.structured",
-    "grammar_from_json_schema": "specrun.structured",
-    "grammar_from_gbnf": "specrun.structured",
-    "json_object_grammar": "specrun.structured",
+    "Grammar": "specrun.grammar.schemas",
+    "SchemaError": "specrun.grammar.schemas",
+    "grammar_from_json_schema": "specrun.grammar.schemas",
+    "grammar_from_gbnf": "specrun.grammar.schemas",
+    "json_object_grammar": "specrun.grammar.schemas",
 }
 
 __all__ = ["IncompatibleError", "RpcLost", "RpcTimeout", "SettingError", "SpecrunError", "__version__", *_LAZY]

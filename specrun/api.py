@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Union
 
-from specrun import backend, rpc
+from specrun import backend
+from specrun.backend import rpc
 from specrun.chat.formats import Message, choose_format
 from specrun.chat.reply import Piece, Reply
 from specrun.chat.runner import ChatRunner
-from specrun.engine import Stats, StepEvent
+from specrun.core.events import Stats, StepEvent
 from specrun.hub import resolve_pair
 from specrun.session import Session, SessionConfig
 

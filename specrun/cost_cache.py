@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 from specrun.backend import llama_cpp_version
-from specrun.default_model import cache_dir
 from specrun.files import WriteError, write_text_atomic
+from specrun.hub.embedded import cache_dir
 
 
 def cache_file() -> Path:

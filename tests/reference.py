@@ -17,7 +17,6 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
-from specrun.policy import FixedK
 
 # Batched and one-token decodes differ in floating point: on the tiny float32 models by
 # up to ~0.006 after 60 tokens of drafting and rollback (up to ~1.3 on Gemma 3 270M
@@ -67,12 +66,6 @@ class FreshContexts:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class BoundedK(FixedK):
-    """Fixed k that bounds a far-behind model draft's catch-up as auto does, without auto's timing."""
-
-    bounds_catch_up = True
 
 
 def record_reads(context: Context) -> list[tuple[list[int], np.ndarray]]:

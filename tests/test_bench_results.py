@@ -6,14 +6,15 @@ from specrun.bench.export import build_document, csv_rows
 from specrun.bench.methods import Variant
 from specrun.bench.results import Results, recommend
 from specrun.bench.runner import Run
-from specrun.engine import Stats
+from specrun.core.events import Stats
 
 PLAIN, LOOKUP = Variant("plain"), Variant("lookup", 4)
 
 
 def stats(tokens, seconds, drafted=0, accepted=0, steps=None, by_position=((), ())):
     return Stats(
-        tokens=tokens, generate_s=seconds, steps=steps or tokens, drafted=drafted, accepted=accepted,
+        tokens=tokens, prefills=1, generate_s=seconds, steps=steps or tokens - 1, drafted=drafted, accepted=accepted,
+        drafts=by_position[0][0] if by_position[0] else 0,
         drafted_by_position=list(by_position[0]), accepted_by_position=list(by_position[1]),
         prompt_tokens=10, prefilled_tokens=9, prefill_s=0.1, draft_s=seconds / 10, verify_s=seconds / 2,
     )
@@ -45,7 +46,8 @@ def test_per_prompt_speedup_is_the_ratio_of_median_speeds():
     assert results.prompt_row(0, "plain")["tokens_per_s"] == 10.0
     row = results.prompt_row(0, "lookup_k4")
     assert row["tokens_per_s"] == 20.0 and row["speedup"] == 2.0
-    assert row["acceptance_rate"] == 18 / 24 and row["mean_accepted_length"] == 30 / 12
+    assert row["acceptance_rate"] == 18 / 24 and row["mean_accepted_length"] == 1 + 18 / 12  # llama.cpp's: per draft
+    assert row["tokens_per_step"] == (30 - 3) / 12  # per target decode, the prefills' first tokens left out
     assert row["acceptance_by_position"] == [9 / 12, 6 / 6, 3 / 3, 0.0]
     assert row["matches_plain"] == pytest.approx(2 / 3) and row["runs"] == 3
     assert results.prompt_row(1, "lookup_k4")["speedup"] == 0.5
@@ -76,7 +78,7 @@ def test_document_and_csv_shapes():
 
 def row(method, k, speedup, acceptance=0.5, length=2.0, draft_share=0.1):
     return {"method": method, "k": k, "speedup": speedup, "acceptance_rate": acceptance,
-            "mean_accepted_length": length, "draft_share": draft_share}
+            "mean_accepted_length": length, "tokens_per_step": length, "draft_share": draft_share}
 
 
 def test_recommendation_names_the_best_and_why():

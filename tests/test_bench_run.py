@@ -12,7 +12,7 @@ import pytest
 from specrun.bench.methods import METHODS, plan_variants
 from specrun.bench.runner import measure, run_variant
 from specrun.cli.app import run_app
-from specrun.sampling import SamplerSettings
+from specrun.core.sampling import SamplerSettings
 from specrun.session import Session, SessionConfig
 
 PROMPTS = [
@@ -139,8 +139,9 @@ def check_counts(row, k):
     k = k if isinstance(k, int) else 511  # auto and llama.cpp draft at most n_batch - 1
     assert 0 <= row["accepted"] <= row["drafted"]
     assert row["acceptance_rate"] == pytest.approx(row["accepted"] / row["drafted"] if row["drafted"] else 0)
-    assert row["mean_accepted_length"] == pytest.approx(row["tokens"] / row["steps"])
-    assert 1 <= row["mean_accepted_length"] <= k + 1
+    assert row["mean_accepted_length"] == pytest.approx(1 + row["accepted"] / row["drafts"] if row["drafts"] else 0)
+    assert row["tokens_per_step"] == pytest.approx((row["tokens"] - row["runs"]) / row["steps"])  # the prefills give one each
+    assert row["drafts"] == 0 or 1 <= row["mean_accepted_length"] <= k + 1
     assert len(row["acceptance_by_position"]) <= k
     assert all(0 <= rate <= 1 for rate in row["acceptance_by_position"])
     assert row["matches_plain"] is None or 0 <= row["matches_plain"] <= 1

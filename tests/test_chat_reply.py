@@ -1,7 +1,8 @@
 """Streaming a reply: stop strings held back and trimmed, Ctrl-C keeps what was written."""
 
 from specrun.chat.reply import StopScanner, stream_reply
-from specrun.engine import Done, Generator, Stats, StepEvent, TokenEvent
+from specrun.core.engine import Generator
+from specrun.core.events import Done, Stats, StepEvent, TokenEvent
 
 EOG = 99
 

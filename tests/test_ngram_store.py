@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
+from specrun.core.policy import FixedK
+from specrun.core.sampling import Sampler, SamplerSettings
+from specrun.drafts.base import DraftRequest
+from specrun.drafts.store import NgramStore, StoreLookup
 from specrun.errors import SpecrunError
-from specrun.ngram_store import NgramStore, StoreLookup
-from specrun.policy import FixedK
-from specrun.sampling import Sampler, SamplerSettings
 from specrun.session import Session, SessionConfig
 from specrun.settings import SettingError
 
@@ -14,7 +15,7 @@ GREEDY = Sampler(SamplerSettings(), np.random.default_rng(0))
 
 
 def propose(store: NgramStore, history: list[int], limit: int = 32):
-    return StoreLookup(store).propose(history, limit, FixedK(limit), GREEDY)
+    return StoreLookup(store).propose(history, DraftRequest(limit, FixedK(limit), GREEDY))
 
 
 def test_a_repeated_output_is_drafted_from_the_store():

@@ -10,8 +10,8 @@ from gguf import GGUFReader
 from pair_hub_server import serve
 from tinymodels import write_tiny_llama
 
+from specrun.backend.compat import check_vocab
 from specrun.cli.app import run_app
-from specrun.compat import check_vocab
 from specrun.pair.check import check_pair
 from specrun.pair.cost import best_k, decode_cost, expected_speedup, verdict
 from specrun.pair.header import PlainArrayReader, read_local
@@ -209,7 +209,7 @@ def test_offline_hub_file_not_cached_is_an_error(hub, capsys) -> None:
 
 @pytest.mark.gemma
 def test_gemma_with_itself_is_compatible_but_cannot_be_faster(capsys) -> None:
-    from specrun.default_model import embedded_model_path
+    from specrun.hub.embedded import embedded_model_path
 
     gemma = embedded_model_path()
     code, out, _ = run(capsys, gemma, gemma, "--json")

@@ -131,7 +131,7 @@ def test_existing_output_needs_force(tmp_path: Path, capsys) -> None:
 
 @pytest.mark.gemma
 def test_gemma_subset_keeps_each_layers_attention_kind(tmp_path: Path, capsys) -> None:
-    from specrun.default_model import embedded_model_path
+    from specrun.hub.embedded import embedded_model_path
 
     out = tmp_path / "g.gguf"
     code, text, err = derive(capsys, "--target", embedded_model_path(), "--layers", "3-5,11",

@@ -4,48 +4,48 @@ import pytest
 from reference import CONFIDENT_ATOL
 from test_engine import PROMPT, assert_greedy_exact
 
-from specrun.engine import TokenEvent
+from specrun.core.auto import AutoK, SourceTrack
+from specrun.core.costs import measure_verify_costs, time_decodes
+from specrun.core.events import TokenEvent
+from specrun.core.policy import PRIOR, Budget, FixedK, PMinPolicy, StepRecord, parse_k
 from specrun.errors import SpecrunError
-from specrun.policy import (
-    PRIOR,
-    AutoK,
-    Budget,
-    FixedK,
-    PMinPolicy,
-    SourceTrack,
-    StepRecord,
-    measure_verify_costs,
-    parse_k,
-    time_decodes,
-)
 from specrun.session import Session, SessionConfig
 
 FLAT = [0.0] + [0.010] * 18  # a GPU-like target: verifying 17 rows costs what 1 does
 STEEP = [0.0] + [0.010 * w for w in range(1, 19)]  # every row costs a full decode
 
 
+def step(budget, drafted, accepted, confidences=None, draft_s=0.0, verify_s=0.0, catch_up_s=0.0):
+    """The record of a step offered `budget`: its draft verified, or plain where the policy declined."""
+    granted = budget.k > 0
+    return StepRecord(budget if granted else None, () if granted else (budget,), drafted, accepted, confidences, draft_s,
+                      verify_s, catch_up_s)
+
+
 def learn(policy, source, drafted, accepted, times=30, draft_s=0.0, verify_s=None, confidences=None):
-    """Report `times` identical steps; the verify time defaults to what the policy expects."""
+    """Report `times` identical steps of `drafted` tokens, whatever k was offered; the verify time
+    defaults to what the policy expects."""
     for _ in range(times):
-        policy.cap(source, 16)
+        budget = policy.offer(source, 16)
         seconds = policy.costs[drafted + 1] if verify_s is None else verify_s
-        policy.observe(StepRecord(source, drafted, accepted, confidences, draft_s, seconds))
+        policy.observe(StepRecord(budget, (), drafted, accepted, confidences, draft_s, seconds))
 
 
 def granted(policy, source, steps, record, limit=16, prior=PRIOR):
-    """Run `steps` steps of `source`, each reported as `record(k)`: the k each was granted."""
+    """Run `steps` steps of `source`, each reported as `record(budget)`: the k each was granted."""
     ks = []
     for _ in range(steps):
-        ks.append(policy.cap(source, limit, prior).k)
-        policy.observe(record(ks[-1]))
+        budget = policy.offer(source, limit, prior)
+        ks.append(budget.k)
+        policy.observe(record(budget))
     return ks
 
 
 def test_flat_costs_and_high_acceptance_draft_long():
     policy = AutoK(FLAT)
     learn(policy, "lookup", 16, 16)
-    assert policy.cap("lookup", 16).k == 16
-    assert policy.cap("lookup", 5).k == 5  # never past the step's limit
+    assert policy.offer("lookup", 16).k == 16
+    assert policy.offer("lookup", 5).k == 5  # never past the step's limit
 
 
 def test_steep_costs_never_pay_so_k_is_zero():
@@ -58,7 +58,7 @@ def test_low_acceptance_shortens_the_draft():
     costs = [0.0] + [0.010 + 0.002 * w for w in range(1, 19)]
     policy = AutoK(costs)
     # The first guess is always right, the second always wrong.
-    caps = granted(policy, "lookup", 60, lambda cap: StepRecord("lookup", cap, min(cap, 1), None, 0.0, costs[cap + 1]))
+    caps = granted(policy, "lookup", 60, lambda b: step(b, b.k, min(b.k, 1), None, 0.0, costs[b.k + 1]))
     assert caps[0] >= 3  # the prior expects 70% acceptance
     # Mostly one token; as the second position's misses age, it is tried again now and then.
     assert max(caps[-20:]) <= 2 and caps[-20:].count(1) >= 10
@@ -70,7 +70,7 @@ def test_slow_source_falls_back_to_plain_and_probes_with_backoff():
     learn(policy, "draft", 4, 0, times=10, draft_s=0.050)
     # Probes that cost little more than a plain step: spaced by the backed-off interval alone.
     caps = granted(policy, "draft", 40,
-                   lambda cap: StepRecord("draft" if cap else None, 2 if cap else 0, 0, None, 0.001 if cap else 0.0, 0.010))
+                   lambda b: step(b, 2 if b.k else 0, 0, None, 0.001 if b.k else 0.0, 0.010))
     probes = [i for i, cap in enumerate(caps) if cap]
     assert len(probes) >= 2 and caps.count(0) > 30
     assert probes[1] - probes[0] > probes[0]  # the interval doubles while probes fail
@@ -81,7 +81,7 @@ def test_a_costly_probe_waits_until_probes_would_take_a_hundredth_of_the_time():
     learn(policy, "draft", 4, 0, times=10, draft_s=0.050)
     # Each probe's draft first catches its cache up (200 ms) and then keeps no token.
     caps = granted(policy, "draft", 2100,
-                   lambda cap: StepRecord("draft" if cap else None, 0, 0, None, 0.2 if cap else 0.0, 0.010, 0.2 if cap else 0.0))
+                   lambda b: step(b, 0, 0, None, 0.2 if b.k else 0.0, 0.010, 0.2 if b.k else 0.0))
     probes = [i for i, cap in enumerate(caps) if cap]
     # 200 ms lost against 10 ms plain steps: at most 1% of the time is 2,000 steps apart.
     assert len(probes) == 2 and 2000 <= probes[1] - probes[0] <= 2002
@@ -91,7 +91,7 @@ def test_a_useful_probe_brings_speculation_back_at_once():
     policy = AutoK(FLAT)
     learn(policy, "draft", 4, 0, times=10, draft_s=0.050)  # slow and useless: plain from now on
     # The text turns predictable and the draft cheap.
-    caps = granted(policy, "draft", 40, lambda cap: StepRecord("draft" if cap else None, cap, cap, None, 0.0001 * cap, 0.010))
+    caps = granted(policy, "draft", 40, lambda b: step(b, b.k, b.k, None, 0.0001 * b.k, 0.010))
     probe = next(i for i, cap in enumerate(caps) if cap)
     assert caps[probe] == 1  # with drafting at 12.5 ms a token, the shortest probe costs least per token
     assert all(cap > 1 for cap in caps[probe + 1 :])
@@ -111,57 +111,59 @@ def test_a_probe_drafts_the_cheapest_width_per_token():
 
 def test_a_first_draft_that_caught_up_a_whole_prompt_is_charged_like_a_probe():
     policy = AutoK(FLAT)
-    assert policy.cap("draft", 16).k > 0  # unmeasured: drafts on the prior
-    policy.observe(StepRecord("draft", 4, 0, None, 0.208, 0.010, catch_up_s=0.2))  # fed the prompt first (200 ms)
+    first = policy.offer("draft", 16)
+    assert first.k > 0  # unmeasured: drafts on the prior
+    policy.observe(step(first, 4, 0, None, 0.208, 0.010, catch_up_s=0.2))  # fed the prompt first (200 ms)
     assert policy.sources["draft"].draft_token_s == pytest.approx(0.002)  # drafting, without the catch-up
-    assert policy.cap("draft", 16).k > 0
-    policy.observe(StepRecord("draft", 2, 0, None, 0.004, 0.011))  # measured slow: plain from here
-    assert not any(policy.cap("draft", 16).k for _ in range(1990))
+    second = policy.offer("draft", 16)
+    assert second.k > 0
+    policy.observe(step(second, 2, 0, None, 0.004, 0.011))  # measured slow: plain from here
+    assert not any(granted(policy, "draft", 1990, lambda b: step(b, 0, 0, None, 0.0, 0.010)))
 
 
 def test_a_model_draft_whose_every_guess_is_dropped_is_set_aside_for_what_its_decodes_cost():
     """Each step the model decodes (10 ms) to guess a first token that `keep` then finds too
     unsure to verify: nothing is drafted, but the decode cost the step's time all the same."""
     policy = AutoK(FLAT)
-    caps = granted(policy, "draft", 40, lambda cap: StepRecord("draft" if cap else None, 0, 0, None, 0.010 if cap else 0.0, 0.010))
+    caps = granted(policy, "draft", 40, lambda b: step(b, 0, 0, None, 0.010 if b.k else 0.0, 0.010))
     assert caps[0] and sum(1 for cap in caps if cap) <= 3  # tried, then plain with a probe now and then
 
 
 def test_an_unmeasured_source_is_probed_once_before_plain():
     policy = AutoK(CPU)
     # A prior of 0.4 makes plain look faster, but nothing of this source was measured yet.
-    assert policy.cap("lookup", 16, prior=0.4).k == 3
-    policy.observe(StepRecord("lookup", 3, 0, None, 0.0, CPU[4]))
-    assert [policy.cap("lookup", 16, prior=0.4).k for _ in range(10)] == [0] * 10
+    probe = policy.offer("lookup", 16, prior=0.4)
+    assert probe.k == 3
+    policy.observe(step(probe, 3, 0, None, 0.0, CPU[4]))
+    assert granted(policy, "lookup", 10, lambda b: step(b, 0, 0, None, 0.0, CPU[1]), prior=0.4) == [0] * 10
 
 
 def test_confidence_stop_learns_which_confidences_pay():
     policy = AutoK([0.0] + [0.010 + 0.004 * w for w in range(1, 19)])
-    policy.cap("draft", 16)
-    policy.observe(StepRecord("draft", 1, 1, [0.95], 0.001, 0.014))
+    policy.observe(step(policy.offer("draft", 16), 1, 1, [0.95], 0.001, 0.014))
     # Tokens drafted at 0.3 confidence were never accepted; at 0.95 always.
     for _ in range(200):
-        policy.observe(StepRecord("draft", 2, 1, [0.95, 0.3], 0.002, 0.018))
-    first = policy.keep(policy.cap("draft", 16), 0.95)
+        policy.observe(StepRecord(Budget("draft", 2), (), 2, 1, [0.95, 0.3], 0.002, 0.018))
+    first = policy.extend(policy.offer("draft", 16), 0.95)
     assert first is not None and first.kept == 1
-    assert policy.keep(first, 0.3) is None
+    assert policy.extend(first, 0.3) is None
 
 
 def test_a_steps_budget_is_a_value_another_step_cannot_disturb():
     policy = AutoK([0.0] + [0.010 + 0.001 * w for w in range(1, 19)])
-    budget = policy.cap("draft", 16)
-    kept = policy.keep(budget, 0.9)
-    policy.cap("store", 16)  # another source's step in between
-    assert policy.keep(kept, 0.9) == policy.keep(policy.keep(budget, 0.9), 0.9)  # the same budget, the same answer
+    budget = policy.offer("draft", 16)
+    kept = policy.extend(budget, 0.9)
+    policy.observe(step(policy.offer("store", 16), 3, 3, None, 0.0, 0.013))  # another source's step in between
+    assert policy.extend(kept, 0.9) == policy.extend(policy.extend(budget, 0.9), 0.9)  # the same budget, the same answer
     assert kept.gain > budget.gain and kept.alive < budget.alive
 
 
 def test_llama_cpp_rule_stops_below_p_min():
     policy = PMinPolicy()
-    budget = policy.cap("draft", 40)
+    budget = policy.offer("draft", 40)
     assert budget.k == 16
     third = Budget("draft", 16, kept=3)
-    assert policy.keep(third, 0.75).kept == 4 and policy.keep(third, 0.74) is None
+    assert policy.extend(third, 0.75).kept == 4 and policy.extend(third, 0.74) is None
 
 
 @pytest.mark.parametrize("text, value", [("4", 4), ("auto", "auto"), ("llama.cpp", "llama.cpp")])
@@ -188,7 +190,7 @@ def test_policies_keep_greedy_output_exact(tiny, drafting, k, monkeypatch):
     under auto too: a tiny model's batch is hardly cheaper per token than one token, so its
     catch-up window would be the least one, without the copy 90 tokens back.
     """
-    monkeypatch.setattr("specrun.drafters.MIN_WINDOW", 256)
+    monkeypatch.setattr("specrun.drafts.model.MIN_WINDOW", 256)
     config = SessionConfig(
         target=tiny["confident"],
         draft=tiny["confident"] if drafting != "lookup" else None,
@@ -221,7 +223,7 @@ def fake_timing(monkeypatch):
         timed.extend(widths)
         return {width: context.cost(width) for width in widths}
 
-    monkeypatch.setattr("specrun.policy.time_decodes", time_decodes)
+    monkeypatch.setattr("specrun.core.costs.time_decodes", time_decodes)
     return timed
 
 
@@ -270,22 +272,21 @@ def test_a_long_copy_accepted_in_full_earns_a_long_draft_and_a_rejection_shorten
     costs = [0.0] + [0.010 + 0.004 * w for w in range(1, 129)]  # this CPU's shape: 14 ms at 1, 4.1 a row at 64
     policy = AutoK(costs)
     # Every copied token accepted.
-    caps = granted(policy, "lookup-copy", 12, lambda cap: StepRecord("lookup-copy", cap, cap, None, 0.0, costs[cap + 1]),
+    caps = granted(policy, "lookup-copy", 12, lambda b: step(b, b.k, b.k, None, 0.0, costs[b.k + 1]),
                    127, 0.97)
     assert caps[0] < 64 and caps[-1] >= 64
-    for _ in range(12):  # now every copy breaks after 8 tokens
-        cap = policy.cap("lookup-copy", 127, prior=0.97).k
-        policy.observe(StepRecord("lookup-copy", cap, min(cap, 8), None, 0.0, costs[cap + 1]))
-    assert policy.cap("lookup-copy", 127, prior=0.97).k <= 16
+    # Now every copy breaks after 8 tokens.
+    granted(policy, "lookup-copy", 12, lambda b: step(b, b.k, min(b.k, 8), None, 0.0, costs[b.k + 1]), 127, 0.97)
+    assert policy.offer("lookup-copy", 127, prior=0.97).k <= 16
 
 
 def test_one_old_rejection_deep_in_a_copy_does_not_cap_later_drafts_below_it():
     costs = [0.0] + [0.010 + 0.004 * w for w in range(1, 129)]
     policy = AutoK(costs)
-    policy.cap("lookup-copy", 127, prior=0.99)
-    policy.observe(StepRecord("lookup-copy", 63, 17, None, 0.0, costs[64]))  # one copy broke at its 18th token
+    copy = policy.offer("lookup-copy", 127, prior=0.99)
+    policy.observe(StepRecord(copy, (), 63, 17, None, 0.0, costs[64]))  # one copy broke at its 18th token
     # Then every copy goes through: shorter drafts must be able to grow past 18 again.
-    caps = granted(policy, "lookup-copy", 30, lambda cap: StepRecord("lookup-copy", cap, cap, None, 0.0, costs[cap + 1]),
+    caps = granted(policy, "lookup-copy", 30, lambda b: step(b, b.k, b.k, None, 0.0, costs[b.k + 1]),
                    127, 0.99)
     assert caps[0] <= 24 and caps[-1] >= 64
 
@@ -294,7 +295,7 @@ def test_a_free_source_is_not_benched_by_one_long_copy_that_broke_early():
     costs = [0.0] + [0.010 + 0.004 * w for w in range(1, 129)]
     policy = AutoK(costs)
     for drafted, accepted in ((26, 3), (3, 3)):  # a long copy broke at its 4th token, then a short one held
-        policy.cap("lookup-copy", 127, prior=0.99)
-        policy.observe(StepRecord("lookup-copy", drafted, accepted, None, 1e-5, costs[drafted + 1]))
+        copy = policy.offer("lookup-copy", 127, prior=0.99)
+        policy.observe(StepRecord(copy, (), drafted, accepted, None, 1e-5, costs[drafted + 1]))
     assert policy.sources["lookup-copy"].rate < policy.plain_rate  # its steps so far were slower than plain
-    assert policy.cap("lookup-copy", 127, prior=0.99).k >= 2  # but short drafts still pay: keep drafting
+    assert policy.offer("lookup-copy", 127, prior=0.99).k >= 2  # but short drafts still pay: keep drafting

@@ -10,7 +10,7 @@ import sys
 import pytest
 from rpc_fake_server import FakeRpcServer
 
-from specrun import rpc
+from specrun.backend import rpc
 from specrun.errors import SpecrunError
 
 
@@ -245,7 +245,7 @@ def test_bench_and_chat_take_rpc(tiny):
 # --- when llama.cpp's own client fails (in a subprocess: it leaves RPC unusable there) ----
 LOAD_ON_SERVER = """
 import sys
-from specrun import rpc
+from specrun.backend import rpc
 {setup}
 from specrun.backend import Model, ModelOptions
 from specrun.errors import RpcLost

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from serve_helpers import wait_healthy
 
-from specrun import rpc
+from specrun.backend import rpc
 from specrun.errors import SpecrunError
 
 RPC_SERVER_ENV = "SPECRUN_RPC_SERVER"

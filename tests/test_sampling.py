@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from reference import chi_square_p
 
+from specrun.core.sampling import Distribution, SamplerSettings, filtered, top_k_ids, verify
 from specrun.errors import SpecrunError
-from specrun.sampling import Distribution, SamplerSettings, filtered, top_k_ids, verify
 
 DRAWS = 100_000
 

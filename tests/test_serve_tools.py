@@ -11,7 +11,7 @@ import pytest
 from serve_helpers import RunningServer
 from tinymodels import write_tiny_llama
 
-from specrun import structured
+from specrun.grammar import schemas as grammar_schemas
 from specrun.serve.server import ServeOptions
 from specrun.session import SessionConfig
 
@@ -205,8 +205,8 @@ def test_what_chat_cannot_honour_is_a_400_naming_the_field(generic, extra, param
 
 def test_each_tool_schema_is_converted_once_and_one_not_chosen_is_still_checked(generic, monkeypatch):
     converted = []
-    convert = structured.json_schema_to_gbnf
-    monkeypatch.setattr(structured, "json_schema_to_gbnf", lambda schema: converted.append(schema) or convert(schema))
+    convert = grammar_schemas.json_schema_to_gbnf
+    monkeypatch.setattr(grammar_schemas, "json_schema_to_gbnf", lambda schema: converted.append(schema) or convert(schema))
     choose = {"type": "function", "function": {"name": "get_time"}}
     ok(generic, CHAT, {"messages": ASK, "tools": TOOLS, "tool_choice": choose, "max_tokens": 4})
     assert len(converted) == 2  # the chosen tool's call, and the other tool alone

@@ -6,7 +6,7 @@ from test_engine import PROMPT
 
 from specrun.backend import Closed, Context, ContextOptions, Model
 from specrun.cli.app import run_app
-from specrun.engine import TokenEvent
+from specrun.core.events import TokenEvent
 from specrun.session import Session, SessionConfig
 
 

@@ -16,16 +16,19 @@ from test_exactness import MIN_P, SETTINGS, first_tokens
 
 from specrun.backend import Context, ContextOptions, Model
 from specrun.backend.grammar import GrammarState
-from specrun.constrain import Constraint, GrammarDraft, GrammarFirst
-from specrun.drafters import Draft, DraftModel, Hybrid, PromptLookup
-from specrun.engine import Generator
+from specrun.core.engine import Generator
+from specrun.core.policy import FixedK
+from specrun.core.sampling import Sampler
+from specrun.drafts.base import Chain, Draft, DraftRequest
+from specrun.drafts.grammar import GrammarDraft, GrammarFirst
+from specrun.drafts.lookup import PromptLookup
+from specrun.drafts.model import DraftModel
+from specrun.drafts.text import exact_tokens
 from specrun.errors import SpecrunError
-from specrun.gbnf import GbnfState, GrammarSyntaxError
-from specrun.policy import FixedK
-from specrun.sampling import Sampler
+from specrun.grammar.constraint import Constraint
+from specrun.grammar.gbnf import GbnfState, GrammarSyntaxError
+from specrun.grammar.schemas import SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
 from specrun.session import Session, SessionConfig
-from specrun.structured import SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
-from specrun.translate import exact_tokens
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
                                            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2}},
@@ -92,7 +95,7 @@ def test_greedy_constrained_output_is_the_masked_argmax_path(tiny, drafting):
         run = session.generator(grammar=grammar).run(prompt, 48)
         plain = session.generator(plain=True, grammar=grammar).run(prompt, 48)
     masked_argmax_path(tiny["target"], prompt, run.tokens, grammar)
-    assert run.stats.grammar_tokens > 0 and run.stats.steps < len(run.tokens)  # what the grammar forced came drafted
+    assert run.stats.accepted_by_source["grammar"] > 0 and run.stats.steps < len(run.tokens)  # what the grammar forced came drafted
     assert plain.stats.drafted == 0
     if run.stop_reason == "eog":
         jsonschema.validate(json.loads(session_text(tiny, run.tokens)), PERSON)
@@ -109,13 +112,13 @@ def session_text(tiny, tokens) -> str:
 class Proposing:
     """A draft source that always proposes the same tokens."""
 
-    name, model = "lookup", None
+    names, counters, parts, runs_model = ("lookup",), (), (), False
 
     def __init__(self, tokens):
         self.tokens = tokens
 
-    def propose(self, history, limit, policy, sampler):
-        return Draft(self.name, self.tokens[:limit])
+    def propose(self, history, request):
+        return Draft.under(request.policy.offer(self.names[0], min(len(self.tokens), request.limit)), self.tokens)
 
     def rollback(self, history):
         pass
@@ -130,10 +133,10 @@ def test_other_sources_draft_past_the_forced_text(tiny, after, drafts):
     model = Model(tiny["target"])
     try:
         forced = GrammarDraft(Constraint(model, grammar_from_json_schema(PERSON)), model)
-        forced_tokens = forced.propose([model.bos], 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens
+        forced_tokens = forced.propose([model.bos], DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens
         forced_text = b"".join(model.piece(t) for t in forced_tokens)
         other = Proposing(exact_tokens(model, model.pieces(), b'{"age": 3' if after is None else forced_text + after))
-        draft = GrammarFirst(forced, other).propose([model.bos], 64, FixedK(64), Sampler.seeded(SETTINGS))
+        draft = GrammarFirst(forced, other).propose([model.bos], DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS)))
     finally:
         model.close()
     assert forced_text.startswith(b'{"')  # the object's opening and its first key are forced
@@ -143,19 +146,15 @@ def test_other_sources_draft_past_the_forced_text(tiny, after, drafts):
 class ModelDrafting(Proposing):
     """A stand-in for a draft model: it counts the times it was asked (each costs decodes)."""
 
-    name = "draft"
+    names, runs_model = ("draft",), True
 
     def __init__(self, tokens):
         super().__init__(tokens)
         self.asked = 0
 
-    @property
-    def model(self):
-        return self
-
-    def propose(self, history, limit, policy, sampler):
+    def propose(self, history, request):
         self.asked += 1
-        return super().propose(history, limit, policy, sampler)
+        return super().propose(history, request)
 
 
 def test_a_draft_model_is_asked_only_where_nothing_is_forced(tiny):
@@ -164,20 +163,20 @@ def test_a_draft_model_is_asked_only_where_nothing_is_forced(tiny):
         constraint = Constraint(model, grammar_from_json_schema(PERSON))
         forced = GrammarDraft(constraint, model)
         start = [model.bos]
-        forced_tokens = forced.propose(start, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens
+        forced_tokens = forced.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens
         forced_text = b"".join(model.piece(t) for t in forced_tokens)
         going_on = exact_tokens(model, model.pieces(), forced_text + b'Ann", "age": 3')
         drafting = ModelDrafting(going_on)
         copy = Proposing(going_on)
-        alone, behind_copy = GrammarFirst(forced, drafting), GrammarFirst(forced, Hybrid(Proposing([]), drafting))
-        assert alone.propose(start, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens == forced_tokens
-        assert behind_copy.propose(start, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens == forced_tokens
+        alone, behind_copy = GrammarFirst(forced, drafting), GrammarFirst(forced, Chain(Proposing([]), drafting))
+        assert alone.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == forced_tokens
+        assert behind_copy.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == forced_tokens
         assert drafting.asked == 0  # the forced text is free: the model's decodes would redo it
-        with_copy = GrammarFirst(forced, Hybrid(copy, drafting))
-        assert with_copy.propose(start, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens == going_on  # a copy still goes past
+        with_copy = GrammarFirst(forced, Chain(copy, drafting))
+        assert with_copy.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == going_on  # a copy still goes past
         constraint.commit(constraint.admissible(forced_tokens), forced_tokens)  # the forced text is accepted
-        assert forced.propose(start + forced_tokens, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens == []
-        assert alone.propose(start + forced_tokens, 64, FixedK(64), Sampler.seeded(SETTINGS)).tokens == going_on[:64]
+        assert forced.propose(start + forced_tokens, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == []
+        assert alone.propose(start + forced_tokens, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == going_on[:64]
         assert drafting.asked == 1  # nothing is forced at the value: the model drafts
     finally:
         model.close()
@@ -275,7 +274,7 @@ def test_generate_holds_its_output_to_a_json_schema_file(tiny, tmp_path, capsys)
     assert run_app(["generate", PROMPT, "-m", str(tiny["target"]), "--lookup", "-n", "64", "--json-schema", str(schema),
                     "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["text"].startswith('{"name": "') and result["stats"]["grammar_tokens"] > 0
+    assert result["text"].startswith('{"name": "') and result["stats"]["accepted_by_source"]["grammar"] > 0
     if result["stats"]["stop_reason"] == "eog":
         jsonschema.validate(json.loads(result["text"]), PERSON)
 

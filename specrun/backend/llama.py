@@ -20,9 +20,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from specrun.backend import rpc_link
+from specrun.backend.compat import VocabFacts
 from specrun.backend.devices import local_gpu_devices, split_array
 from specrun.backend.library import llama, llama_cpp_version
-from specrun.compat import VocabFacts
+from specrun.core.sequences import common_prefix
 from specrun.errors import RpcLost, SpecrunError
 
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
@@ -231,6 +232,11 @@ class Model:
         L = llama()
         return L.llama_vocab_eot(self._vocab)
 
+    @property
+    def turn_end(self) -> int:
+        """The token that ends a turn or a reply: end-of-turn where the vocabulary has one, else end-of-sequence."""
+        return self.eot if self.eot >= 0 else self.eos
+
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of `text` (str, or UTF-8 bytes that may end inside a character)."""
         L = llama()
@@ -347,26 +353,26 @@ class Context:
     def free_slots(self) -> int:
         return self.n_ctx - len(self.tokens)
 
-    def eval(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray | None:
+    def eval(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray:
         """Append tokens to the cache; return logits for the last `logits_rows` of them.
 
         The returned array is a view into llama.cpp's buffer, valid until the next eval.
         """
         if not tokens:
             raise ValueError("eval needs at least one token")
-        if logits_rows > self.n_batch:
-            raise ValueError(f"at most n_batch={self.n_batch} logits rows per eval")
+        if not 1 <= logits_rows <= self.n_batch:
+            raise ValueError(f"from 1 to n_batch={self.n_batch} logits rows per eval, not {logits_rows}")
         if len(tokens) > self.free_slots:
             raise ContextFull(f"{len(tokens)} tokens do not fit in the {self.free_slots} free context slots: raise --ctx-size")
         return self.model._call_llama(self._eval, tokens, min(logits_rows, len(tokens)))
 
-    def _eval(self, tokens: Sequence[int], rows: int) -> np.ndarray | None:
+    def _eval(self, tokens: Sequence[int], rows: int) -> np.ndarray:
         # Decoding on RPC servers is asynchronous: reading the logits is where it waits, so both are one call.
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             rows_here = max(0, rows - (len(tokens) - start - len(chunk)))
             self._decode(chunk, min(rows_here, len(chunk)))
-        return self._logits(rows) if rows else None
+        return self._logits(rows)
 
     def _decode(self, chunk: Sequence[int], logits_rows: int) -> None:
         L = llama()
@@ -410,11 +416,7 @@ class Context:
 
     def reuse_prefix(self, history: Sequence[int]) -> int:
         """Keep the longest cached prefix of `history`, drop the rest; return its length."""
-        limit = min(len(self.tokens), len(history))
-        if self.tokens[:limit] == list(history[:limit]):  # the usual case, compared in C
-            common = limit
-        else:
-            common = next(i for i in range(limit) if self.tokens[i] != history[i])
+        common = common_prefix(self.tokens, history)
         self.truncate(common)
         return common
 
@@ -429,7 +431,7 @@ def system_info() -> dict[str, object]:
     """Versions, compiled backends and CPU features, for `specrun doctor`."""
     L = llama()
     info = L.llama_print_system_info().decode("utf-8", "replace")
-    libs = Path(L.__file__).parent / "lib"
+    libs = Path(str(L.__file__)).parent / "lib"
     # The shared libraries carry llama.cpp's and ggml's versions in their file names.
     versions = sorted(p.name.split(".so.", 1)[0] + " " + p.name.split(".so.", 1)[1] for p in libs.glob("lib*.so.*.*.*"))
     return {

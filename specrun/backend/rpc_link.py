@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Callable
 
-from specrun import rpc
+from specrun.backend import rpc
 from specrun.backend.devices import device_memory, local_gpu_devices
 from specrun.backend.library import ABORT_CALLBACK, ADD_SERVER, ggml, llama, recent_log
 from specrun.errors import RpcLost, RpcTimeout, SpecrunError

@@ -11,7 +11,7 @@ from specrun.bench.results import Results, recommend
 
 CSV_COLUMNS = [
     "prompt", "source", "group", "prompt_tokens", "method", "k", "runs", "tokens", "tokens_per_s", "speedup",
-    "acceptance_rate", "mean_accepted_length", "drafted", "accepted", "acceptance_by_position",
+    "acceptance_rate", "mean_accepted_length", "tokens_per_step", "drafted", "accepted", "acceptance_by_position",
     "prefill_tokens_per_s", "draft_share", "verify_share", "matches_plain", "stop_reasons",
 ]
 

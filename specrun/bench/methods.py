@@ -5,33 +5,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from specrun.drafters import DraftSource, Hybrid
+from specrun.core.policy import parse_k
+from specrun.drafts.base import Chain, DraftSource, model_part
 from specrun.errors import SpecrunError
-from specrun.ngram_store import StoreLookup
-from specrun.policy import parse_k
 from specrun.session import Session
 
 PLAIN = "plain"
 
 
 def _lookup(session: Session) -> DraftSource:
-    return session.prompt_lookup()  # fresh per run: its index is the run's history
+    return session.source("lookup")  # fresh per run: its index is the run's history
 
 
 def _draft_model(session: Session) -> DraftSource:
-    model = session.drafter.model if session.drafter is not None else None  # alone, or chained with lookup and store
+    model = model_part(session.drafter)  # alone, or chained with lookup and store
     if model is None:
         raise SpecrunError("the draft method needs a draft model: pass --draft PATH")
     return model
 
 
 def _hybrid(session: Session) -> DraftSource:
-    return Hybrid(_lookup(session), _draft_model(session))  # lookup when the context matches, else the model
+    return Chain(_lookup(session), _draft_model(session))  # lookup when the context matches, else the model
 
 
 def _store(session: Session) -> DraftSource:
     # Lookup in the prompt first, then the n-grams of the run's earlier prompts and outputs.
-    return Hybrid(_lookup(session), StoreLookup(session.store))
+    return Chain(_lookup(session), session.source("store"))
 
 
 # Method name -> drafter for one run. Plain decoding is the baseline, always measured.

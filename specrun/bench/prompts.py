@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from specrun.errors import SpecrunError
 from specrun.files import read_text
-from specrun.structured import grammar_from_json_schema
+from specrun.grammar.schemas import grammar_from_json_schema
 
 if TYPE_CHECKING:
     from specrun.chat.formats import ChatFormat

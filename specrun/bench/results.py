@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from specrun.bench.methods import PLAIN, Variant
 from specrun.bench.runner import Run
-from specrun.engine import Stats
+from specrun.core.events import Stats
+from specrun.drafts.translated import TranslationStats
 
 SPEEDUP_DEFINITION = (
     "per prompt: median tokens/s over repeats of the method / the same for plain; summary: total tokens / "
@@ -41,21 +42,24 @@ class Totals(Stats):
         self.matches += other.matches
 
     def rates(self) -> dict:
+        translation = TranslationStats.of(self.counters)
         return {
             "acceptance_rate": _ratio(self.accepted, self.drafted),
-            "mean_accepted_length": _ratio(self.tokens, self.steps),
+            "mean_accepted_length": self.mean_accepted_length,
+            "tokens_per_step": self.tokens_per_step,
             "acceptance_by_position": [_ratio(a, d) for a, d in zip(self.accepted_by_position, self.drafted_by_position)],
             "prefill_tokens_per_s": _ratio(self.prefilled_tokens, self.prefill_s),
             "draft_share": _ratio(self.draft_s, self.generate_s),
             "verify_share": _ratio(self.verify_s, self.generate_s),
             # A draft with another vocabulary: its cache's tokens that came from re-encoding the accepted
             # text (the rest: its own guesses the text confirmed), and the time translating took.
-            "reencoded_share": self.reencoded_share if self.translated_feed else None,
-            "translate_share": _ratio(self.translate_s, self.generate_s),
+            "reencoded_share": translation.reencoded_share if translation else None,
+            "translate_share": _ratio(translation.seconds if translation else 0.0, self.generate_s),
             "matches_plain": _ratio(sum(self.matches), len(self.matches)) if self.matches else None,
             "runs": self.runs,  # the counters below are totals over these runs
             "tokens": self.tokens,
             "steps": self.steps,
+            "drafts": self.drafts,
             "drafted": self.drafted,
             "accepted": self.accepted,
         }
@@ -129,10 +133,10 @@ def recommend(summary: dict[str, dict]) -> str:
     best = ranked[0]
     name = f"{best['method']} k={best['k']}"
     # speed-up = tokens per step / cost of a step relative to a plain decode, so the cost follows.
-    step_cost = _ratio(best["mean_accepted_length"], best["speedup"])
+    step_cost = _ratio(best["tokens_per_step"], best["speedup"])
     why = (
         f"{100 * best['acceptance_rate']:.0f}% of drafted tokens accepted, "
-        f"{best['mean_accepted_length']:.2f} tokens per target decode, each step costing {step_cost:.1f}x a plain "
+        f"{best['tokens_per_step']:.2f} tokens per target decode, each step costing {step_cost:.1f}x a plain "
         f"decode, drafting {100 * best['draft_share']:.0f}% of the time"
     )
     if best["speedup"] < 1 + NOISE:  # a gain inside the noise is not worth drafting for

@@ -13,11 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 from specrun.bench.methods import METHODS, PLAIN, Variant
-from specrun.engine import Stats
+from specrun.core.events import Stats
+from specrun.core.sampling import SamplerSettings
 from specrun.errors import SpecrunError
-from specrun.sampling import SamplerSettings
+from specrun.grammar.schemas import Grammar
 from specrun.session import Session
-from specrun.structured import Grammar
 
 
 @dataclass(frozen=True)

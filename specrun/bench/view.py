@@ -35,7 +35,7 @@ def summary_table(document: dict) -> Table:
             f"{row['tokens_per_s']:.1f}",
             _speedup(row["speedup"]),
             f"{100 * row['acceptance_rate']:.0f}%",
-            f"{row['mean_accepted_length']:.2f}",
+            f"{row['tokens_per_step']:.2f}",
             f"{100 * row['draft_share']:.0f}% / {100 * row['verify_share']:.0f}%",
             _match(row["matches_plain"]),
         )

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from specrun.engine import Stats, StepEvent, StopReason, TokenEvent
+from specrun.core.events import Stats, StepEvent, StopReason, TokenEvent
 from specrun.session import Session
 
 CALIBRATION_TEXT = "The history of the city begins"

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from specrun.engine import Generator, Stats, StepEvent, StopReason, TokenEvent, TokenSource
+from specrun.core.engine import Generator
+from specrun.core.events import Stats, StepEvent, StopReason, TokenEvent, TokenSource
 
 Piece = tuple[str, TokenSource]  # (text, where its tokens came from)
 

@@ -12,10 +12,10 @@ from specrun.chat.calibration import PlainRate
 from specrun.chat.conversation import Conversation, Turn
 from specrun.chat.formats import ChatFormat
 from specrun.chat.reply import Reply, ReplyView, SessionStats, stream_reply
-from specrun.engine import Stats, StepEvent
+from specrun.core.events import Stats, StepEvent
+from specrun.core.policy import parse_k
 from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic
-from specrun.policy import parse_k
 from specrun.session import Session
 from specrun.settings import SettingError, check
 
@@ -117,13 +117,13 @@ class ChatRunner:
         t = self.totals
         return {
             "target": str(self.session.config.target),
-            "drafter": self.session.drafter.name if self.session.drafter else None,
+            "drafter": " + ".join(self.session.drafter.names) if self.session.drafter else None,
             "chat_format": self.conversation.format.name,
             "system": self.conversation.system,
             "turns": turns,
             "session": {
                 "replies": len(t.turns), "tokens": t.tokens, "drafted": t.drafted, "accepted": t.accepted,
-                "acceptance_rate": t.acceptance_rate, "mean_accepted_length": t.mean_accepted_length,
+                "acceptance_rate": t.acceptance_rate, "mean_accepted_length": t.mean_accepted_length, "tokens_per_step": t.tokens_per_step,
                 "tokens_per_s": t.tokens_per_s,
                 "plain_tokens_per_s": self.plain_rate.tokens_per_s if self.plain_rate else None,
             },
@@ -141,7 +141,7 @@ class ChatRunner:
             lines.append(f"**Assistant:** {turn['assistant'].strip()}\n")
             lines.append(
                 f"> {s['tokens']} tokens, {s['tokens_per_s']:.1f} tok/s, accepted {s['accepted']}/{s['drafted']} drafts, "
-                f"{s['mean_accepted_length']:.2f} tokens/step, prefilled {s['prefilled_tokens']}/{s['prompt_tokens']} "
+                f"{s['tokens_per_step']:.2f} tokens/step, prefilled {s['prefilled_tokens']}/{s['prompt_tokens']} "
                 f"prompt tokens, stop: {turn['stop_reason']}\n"
             )
         s = data["session"]

@@ -24,12 +24,12 @@ from specrun.bench.runner import measure, tokenize_all
 from specrun.chat.formats import choose_format
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
+from specrun.drafts.store import DEFAULT_LIMIT
 from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic
-from specrun.ngram_store import DEFAULT_LIMIT
+from specrun.grammar.schemas import grammar_from_json_schema
 from specrun.session import Session
 from specrun.settings import check
-from specrun.structured import grammar_from_json_schema
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from rich.text import Text
 
 from specrun.chat.reply import Piece, Reply, SessionStats
 from specrun.chat.runner import ChatRunner
-from specrun.engine import Stats, StepEvent
+from specrun.core.events import Stats, StepEvent
+from specrun.drafts.translated import TranslationStats
 
 SOURCE_STYLES = {"draft": "bold cyan", "target": "", "bonus": ""}
 LEGEND = Text.assemble(("■ draft guess, accepted", "bold cyan"), "   ", ("■ target's own token", "default"))
@@ -154,7 +155,8 @@ class LivePanel:
             ("" if self.last_drafted is None else (f" (last step drafted {self.last_drafted})", "dim")),
             ("  accepted ", "dim"), f"{s.acceptance_rate:.0%}", (" this reply, ", "dim"),
             f"{totals.acceptance_rate:.0%}", (" session", "dim"),
-            ("  mean accepted length ", "dim"), f"{s.mean_accepted_length:.2f}", (" tokens/step", "dim"),
+            ("  mean accepted length ", "dim"), f"{s.mean_accepted_length:.2f}",
+            ("  tokens/step ", "dim"), f"{s.tokens_per_step:.2f}",
         )
 
     def _speed_row(self, rate: float) -> Text:
@@ -180,9 +182,10 @@ class LivePanel:
 
 def translation_cells(s: Stats, elapsed: float) -> tuple[tuple[str, str] | str, ...]:
     """For a draft with another vocabulary: the share of its cache re-encoded, and the time translating took."""
-    if not s.translated_feed:
+    translation = TranslationStats.of(s.counters)
+    if translation is None:
         return ()
-    return (("  translated: ", "dim"), f"{s.reencoded_share:.0%}", (" re-encoded, ", "dim"), f"{s.translate_s / elapsed:.1%}",
+    return (("  translated: ", "dim"), f"{translation.reencoded_share:.0%}", (" re-encoded, ", "dim"), f"{translation.seconds / elapsed:.1%}",
             (" of the time", "dim"))
 
 
@@ -192,7 +195,7 @@ def reply_line(reply: Reply) -> str:
     ttft = f"{reply.ttft_s:.2f}s" if reply.ttft_s is not None else "-"
     return (
         f"{s.tokens} tokens, {s.tokens_per_s:.1f} tok/s, accepted {s.accepted}/{s.drafted} drafts "
-        f"({s.acceptance_rate:.0%}), {s.mean_accepted_length:.2f} tokens/step, prefilled {s.prefilled_tokens}/"
+        f"({s.acceptance_rate:.0%}), {s.tokens_per_step:.2f} tokens/step, prefilled {s.prefilled_tokens}/"
         f"{s.prompt_tokens} prompt tokens, first token {ttft}, stop: {reply.stop_reason}"
     )
 
@@ -201,7 +204,7 @@ def summary_line(totals: SessionStats, runner: ChatRunner) -> str:
     line = (
         f"session: {len(totals.turns)} replies, {totals.tokens} tokens, {totals.tokens_per_s:.1f} tok/s, "
         f"accepted {totals.accepted}/{totals.drafted} drafts ({totals.acceptance_rate:.0%}), "
-        f"{totals.mean_accepted_length:.2f} tokens/step"
+        f"{totals.tokens_per_step:.2f} tokens/step"
     )
     plain = runner.plain_rate
     if runner.speculative and plain and plain.tokens_per_s > 0 and totals.tokens:

@@ -9,10 +9,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from specrun import rpc
+from specrun.backend import rpc
 from specrun.cli.app import app
-from specrun.default_model import cache_dir
 from specrun.errors import SpecrunError
+from specrun.hub.embedded import cache_dir
 
 GPU_BUILDS = {
     "Darwin": 'CMAKE_ARGS="-DGGML_METAL=on" pip install --force-reinstall --no-cache-dir "llama-cpp-python>=0.3.36,<0.4"',

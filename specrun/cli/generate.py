@@ -11,12 +11,12 @@ import typer
 
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
-from specrun.engine import TokenEvent
+from specrun.core.events import TokenEvent
 from specrun.errors import SpecrunError
 from specrun.files import read_text
+from specrun.grammar.schemas import Grammar, grammar_from_gbnf, grammar_from_json_schema
 from specrun.session import Session
 from specrun.settings import check
-from specrun.structured import Grammar, grammar_from_gbnf, grammar_from_json_schema
 
 
 @app.command()
@@ -90,7 +90,7 @@ def _report(result: dict) -> None:
     err_console.print(
         f"[dim]{s['tokens']} tokens in {s['steps']} steps, {s['tokens_per_s']:.1f} tok/s; "
         f"accepted {s['accepted']}/{s['drafted']} drafts ({100 * s['acceptance_rate']:.0f}%), "
-        f"{s['mean_accepted_length']:.2f} tokens/step; prompt {s['prompt_tokens']} tokens in "
+        f"{s['tokens_per_step']:.2f} tokens/step; prompt {s['prompt_tokens']} tokens in "
         f"{s['prefill_s']:.2f}s; stop: {s['stop_reason']}[/]"
     )
     if "plain" in result:

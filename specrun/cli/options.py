@@ -13,13 +13,13 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
-from specrun import rpc
 from specrun.api import resolve
+from specrun.backend import rpc
 from specrun.cli.app import err_console
+from specrun.core.policy import parse_k
+from specrun.core.sampling import SamplerSettings
 from specrun.errors import SpecrunError
 from specrun.files import decode_utf8, read_text
-from specrun.policy import parse_k
-from specrun.sampling import SamplerSettings
 from specrun.session import SessionConfig
 from specrun.settings import BATCH
 

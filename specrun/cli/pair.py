@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from specrun import rpc
+from specrun.backend import rpc
 from specrun.cli.app import app, err_console
 from specrun.pair.check import DEFAULT_CTX, check_models
 from specrun.pair.make import make_draft

@@ -10,8 +10,8 @@ import typer
 from specrun.chat.formats import PLAIN, check_format_name
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
+from specrun.drafts.store import DEFAULT_LIMIT
 from specrun.errors import SpecrunError
-from specrun.ngram_store import DEFAULT_LIMIT
 from specrun.session import Session, SessionConfig
 
 

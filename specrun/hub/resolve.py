@@ -11,10 +11,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable
 
-from specrun import default_model
-from specrun.default_model import DEFAULT_ALIAS
 from specrun.errors import SpecrunError
-from specrun.hub import stores
+from specrun.hub import embedded, stores
+from specrun.hub.embedded import DEFAULT_ALIAS
 from specrun.hub.memory import MemoryBudget, format_bytes, memory_budget, run_bytes
 from specrun.hub.profiles import ModelProfile, load_profiles
 from specrun.hub.quants import (
@@ -216,9 +215,9 @@ def embedded_location(request: ModelRequest) -> ModelLocation | None:
     """gemma-3-270m comes from the installed PyPI package, without the network."""
     if request.parsed.alias != DEFAULT_ALIAS or request.quant not in (None, EMBEDDED_QUANT):
         return None
-    if not default_model.embedded_installed():
+    if not embedded.embedded_installed():
         return None
-    path = default_model.embedded_model_path()
+    path = embedded.embedded_model_path()
     return ModelLocation(
         None, EMBEDDED_QUANT, f"{DEFAULT_ALIAS}: {EMBEDDED_QUANT} embedded with specrun (no download)",
         alias=DEFAULT_ALIAS, files=(path,), size_bytes=path.stat().st_size, profile=request.profile,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from specrun import settings
-from specrun.compat import CompatReport, check_vocab
+from specrun.backend.compat import CompatReport, check_vocab
 from specrun.hub.memory import MemoryBudget, memory_budget
 from specrun.pair.cost import (
     MODEL_ASSUMPTIONS,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
-from specrun.compat import VocabFacts
+from specrun.backend.compat import VocabFacts
 from specrun.errors import SpecrunError
 
 NO_TOKEN = -1

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specrun.default_model import DEFAULT_ALIAS, embedded_model_path
 from specrun.errors import SpecrunError
+from specrun.hub.embedded import DEFAULT_ALIAS, embedded_model_path
 from specrun.hub.profiles import ModelProfile, load_profiles
 from specrun.hub.resolve import HubLookupError, ModelLocation, locate_model
 from specrun.pair.header import ModelFacts, read_local

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from specrun import settings
-from specrun.default_model import cache_dir
 from specrun.errors import SpecrunError
+from specrun.hub.embedded import cache_dir
 from specrun.hub.profiles import load_profiles
 from specrun.hub.quants import RepoFile, group_quants
 from specrun.hub.stores import stored_models

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrun.backend import Model, ModelOptions
-from specrun.translate import Overlap, VocabBridge, exact_tokens
+from specrun.drafts.bridge import Overlap, VocabBridge
+from specrun.drafts.text import exact_tokens
 
 SAMPLE = (
     "The history of the city begins with a small settlement on the river, where traders met to exchange "

@@ -29,11 +29,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from specrun.core.policy import SpeculativeSettings, parse_k
 from specrun.errors import SpecrunError
-from specrun.policy import SpeculativeSettings, parse_k
+from specrun.grammar.schemas import Grammar, SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
 from specrun.serve.tools import ToolRequest, call_grammar, function_parameters
 from specrun.settings import SettingError, check
-from specrun.structured import Grammar, SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 SAMPLING = {"temperature", "top_p", "top_k", "min_p"}  # request fields passed on to SamplerSettings, named as there

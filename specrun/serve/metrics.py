@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from specrun.engine import Stats, StepEvent
+from specrun.core.events import Stats, StepEvent
+from specrun.drafts.translated import TranslationStats
 
 PREFIX = "specrun:"
 FINISH_REASONS = ("stop", "length", "tool_calls", "abort")
@@ -66,9 +67,11 @@ class Metrics:
             self.prompt_tokens += prompt_tokens
             self.cached_prompt_tokens += cached_tokens
             self.generation_tokens += stats.tokens
-            self.translate_s += stats.translate_s
-            self.translated_cache_tokens["reencoded"] += stats.draft_tokens_reencoded
-            self.translated_cache_tokens["kept"] += stats.draft_tokens_kept
+            translation = TranslationStats.of(stats.counters)
+            if translation is not None:
+                self.translate_s += translation.seconds
+                self.translated_cache_tokens["reencoded"] += translation.reencoded
+                self.translated_cache_tokens["kept"] += translation.kept
 
     def reject(self, why: str) -> None:
         with self._lock:

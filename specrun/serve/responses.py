@@ -7,7 +7,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from specrun.engine import Stats
+from specrun.core.events import Stats
+from specrun.drafts.translated import TranslationStats
 from specrun.serve.tool_calls import CallPiece, ToolCall
 
 
@@ -37,9 +38,10 @@ def timings(outcome: Outcome) -> dict:
     with a draft of another vocabulary also what translating for it did (specrun's own keys)."""
     s = outcome.stats
     prompt_n, prompt_ms, predicted_ms = _prompt_n(outcome), 1000 * s.prefill_s, 1000 * s.generate_s
-    forced = {"draft_n_grammar": s.grammar_tokens} if s.grammar_tokens else {}
-    translated = {"draft_translate_ms": 1000 * s.translate_s, "draft_n_reencoded": s.draft_tokens_reencoded,
-                  "draft_n_kept": s.draft_tokens_kept} if s.translated_feed else {}
+    forced = s.accepted_by_source.get("grammar", 0)
+    translation = TranslationStats.of(s.counters)
+    translated = {"draft_translate_ms": 1000 * translation.seconds, "draft_n_reencoded": translation.reencoded,
+                  "draft_n_kept": translation.kept} if translation else {}
     return {
         "cache_n": outcome.prompt_tokens - prompt_n,
         "prompt_n": prompt_n,
@@ -53,7 +55,7 @@ def timings(outcome: Outcome) -> dict:
         "draft_n": s.drafted,
         "draft_n_accepted": s.accepted,
         **translated,
-        **forced,
+        **({"draft_n_grammar": forced} if forced else {}),
     }
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from specrun.chat.formats import ChatFormat
 from specrun.errors import SpecrunError
-from specrun.structured import Grammar, SchemaError, grammar_from_json_schema
+from specrun.grammar.schemas import Grammar, SchemaError, grammar_from_json_schema
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ from typing import Callable, Union
 from specrun.chat.conversation import Transcript
 from specrun.chat.formats import choose_format
 from specrun.chat.reply import Piece, Reply, stream_reply
-from specrun.engine import Generator, Stats, StepEvent
+from specrun.core.engine import Generator
+from specrun.core.events import Stats, StepEvent
+from specrun.core.policy import SpeculativeRule
 from specrun.errors import RpcLost, SpecrunError
-from specrun.policy import SpeculativeRule
 from specrun.serve.api import ApiError, GenerationRequest, invalid_value, setting_error
 from specrun.serve.metrics import Metrics
 from specrun.serve.responses import Outcome

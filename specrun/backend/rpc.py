@@ -162,7 +162,7 @@ def _address(endpoint: str) -> tuple[str, int]:
         infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
     except socket.gaierror:
         raise SpecrunError(f"RPC server {endpoint}: the host name {host!r} does not resolve to an IPv4 address") from None
-    return infos[0][4][0], int(port)
+    return str(infos[0][4][0]), int(port)
 
 
 def _connect(endpoint: str, timeout: float) -> socket.socket:

@@ -208,7 +208,7 @@ class GbnfState:
 
     def forced(self, limit: int) -> Walk:
         """The text (up to `limit` characters) the grammar allows alone from here."""
-        stacks, text = self.stacks, []
+        stacks, text = self.stacks, list[str]()
         while len(text) < limit:
             complete = any(not s for s in stacks)
             chars = {self._char_at(s) for s in stacks if s}
@@ -251,8 +251,8 @@ def _expand(rules: dict[str, list[tuple[Symbol, ...]]], pending: list[Stack]) ->
         elif symbols[position][0] == "char":
             done.add(stack)
         else:
-            name = symbols[position][1]
-            pending += [_advanced(stack) + ((name, i, 0),) for i in range(len(rules[name]))]  # type: ignore[arg-type]
+            name = str(symbols[position][1])
+            pending += [_advanced(stack) + ((name, i, 0),) for i in range(len(rules[name]))]
         if len(seen) > 16 * MAX_STACKS:
             break
     return frozenset(done)

@@ -13,14 +13,17 @@ draft is right does.
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from specrun.drafters import Draft
+from specrun.core.sequences import common_prefix
+from specrun.drafts.base import Draft, DraftRequest, DraftSource
+from specrun.drafts.registry import register
 from specrun.errors import SpecrunError
-from specrun.policy import DraftPolicy
-from specrun.sampling import Sampler
+
+if TYPE_CHECKING:
+    from specrun.session import Session
 
 END = -1  # written after each sequence, so no match runs from one request into the next
 DEFAULT_LIMIT = 65536  # tokens: 256 KiB, searched in tens of microseconds a step
@@ -56,7 +59,7 @@ class NgramStore:
         before them that lead into it.
         """
         tokens = list(tokens)
-        common = _common_prefix(self._last, tokens)
+        common = common_prefix(self._last, tokens)
         self._last = tokens
         new = tokens[max(common - self.MAX_MATCH, 0) :][-self.limit :]
         if len(new) <= min(common, self.MAX_MATCH):
@@ -111,20 +114,21 @@ class StoreLookup:
     are reported as "store-long", so a cost-aware policy learns the two kinds apart.
     """
 
-    name = "store"
+    names: tuple[str, ...] = ("store", "store-long")
+    counters: tuple[str, ...] = ()
+    parts: tuple[DraftSource, ...] = ()
+    runs_model = False  # drafts from earlier requests' tokens: no model of its own
     LONG_MATCH = 4
     MIN_PATH_SHARE = 0.5
 
     def __init__(self, store: NgramStore):
         self.store = store
 
-    model = None  # drafts from earlier requests' tokens: no model of its own
-
-    def propose(self, history: Sequence[int], limit: int, policy: DraftPolicy, sampler: Sampler) -> Draft:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
         ends, matched = self.store.matches(history[-NgramStore.MAX_MATCH :])
         tokens: list[int] = []
         path = 1.0
-        while ends.size and len(tokens) < limit:
+        while ends.size and len(tokens) < request.limit:
             ids, counts = self.store.follower_counts(ends)
             if not ids.size:
                 break
@@ -136,16 +140,19 @@ class StoreLookup:
             tokens.append(token)
             ends = ends[self.store.token(ends + 1) == token] + 1
         if not tokens:
-            return Draft(self.name)
-        source = f"{self.name}-long" if matched >= self.LONG_MATCH else self.name
-        return Draft(source, tokens[: policy.cap(source, len(tokens)).k])
+            return Draft()
+        short, long = self.names
+        return Draft.under(request.policy.offer(long if matched >= self.LONG_MATCH else short, len(tokens)), tokens)
 
     def rollback(self, history: Sequence[int]) -> None:
         pass  # nothing here depends on the current request's history
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    limit = min(len(a), len(b))
-    if a[:limit] == b[:limit]:
-        return limit
-    return next(i for i in range(limit) if a[i] != b[i])
+def _build(session: Session) -> StoreLookup:
+    """Drafts from the session's store, which its settings size (store_tokens)."""
+    if session.store is None:
+        raise SpecrunError("the store draft source needs a store: give store_tokens > 0 (--store-tokens N)")
+    return StoreLookup(session.store)
+
+
+register("store", _build)

@@ -1,0 +1,210 @@
+"""`--k auto`: k per step and source from measured verify costs and online acceptance estimates.
+
+It maximises expected tokens per second:
+    E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i     (a_i: acceptance at draft position i)
+    T(k) = verify_cost[k + 1] + k * draft_cost
+and falls back to plain decoding (k = 0) when speculation measures slower, probing now and
+then so it comes back when the text turns predictable. `offer` decides from what is known
+and changes nothing; `observe` applies the decision behind the verified draft (and the
+declines before it), then learns from the step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from specrun.core.policy import PRIOR, Budget, Decision, StepRecord, ema
+
+FREE_DRAFT_SHARE = 0.01  # a draft token costing under 1% of a one-row decode counts as free
+PROBE_SHARE = 0.01  # probes of a source measured slower take at most this share of the time
+
+
+@dataclass
+class SourceTrack:
+    """What auto has measured for one draft source (decayed, so it follows the text)."""
+
+    hits: list[float] = field(default_factory=list)  # per draft position, grown as drafts reach it
+    tries: list[float] = field(default_factory=list)
+    draft_token_s: float = 0.0
+    tokens_per_step: float = 0.0
+    seconds_per_step: float = 0.0
+    steps: int = 0
+    skipped: int = 0  # plain steps since this source was last tried
+    probe_interval: int = 16
+    catch_up_s: float = 0.0  # what the last probe spent catching the drafter up
+    probing: bool = False  # the step in flight is a probe
+    probed: bool = False  # ever probed: one declined before anything was measured is probed at once
+    prior: float = PRIOR
+
+    def acceptances(self, n: int, strength: float = 2.0) -> list[float]:
+        """Acceptance at positions 0..n-1 given the earlier ones were accepted.
+
+        Each position's prior is the estimate of the one before: positions a short draft
+        never reached look like the deepest measured one, so auto can grow k again.
+        """
+        estimates, prior = [], self.prior
+        for hits, tries in zip(self.hits[:n], self.tries[:n]):
+            prior = (hits + prior * strength) / (tries + strength)
+            estimates.append(prior)
+        return estimates + [prior] * (n - len(estimates))
+
+    @property
+    def rate(self) -> float:
+        return self.tokens_per_step / self.seconds_per_step if self.seconds_per_step else 0.0
+
+    def forget(self, decay: float) -> None:
+        """Weigh all acceptance evidence so far down by one step of text."""
+        self.hits = [h * decay for h in self.hits]
+        self.tries = [t * decay for t in self.tries]
+
+
+class AutoK:
+    """Cost-aware k per step from measured verify costs and online acceptance estimates."""
+
+    wants_confidence = True
+
+    def __init__(self, verify_costs: list[float], decay: float = 0.9):
+        """`verify_costs[w]`: seconds to verify w rows; the widest sets the longest draft."""
+        self.costs = list(verify_costs)
+        self.max_k = len(self.costs) - 2
+        self.decay = decay
+        self.label = "auto"
+        self.sources: dict[str, SourceTrack] = {}
+        # Acceptance by draft confidence (10 bins); the prior trusts the confidence itself.
+        self.conf_hits = [0.0] * 10
+        self.conf_tries = [0.0] * 10
+
+    # --- decisions (queries: nothing changes until `observe`) ------------------------
+    def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
+        limit = min(limit, self.max_k)
+        if limit < 1:
+            return Budget(source, 0, "none", prior)
+        track = self.sources.get(source) or SourceTrack(prior=prior)
+        k, decision = self._k(track, limit)
+        return Budget(source, k, decision, prior)
+
+    def _k(self, track: SourceTrack, limit: int) -> tuple[int, Decision]:
+        # A source that costs time to draft (a model) is judged by the rate its steps measured.
+        # A free one (lookup) is left to best_k: its past rate reflects past draft lengths, and
+        # one long copy that broke early would otherwise bench it while it still copies.
+        drafting_costs = track.draft_token_s > FREE_DRAFT_SHARE * self.costs[1]
+        measured_slow = drafting_costs and track.steps >= 2 and track.rate < self.plain_rate
+        k = 0 if measured_slow else self.best_k(track, limit)
+        if k:
+            # A first draft measures what catching the drafter up costs, as a probe does.
+            return k, "grant" if track.probed else "first"
+        # Plain is faster for now. Old evidence fades with the text that passes, and a probe
+        # now and then lets acceptance be seen to rise. A source never probed gets one at
+        # once: a prior near the break-even point should not rule it out unmeasured.
+        unmeasured = track.steps == 0 and not track.probed
+        if track.skipped + 1 < self.probe_spacing(track) and not unmeasured:
+            return 0, "decline"
+        return self.probe_k(track, limit), "probe"
+
+    def _apply(self, budget: Budget) -> SourceTrack:
+        """What the decision behind `budget` does to its source's track, now that it counts."""
+        track = self.sources.setdefault(budget.source, SourceTrack(prior=budget.prior))
+        if budget.decision in ("decline", "probe"):
+            track.forget(self.decay)
+            track.skipped += 1
+        if budget.decision == "probe" and (track.steps or track.probed):
+            track.probe_interval = min(track.probe_interval * 2, 512)  # back off while probes fail
+        if budget.decision in ("grant", "first", "probe"):
+            track.skipped = 0
+        if budget.decision in ("first", "probe"):
+            track.probing = track.probed = True
+        return track
+
+    def probe_spacing(self, track: SourceTrack) -> int:
+        """Plain steps before the next probe: the backed-off interval, or more where a model
+        draft's probe first catches its cache up on the text since it last drafted (a new
+        prompt's whole length), so that catching up stays within PROBE_SHARE of the time."""
+        return max(track.probe_interval, math.ceil(track.catch_up_s / (PROBE_SHARE * self.costs[1])))
+
+    def probe_k(self, track: SourceTrack, limit: int) -> int:
+        """The probe's length: of 1..4 drafts, the cheapest per token if all are accepted."""
+        return max(range(1, min(limit, 4) + 1), key=lambda k: (k + 1) / self.step_s(track, k))
+
+    def step_s(self, track: SourceTrack, k: int) -> float:
+        """Expected seconds of a step that drafts k tokens from `track`'s source and verifies them."""
+        return self.costs[k + 1] + k * track.draft_token_s
+
+    def best_k(self, track: SourceTrack, limit: int) -> int:
+        best_k, best_rate, expected, alive = 0, 1.0 / self.costs[1], 1.0, 1.0
+        for k, acceptance in enumerate(track.acceptances(limit), start=1):
+            alive *= acceptance
+            expected += alive
+            rate = expected / self.step_s(track, k)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def extend(self, budget: Budget, confidence: float) -> Budget | None:
+        """Keep this model-drafted token only if it raises the step's expected tokens/s."""
+        track = self.sources.get(budget.source) or SourceTrack(prior=budget.prior)
+        alive = budget.alive * self.confidence_acceptance(confidence)
+        width = budget.kept + 1  # rows verified before this token: last token + earlier drafts
+        before = budget.gain / (self.costs[width] + budget.drafted_s)
+        drafted_s = budget.drafted_s + track.draft_token_s
+        after = (budget.gain + alive) / (self.costs[width + 1] + drafted_s)
+        if after <= before:
+            return None
+        return replace(budget, kept=budget.kept + 1, gain=budget.gain + alive, alive=alive, drafted_s=drafted_s)
+
+    def confidence_acceptance(self, confidence: float) -> float:
+        b = min(int(confidence * 10), 9)
+        return (self.conf_hits[b] + 2.0 * confidence) / (self.conf_tries[b] + 2.0)
+
+    @property
+    def plain_rate(self) -> float:
+        return 1.0 / self.costs[1]
+
+    # --- learning -------------------------------------------------------------------
+    def observe(self, step: StepRecord) -> None:
+        width = step.drafted + 1
+        if width < len(self.costs):
+            self.costs[width] = ema(self.costs[width], step.verify_s, 0.1, False)
+        for declined in step.declined:
+            self._apply(declined)
+        if step.budget is None or step.budget.decision == "none":
+            return  # a plain step: only the verify cost was news
+        track = self._apply(step.budget)
+        if not step.drafted and step.draft_s < 0.1 * step.verify_s:
+            return  # nothing drafted and nothing spent
+        self._learn_rate(track, step)
+        self._learn_acceptance(track, step)
+
+    def _learn_rate(self, track: SourceTrack, step: StepRecord) -> None:
+        probe, track.probing = track.probing, False
+        if probe and step.accepted:
+            track.steps = 0  # a useful probe: judge the source afresh, from this step on
+        first = track.steps == 0
+        track.steps += 1
+        if step.drafted or step.draft_s > step.catch_up_s:
+            # A model draft that kept no token still decoded once to guess the first: that is its cost.
+            track.draft_token_s = ema(track.draft_token_s, (step.draft_s - step.catch_up_s) / max(step.drafted, 1), 0.2, first)
+        if probe:
+            track.catch_up_s = step.catch_up_s
+        track.tokens_per_step = ema(track.tokens_per_step, step.accepted + 1, 0.1, first)
+        track.seconds_per_step = ema(track.seconds_per_step, step.draft_s + step.verify_s, 0.1, first)
+        if step.drafted and step.accepted:
+            track.probe_interval, track.catch_up_s = 16, 0.0  # it paid: if it falls back to plain, probe again soon
+
+    def _learn_acceptance(self, track: SourceTrack, step: StepRecord) -> None:
+        reached = min(step.drafted, step.accepted + 1)  # positions reached by verification
+        grow = reached - len(track.hits)
+        if grow > 0:
+            track.hits += [0.0] * grow
+            track.tries += [0.0] * grow
+        # Evidence at positions this draft did not reach ages too: the deepest position a draft
+        # reached usually holds the rejection that ended it, and kept at full weight, that one
+        # miss would cap every later draft below it, however well shorter ones since went.
+        track.forget(self.decay)
+        for i in range(reached):
+            track.hits[i] += i < step.accepted
+            track.tries[i] += 1
+            if step.confidences is not None:
+                b = min(int(step.confidences[i] * 10), 9)
+                self.conf_hits[b] += i < step.accepted
+                self.conf_tries[b] += 1

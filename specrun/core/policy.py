@@ -1,0 +1,167 @@
+"""How many tokens to draft: fixed k, llama.cpp's rule, or `auto` (core/auto.py: cost-aware, measured).
+
+`DraftPolicy` is the whole contract, in three verbs:
+- `offer(source, limit, prior)`: what the policy grants a source this step, as a `Budget`. A
+  query: it changes nothing, so a draft that is proposed and then thrown away teaches nothing.
+- `extend(budget, confidence)`: the budget with one more model-drafted token kept, or None
+  where that token is not worth verifying. Also a query.
+- `observe(step)`: what the verified step did, with the budgets it drafted under and those
+  the policy declined on the way; the only verb that changes the policy's state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol, Sequence
+
+from specrun.settings import SettingError, check
+
+LLAMA_CPP_DRAFT_MAX = 16  # llama.cpp's --draft-max default, for --k llama.cpp
+PRIOR = 0.7  # acceptance per position assumed of a draft source before any is measured
+K_ALLOWED = "an integer >= 1, 'auto' or 'llama.cpp'"
+
+Decision = Literal["grant", "first", "probe", "decline", "none"]
+"""How a budget came about, for auto's bookkeeping once the step is verified: a grant on what was
+measured, the first grant to a source, a probe of a source that plain decoding beats, a decline
+(k = 0: plain is faster for now), or none (nothing could be drafted: nothing to learn)."""
+
+
+def parse_k(value: int | str) -> int | str:
+    """A k: a draft length >= 1, 'auto', or 'llama.cpp' (its draft-max/p-min rule), as a number or text."""
+    if value in ("auto", "llama.cpp"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise SettingError("k", K_ALLOWED, value)
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise SettingError("k", K_ALLOWED, value)
+    return k
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One step's allowance for one source: what `offer` granted and what `extend` has kept of it.
+
+    Drafters hand it back to `extend` with each model-drafted token and return it with their
+    draft; nothing about the step in flight lives in the policy.
+    """
+
+    source: str  # the name the source drafts under (a policy learns each apart)
+    k: int  # the most tokens the source may draft this step (0: a plain step)
+    decision: Decision = "grant"
+    prior: float = PRIOR  # the acceptance the source expects before any is measured
+    kept: int = 0  # model-drafted tokens kept so far
+    gain: float = 1.0  # auto: tokens the step is expected to yield with the tokens kept so far
+    alive: float = 1.0  # auto: the chance that every kept token is accepted
+    drafted_s: float = 0.0  # auto: expected seconds spent drafting the tokens kept so far
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one verified step did, as a policy learns from it."""
+
+    budget: Budget | None  # what the verified draft was granted; None for a plain step
+    declined: tuple[Budget, ...]  # sources the policy turned down (k = 0) on the way to this step's draft
+    drafted: int
+    accepted: int
+    confidences: Sequence[float] | None  # the drafter's probability per drafted token, when it measured them
+    draft_s: float  # seconds spent drafting
+    verify_s: float  # seconds of the verify decode and the check of its rows
+    catch_up_s: float = 0.0  # of draft_s, feeding a draft's cache text it missed (see Draft.catch_up_s)
+
+
+class DraftPolicy(Protocol):
+    """How many tokens to draft, per step and source: `offer` before drafting, `extend` before
+    each model-drafted token (both queries), `observe` once the step is verified."""
+
+    label: str  # how --k and the chat panel name it ("auto", "8", "llama.cpp")
+    max_k: int  # the longest draft it ever grants: the verify batch needs max_k + 1 rows
+    wants_confidence: bool  # whether `extend` reads a token's probability (drafters compute it only then)
+
+    def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
+        """This step's budget for `source`, at most `limit` tokens (k = 0: do not draft).
+
+        `prior`: the acceptance the drafter expects from this source before any is measured.
+        """
+        ...
+
+    def extend(self, budget: Budget, confidence: float) -> Budget | None:
+        """The budget with one more model-drafted token (probability `confidence`) kept, or
+        None when that token is not worth verifying: the draft ends before it."""
+        ...
+
+    def observe(self, step: StepRecord) -> None:
+        """Learn from a verified step (or a plain one)."""
+        ...
+
+
+class FixedK:
+    """Draft k tokens whenever the drafter offers them (a lookup copy may offer fewer)."""
+
+    wants_confidence = False
+
+    def __init__(self, k: int):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise SettingError("k", K_ALLOWED, k)
+        self.k = self.max_k = k
+        self.label = str(k)
+
+    def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
+        return Budget(source, max(0, min(self.k, limit)), prior=prior)
+
+    def extend(self, budget: Budget, confidence: float) -> Budget | None:
+        return replace(budget, kept=budget.kept + 1)
+
+    def observe(self, step: StepRecord) -> None:
+        pass
+
+
+class PMinPolicy(FixedK):
+    """llama.cpp's speculative rule: up to --draft-max 16, stop below --draft-p-min 0.75."""
+
+    wants_confidence = True
+
+    def __init__(self, k: int = LLAMA_CPP_DRAFT_MAX, p_min: float = 0.75):
+        super().__init__(k)
+        self.p_min = p_min
+        self.label = "llama.cpp"
+
+    def extend(self, budget: Budget, confidence: float) -> Budget | None:
+        return replace(budget, kept=budget.kept + 1) if confidence >= self.p_min else None
+
+
+@dataclass(frozen=True)
+class SpeculativeSettings:
+    """llama-server's per-request `speculative` object, with its defaults."""
+
+    n_max: int = LLAMA_CPP_DRAFT_MAX  # the most tokens drafted
+    n_min: int = 0  # a copied draft shorter than this is not verified
+    p_min: float = 0.75  # a model draft stops below this probability
+
+    def __post_init__(self) -> None:
+        check(n_max=self.n_max, n_min=self.n_min, p_min=self.p_min)
+        if self.n_min > self.n_max:
+            raise SettingError("n_min", f"<= n_max ({self.n_max})", self.n_min)
+
+
+class SpeculativeRule(PMinPolicy):
+    """llama-server's per-request `speculative`: at most n_max drafted, p_min for model drafts,
+    and a copied draft shorter than n_min is not verified (a model draft's length is not
+    known before it is drafted, so n_min does not apply to it)."""
+
+    def __init__(self, settings: SpeculativeSettings):
+        super().__init__(settings.n_max, settings.p_min)
+        self.n_min = settings.n_min
+        self.label = "speculative"
+
+    def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
+        budget = super().offer(source, limit, prior)
+        return budget if budget.k >= self.n_min else replace(budget, k=0)
+
+
+def ema(old: float, new: float, weight: float, first: bool) -> float:
+    """An exponential moving average's next value (`first`: there is no old one yet)."""
+    return new if first else (1 - weight) * old + weight * new

@@ -1,0 +1,150 @@
+"""The contract every draft source keeps, and the chain that asks several in turn.
+
+A source guesses the next tokens of a generation. The engine asks it with a `DraftRequest`
+each step, verifies what it proposes in one target decode and, after every step, tells it
+the history to roll back to. The whole contract is `DraftSource`:
+- `names`: what its drafts are reported under; a policy learns each name apart (lookup
+  reports a short match, a long one and a copy as three).
+- `counters`: the `Stats.counters` its drafts add to (`Draft.counters`), zero from the start.
+- `parts`: the sources a chain asks, in order; a single source has none.
+- `runs_model`: whether drafting decodes a model (time per token) or only copies (free).
+- `propose(history, request)` and `rollback(history)`.
+
+A source sizes each draft by `request.policy.offer(name, ...)` and returns the `Budget` with
+the draft (`Draft.under`); the engine refuses tokens proposed without one, so no source can
+draft where the policy never hears of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal, Mapping, Protocol, Sequence
+
+from specrun.core.policy import Budget, DraftPolicy
+from specrun.core.sampling import Distribution, Sampler
+
+CatchUp = Literal["window", "all"]
+"""How a source with a cache of its own that fell far behind the text (a new prompt) catches up:
+on the last window of it, sized by what feeding costs ("window", under auto), or on all of it,
+as llama.cpp does."""
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What the engine asks of a source in one step."""
+
+    limit: int  # the most tokens the step can verify
+    policy: DraftPolicy  # sizes the draft: offer() before drafting, extend() before each model-drafted token
+    sampler: Sampler  # a source that samples draws from its stream, with its settings
+    catch_up: CatchUp = "all"
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A source's guess for the next tokens, and what it cost to make."""
+
+    tokens: list[int] = field(default_factory=list)
+    budget: Budget | None = None  # what the policy granted (k > 0); None: nothing was drafted
+    declined: tuple[Budget, ...] = ()  # budgets of k = 0 the policy gave on the way (chains collect them)
+    dists: list[Distribution] | None = None  # q_i of each token when the source sampled; None: deterministic
+    confidences: list[float] | None = None  # the source's probability of each token (model drafts), for confidence stops
+    counters: Mapping[str, float] = field(default_factory=dict)  # what this draft adds to its source's counters
+    # Seconds a source with a cache spent feeding it more text than one step can accept (a new
+    # prompt, or text other sources drafted) before it could draft: charged to probes, not per token.
+    catch_up_s: float = 0.0
+
+    @property
+    def source(self) -> str | None:
+        """The name the draft was granted under (None: no draft)."""
+        return self.budget.source if self.budget is not None else None
+
+    @classmethod
+    def under(cls, budget: Budget, tokens: Sequence[int] = (), **measured) -> Draft:
+        """`tokens` drafted under `budget` (at most its k); no draft where the policy declined."""
+        if budget.k < 1:
+            return cls(declined=(budget,) if budget.decision != "none" else ())
+        return cls(list(tokens[: budget.k]), budget, **measured)
+
+
+class DraftSource(Protocol):
+    """Anything that guesses the next tokens: the engine asks, verifies and rolls back."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names its drafts are reported under; the first is its own."""
+        ...
+
+    @property
+    def counters(self) -> tuple[str, ...]:
+        """The Stats.counters its drafts add to."""
+        ...
+
+    @property
+    def parts(self) -> tuple[DraftSource, ...]:
+        """The sources a chain asks, in order; none for a single source."""
+        ...
+
+    @property
+    def runs_model(self) -> bool:
+        """Whether drafting decodes a model (time per token) or only copies (free)."""
+        ...
+
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
+        """Up to `request.limit` tokens guessed to follow `history` (which ends with the last
+        emitted token), as many as the policy grants."""
+        ...
+
+    def rollback(self, history: Sequence[int]) -> None:
+        """Forget any state (cached drafts) that is not part of `history`; [] empties it."""
+        ...
+
+
+class Chain:
+    """Draft sources in order (context lookup, the cross-request store, a model): the first that
+    drafts, drafts; the budgets the policy declined to those asked before it travel with it."""
+
+    counters: tuple[str, ...]
+
+    def __init__(self, *parts: DraftSource):
+        self.parts = parts
+        self.names = tuple(dict.fromkeys(name for part in parts for name in part.names))
+        self.counters = tuple(dict.fromkeys(name for part in parts for name in part.counters))
+        self.runs_model = any(part.runs_model for part in parts)
+
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
+        declined: tuple[Budget, ...] = ()
+        draft = Draft()
+        for part in self.parts:
+            draft = part.propose(history, request)
+            draft = replace(draft, declined=declined + draft.declined)
+            if draft.tokens:
+                break
+            declined = draft.declined
+        return draft
+
+    def rollback(self, history: Sequence[int]) -> None:
+        for part in self.parts:
+            part.rollback(history)
+
+
+def chained(sources: Sequence[DraftSource]) -> DraftSource | None:
+    """One source for `sources`: none, the one, or a chain of them in order."""
+    if len(sources) < 2:
+        return sources[0] if sources else None
+    return Chain(*sources)
+
+
+def leaves(source: DraftSource) -> list[DraftSource]:
+    """The single sources inside `source`, in the order they are asked."""
+    return [leaf for part in source.parts for leaf in leaves(part)] if source.parts else [source]
+
+
+def copying_part(source: DraftSource) -> DraftSource | None:
+    """The part of `source` that drafts without a model (lookup, the store), whose drafts cost
+    no decodes; None when every part of it runs a model."""
+    return chained([leaf for leaf in leaves(source) if not leaf.runs_model])
+
+
+def model_part(source: DraftSource | None) -> DraftSource | None:
+    """The part of `source` that drafts with a model of its own (alone, or chained with copies)."""
+    return next((leaf for leaf in leaves(source) if leaf.runs_model), None) if source is not None else None
