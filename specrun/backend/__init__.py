@@ -1,7 +1,7 @@
 """The one package that talks to llama.cpp's ctypes API (llama-cpp-python's raw bindings).
 
 - library: llama-cpp-python imported, checked and initialised on first use; libggml's signatures.
-- llama: `Model` (weights, vocabulary) and `Context` (one KV cache), system_info.
+- model: `Model` (weights, vocabulary); context: `Context` (one KV cache); info: system_info.
 - devices: ggml's device registry, the local GPUs, the --tensor-split array.
 - rpc_link: the RPC servers this process holds, and the thread every call that can wait on
   them goes through, so that a lost or stuck server raises RpcLost or RpcTimeout.
@@ -9,9 +9,11 @@
 Importing it loads nothing: llama.cpp is initialised by the first call that needs it.
 """
 
+from specrun.backend.context import Context, ContextFull, ContextOptions
 from specrun.backend.devices import compiled_devices, local_gpu_free_bytes
+from specrun.backend.info import system_info
 from specrun.backend.library import MIN_VERSION, RAW_API, check_install, llama_cpp_version
-from specrun.backend.llama import Closed, Context, ContextFull, ContextOptions, Model, ModelOptions, check_gguf_file, system_info
+from specrun.backend.model import Closed, Model, ModelOptions, check_gguf_file
 from specrun.backend.rpc_link import RPC_BUILD, check_rpc, rpc_servers, rpc_supported
 
 __all__ = [

@@ -13,7 +13,7 @@ import ctypes
 import numpy as np
 
 from specrun.backend.library import llama
-from specrun.backend.llama import Model
+from specrun.backend.model import Model
 from specrun.errors import SpecrunError
 
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # struct llama_token_data

@@ -153,3 +153,5 @@ def ggml():
     ):
         _declare(lib, name, restype, *args)
     return lib
+
+
