@@ -73,6 +73,9 @@ def resolve(
     servers = tuple(dict.fromkeys((*options.get("rpc", ()), *options.get("draft_rpc", ()))))
     if servers:  # before any download: a server that is down fails in a second
         backend.check_rpc(servers)
+    if draft == "mtp":  # the target's own MTP layers draft: a source of its own, no second model
+        options["sources"] = (*options.get("sources", ()), "mtp")
+        draft = None
     target_model, draft_model = resolve_pair(
         None if target is None else str(target), None if draft is None else str(draft),
         quant=quant, draft_quant=draft_quant, offline=offline, report=on_resolve or (lambda line: None),

@@ -17,13 +17,14 @@ from specrun.core.auto import AutoK
 from specrun.core.costs import measure_verify_costs, verify_costs_hold
 from specrun.core.engine import EventStream, Generator
 from specrun.core.events import Stats
-from specrun.core.policy import DraftPolicy, FixedK, PMinPolicy, parse_k
+from specrun.core.policy import LLAMA_CPP_DRAFT_MAX, DraftPolicy, FixedK, PMinPolicy, parse_k
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts import registry
-from specrun.drafts.base import CatchUp, DraftSource, chained
+from specrun.drafts.base import CatchUp, DraftSource, chained, leaves
 from specrun.drafts.bridge import VocabBridge
 from specrun.drafts.grammar import GrammarDraft, GrammarFirst
 from specrun.drafts.model import DraftModel
+from specrun.drafts.mtp import MtpDraft
 from specrun.drafts.store import NgramStore
 from specrun.drafts.translated import TRANSLATIONS, Mode, TranslatingDraft
 from specrun.errors import SpecrunError
@@ -31,6 +32,9 @@ from specrun.grammar.constraint import Constraint
 from specrun.grammar.schemas import Grammar
 from specrun.settings import BATCH, SettingError, check
 
+# Under --k auto a recurrent or hybrid target keeps snapshots to roll back this many drafted
+# tokens: each is one more copy of its recurrent state (docs/benchmarks.md has their memory).
+AUTO_ROLLBACK = 16
 CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens")
 
 
@@ -115,13 +119,38 @@ class Session:
         self.store = NgramStore(config.store_tokens) if config.store_tokens else None
         try:
             target_options = self._model_options(config.n_gpu_layers, config.rpc, config.tensor_split)
+            target_options = replace(target_options, load_mtp="mtp" in self.source_names)  # its MTP layers draft
             self.target_model = self._own(Model(config.target, target_options, "target"))
-            self.target = self._own(Context(self.target_model, self._context_options()))
+            speculative = bool(self.source_names) or config.draft is not None
+            options = replace(self._context_options(), rollback=self._rollback() if speculative else 0)
+            self.target = self._own(Context(self.target_model, options))
+            if speculative:
+                self._check_rollback()
             self.costs_key = self._costs_key()  # taken now: the file may change or go while we run
             self.drafter = self._make_drafter()
         except BaseException:
             self.close()
             raise
+
+    def _rollback(self) -> int:
+        """How many drafted tokens a recurrent target keeps snapshots for: the longest draft its k
+        grants (each more costs a copy of the recurrent state)."""
+        k = self.config.k
+        return k if isinstance(k, int) else LLAMA_CPP_DRAFT_MAX if k == "llama.cpp" else AUTO_ROLLBACK
+
+    def _check_rollback(self) -> None:
+        """A target whose recurrent state llama.cpp cannot roll back verifies no draft."""
+        target, name = self.target, self.config.target.name
+        if not target.rollback_limit:
+            raise SpecrunError(
+                f"the target model {name} ({target.model.architecture}) keeps a recurrent state that llama.cpp cannot roll "
+                "back, so no draft can be verified on it: run it plainly (without --draft, --lookup or --store-tokens), "
+                "or pick a target whose architecture llama.cpp rolls back (Qwen3.5, Nemotron-H, LFM2, ...)")
+        k = self.config.k
+        if isinstance(k, int) and k > target.rollback_limit:
+            raise SpecrunError(f"k = {k}, but the {target.model.architecture} target {name} can roll back only "
+                               f"{target.rollback_limit} tokens with --ubatch-size {self.config.n_ubatch}: lower --k or "
+                               "raise --ubatch-size (it has to exceed k + 1)")
 
     def _own(self, resource):
         self._closers.append(resource)
@@ -215,12 +244,20 @@ class Session:
         if constraint is not None and grammar_drafts and not plain:
             forced = GrammarDraft(constraint, self.target_model)
             drafter = forced if drafter is None else GrammarFirst(forced, drafter)
+        self._follow_with_mtp(drafter)
         if drafter is None:  # plain decoding needs no policy, nor auto's start-up measurement of verify costs
             return Generator(self.target, None, Sampler.seeded(settings), constraint=constraint)
         if policy is None or isinstance(policy, (int, str)):
             policy = self.policy(self.config.k if policy is None else policy)
         return Generator(self.target, drafter, Sampler.seeded(settings), policy, constraint=constraint,
                          catch_up=self.catch_up(policy))
+
+    def _follow_with_mtp(self, drafter: DraftSource | None) -> None:
+        """The target's MTP head follows its decodes while a generation drafts with it, and rests
+        during others (plain decoding is then timed without it)."""
+        for leaf in leaves(self.drafter) if self.drafter is not None else []:
+            if isinstance(leaf, MtpDraft):
+                leaf.follow(drafter is not None and leaf in leaves(drafter))
 
     @staticmethod
     def catch_up(policy: DraftPolicy) -> CatchUp:

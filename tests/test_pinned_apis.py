@@ -40,9 +40,14 @@ def test_the_chat_format_registry_still_yields_formatters():
 def test_every_raw_call_the_backend_makes_exists():
     missing = [name for name in backend.RAW_API if not hasattr(llama_cpp, name)]
     assert missing == []
+    from llama_cpp import llama_cpp_ext  # the staging calls MTP drafts need
+
+    assert [name for name in library.EXT_API if not hasattr(llama_cpp_ext, name)] == []
     modules = [importlib.import_module(f"specrun.backend.{m.name}") for m in pkgutil.iter_modules(backend.__path__)]
-    called = {name for module in modules for name in re.findall(r"\bL\.(llama_\w+)", inspect.getsource(module))}
+    called = {name for module in modules for name in re.findall(r"\bL\.((?:llama|LLAMA)_\w+)", inspect.getsource(module))}
     assert called <= set(backend.RAW_API), f"add to RAW_API: {called - set(backend.RAW_API)}"
+    staged = {name for module in modules for name in re.findall(r"(?:LX|llama_ext\(\))\.(llama_\w+)", inspect.getsource(module))}
+    assert staged <= set(library.EXT_API), f"add to EXT_API: {staged - set(library.EXT_API)}"
 
 
 @pytest.mark.parametrize("version, too_old", [("0.3.36", False), ("0.3.40", False), ("0.3.9", True), ("0.2.90", True)])

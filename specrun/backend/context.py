@@ -1,20 +1,35 @@
 """One KV cache over a model (`Context`): it knows exactly which tokens it holds, so callers roll
-back by length and reuse prefixes."""
+back by length and reuse prefixes.
+
+A recurrent or hybrid model (Qwen3.5, Nemotron-H, LFM2) also keeps a state per sequence that
+cannot be cut back to an earlier token. llama.cpp keeps `rollback` snapshots of it
+(`n_rs_seq`), from which it can drop up to that many trailing tokens of the last decode, once,
+and nothing else: asked to drop the whole last decode, tokens of an earlier one, or the
+1-token decodes a draft model makes, `llama_memory_seq_rm` still says yes and leaves a wrong
+state. So `truncate` drops tokens through the snapshots only where they reach; elsewhere it
+restores a checkpoint of the state (`checkpoint`) and decodes what lies between again, or
+starts over, so a rollback is always exact. A verify batch (the last token and the drafts,
+one decode) always rolls back through the snapshots.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from specrun.backend import rpc_link
-from specrun.backend.library import llama
+from specrun.backend.library import llama, llama_ext
 from specrun.backend.model import Closed, Model
 from specrun.core.sequences import common_prefix
 from specrun.errors import SpecrunError
+
+Listener = Callable[[Sequence[int], int, np.ndarray], None]
+"""Told of every decode: its tokens, the position of the first, and its hidden rows (a view, valid
+during the call)."""
 
 
 class ContextFull(SpecrunError):
@@ -28,6 +43,9 @@ class ContextOptions:
     n_ubatch: int = 0  # rows llama.cpp computes at once (0: n_batch); changes batched numerics
     n_threads: int = 0  # 0 means every core
     flash_attn: int = -1  # -1 auto, 0 off, 1 on
+    # A recurrent or hybrid model: trailing tokens of a decode the state can drop (llama.cpp's
+    # n_rs_seq; each costs one more copy of the state). Other models drop any.
+    rollback: int = 0
 
 
 class Context:
@@ -45,6 +63,9 @@ class Context:
         params.n_threads = params.n_threads_batch = threads
         params.flash_attn_type = options.flash_attn
         params.swa_full = True  # rollback inside the sliding window must stay possible
+        self.recurrent = model.recurrent
+        if self.recurrent:  # llama.cpp keeps the snapshots' tail in one micro-batch: it needs n_ubatch > n_rs_seq + 1
+            params.n_rs_seq = max(0, min(options.rollback, params.n_ubatch - 2))
         params.no_perf = True
         waiting = rpc_link.Waiting(model.rpc_servers, model.rpc_timeout, "while creating a context")
         self._ctx_ptr = model._call_llama(L.llama_init_from_model, model._model, params, waiting=waiting)
@@ -55,6 +76,13 @@ class Context:
             )
         model._contexts.add(self)
         self.n_ctx = L.llama_n_ctx(self._ctx_ptr)
+        # The most tokens a verify may drop again: the snapshots llama.cpp keeps (0 for an architecture
+        # it cannot roll back at all), or for any other model, the whole context.
+        self.rollback_limit = L.llama_n_rs_seq(self._ctx_ptr) if self.recurrent else self.n_ctx
+        self._last_decode = 0  # tokens in the last decode: a recurrent state rolls back within it, once
+        self._checkpoint: tuple[int, ctypes.Array] | None = None  # (length, the recurrent state there)
+        self.replayed = 0  # tokens decoded again because no snapshot or checkpoint reached back to them
+        self._listener: Listener | None = None
         self.n_batch = options.n_batch
         self.n_threads = threads
         self.tokens: list[int] = []
@@ -127,6 +155,10 @@ class Context:
         if status != 0:
             raise SpecrunError(f"llama_decode failed with status {status} on the {self.model.role} model")
         self.tokens.extend(chunk)
+        self._last_decode = n
+        if self._listener is not None:
+            hidden = np.ctypeslib.as_array(llama_ext().llama_get_embeddings_nextn(ctx), shape=(n, self.model.n_embd_out))
+            self._listener(chunk, pos0, hidden)
 
     def logits(self, rows: int) -> np.ndarray:
         """The last eval's logits for its last `rows` rows (a view, valid until the next eval)."""
@@ -138,24 +170,76 @@ class Context:
         return np.ctypeslib.as_array(pointer, shape=(rows, self.model.n_vocab))
 
     def truncate(self, n_keep: int) -> None:
-        """Roll the cache back to its first n_keep tokens."""
+        """Roll the cache back to its first n_keep tokens, exactly."""
         if n_keep < len(self.tokens):
-            self.model._call_llama(self._remove_from, n_keep)
-            del self.tokens[n_keep:]
+            self.model._call_llama(self._roll_back, n_keep, True)
+
+    def reuse_prefix(self, history: Sequence[int]) -> int:
+        """Keep the longest cached prefix of `history` that can be kept without decoding anything
+        again, drop the rest; return its length. A recurrent state keeps one only where its
+        snapshots or checkpoint reach back to it; otherwise it starts over (returns 0)."""
+        common = common_prefix(self.tokens, history)
+        if common < len(self.tokens):
+            self.model._call_llama(self._roll_back, common, False)
+        return len(self.tokens)
+
+    def checkpoint(self) -> None:
+        """Keep a copy of a recurrent state as it is now, so that rolling back to here later (past
+        what the snapshots reach: a draft model's 1-token decodes) costs no decoding again."""
+        if self.recurrent:
+            self._checkpoint = self.model._call_llama(self._save_state)
+
+    def _roll_back(self, n_keep: int, exact: bool) -> None:
+        """To n_keep tokens; where a recurrent state cannot drop what lies past them, to its
+        checkpoint or the start, and then (`exact`) decode again up to n_keep."""
+        if not self.recurrent or n_keep == 0 or self._snapshots_reach(len(self.tokens) - n_keep):
+            return self._remove_from(n_keep)
+        mark = self._checkpoint[0] if self._checkpoint is not None and self._checkpoint[0] <= n_keep else 0
+        kept = self.tokens[:n_keep]
+        if mark:
+            self._restore_state()
+        self._remove_from(mark)
+        if exact and mark < n_keep:
+            self.replayed += n_keep - mark
+            self._eval(kept[mark:], 1)
+
+    def _snapshots_reach(self, drop: int) -> bool:
+        """Whether llama.cpp's snapshots can drop the last `drop` tokens: within the last decode,
+        which keeps at least one token, as many as it keeps snapshots, once per decode."""
+        return 0 < drop <= min(self.rollback_limit, self._last_decode - 1)
 
     def _remove_from(self, n_keep: int) -> None:
         L = llama()
         if not L.llama_memory_seq_rm(L.llama_get_memory(self._ctx), 0, n_keep, -1):
-            raise SpecrunError(
-                f"the {self.model.role} model cannot roll back its cache "
-                "(recurrent or hybrid architecture): speculative decoding is not supported for it"
-            )
+            raise SpecrunError(f"llama.cpp refused to roll the {self.model.role} model's cache back to {n_keep} tokens")
+        del self.tokens[n_keep:]
+        self._last_decode = 0  # a second roll back before the next decode would go past the snapshots
+        if self._checkpoint is not None and self._checkpoint[0] > n_keep:
+            self._checkpoint = None
 
-    def reuse_prefix(self, history: Sequence[int]) -> int:
-        """Keep the longest cached prefix of `history`, drop the rest; return its length."""
-        common = common_prefix(self.tokens, history)
-        self.truncate(common)
-        return common
+    def _save_state(self) -> tuple[int, ctypes.Array]:
+        L = llama()
+        flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only: the KV cache rolls back by itself
+        size = L.llama_state_seq_get_size_ext(self._ctx, 0, flags)
+        state = (ctypes.c_uint8 * size)()
+        L.llama_state_seq_get_data_ext(self._ctx, state, size, 0, flags)
+        return len(self.tokens), state
+
+    def _restore_state(self) -> None:
+        L = llama()
+        assert self._checkpoint is not None
+        _, state = self._checkpoint
+        if not L.llama_state_seq_set_data_ext(self._ctx, state, len(state), 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
+            raise SpecrunError(f"llama.cpp could not restore the {self.model.role} model's recurrent state")
+
+    def listen(self, listener: Listener | None) -> None:
+        """Hand `listener` the tokens, first position and hidden rows (the NextN embeddings an
+        MTP head reads) of every decode from now on; None stops it."""
+        self.model._call_llama(self._listen, listener)
+
+    def _listen(self, listener: Listener | None) -> None:
+        llama_ext().llama_set_embeddings_nextn(self._ctx, listener is not None, False)  # every row, not only outputs
+        self._listener = listener
 
 
 def _free_context(batch, ctx) -> None:

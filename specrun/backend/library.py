@@ -32,8 +32,19 @@ RAW_API = (
     "llama_supports_gpu_offload", "llama_supports_mmap", "llama_supports_rpc", "llama_token", "llama_token_to_piece",
     "llama_tokenize", "llama_vocab_bos", "llama_vocab_eos", "llama_vocab_get_add_bos",
     "llama_vocab_eot", "llama_vocab_get_add_eos", "llama_vocab_get_attr", "llama_vocab_get_text", "llama_vocab_is_eog", "llama_vocab_n_tokens",
-    "llama_vocab_type",
+    "llama_vocab_type", "LLAMA_TOKEN_ATTR_BYTE",
+    # recurrent and hybrid models: their snapshots, and checkpoints of their state
+    "llama_model_is_recurrent", "llama_model_is_hybrid", "llama_n_rs_seq", "llama_state_seq_get_size_ext",
+    "llama_state_seq_get_data_ext", "llama_state_seq_set_data_ext", "LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY",
+    # a model's own MTP (NextN) layers, on a context of their own whose rows carry a hidden state
+    "llama_model_n_layer_nextn", "llama_model_n_embd_out", "llama_model_meta_val_str", "LLAMA_CONTEXT_TYPE_MTP",
+    "llama_batch_ext_init", "llama_batch_ext_free", "llama_batch_ext_clear", "llama_batch_ext_add_token",
+    "llama_batch_ext_set_pos", "llama_batch_ext_set_embd_token", "llama_batch_ext_set_output_logits", "llama_embd",
+    "llama_pos", "llama_process", "LLAMA_PROCESS_TYPE_DECODE", "llama_get_logits_ith",
 )
+# The staging calls llama-cpp-python binds from llama.cpp's src/llama-ext.h (llama_cpp.llama_cpp_ext):
+# the hidden rows an MTP head reads. They may change with llama.cpp; pinned by tests/test_pinned_apis.py.
+EXT_API = ("llama_set_embeddings_nextn", "llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith")
 
 _recent_log: deque[str] = deque(maxlen=8)  # llama.cpp's last lines, for the message when it aborts
 
@@ -77,6 +88,20 @@ def llama() -> ModuleType:
     L.llama_log_set(_log_callback(L), ctypes.c_void_p(0))
     L.llama_backend_init()
     return L
+
+
+@cache
+def llama_ext() -> ModuleType:
+    """llama-cpp-python's bindings of llama.cpp's staging API (EXT_API), llama.cpp initialised."""
+    llama()
+    try:
+        from llama_cpp import llama_cpp_ext
+    except Exception as exc:
+        raise SpecrunError(f"llama-cpp-python {llama_cpp_version()} lacks llama.cpp's staging API ({exc}): {INSTALL_HINT}") from None
+    missing = [name for name in EXT_API if not hasattr(llama_cpp_ext, name)]
+    if missing:
+        raise SpecrunError(f"llama-cpp-python {llama_cpp_version()} lacks {missing[0]}, which MTP drafts need: {INSTALL_HINT}")
+    return llama_cpp_ext
 
 
 @cache

@@ -37,6 +37,7 @@ class ModelOptions:
     tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device, RPC devices first
     rpc_timeout: float = 300.0  # seconds one decode may wait for the RPC servers; 0 waits forever
     vocab_only: bool = False  # the tokenizer alone, no weights (a second or less, even for a 262k vocabulary)
+    load_mtp: bool = False  # also load the model's MTP (NextN) layers, which draft for it
 
 
 def check_gguf_file(path: Path, role: str, weights: bool = True) -> None:
@@ -75,6 +76,7 @@ class Model:
         params.n_gpu_layers = options.n_gpu_layers
         params.use_mmap = options.use_mmap
         params.use_extra_bufts = options.repack
+        params.load_mtp = options.load_mtp
         # The arrays must live until llama.cpp has read them during the load.
         devices = rpc_link.offload_devices(options.rpc_servers) if options.rpc_servers else None
         device_array = split = None
@@ -155,6 +157,32 @@ class Model:
     def n_ctx_train(self) -> int:
         L = llama()
         return L.llama_model_n_ctx_train(self._model)
+
+    @cached_property
+    def architecture(self) -> str:
+        """general.architecture: "llama", "qwen35", "nemotron_h", ..."""
+        L = llama()
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_model_meta_val_str(self._model, b"general.architecture", buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else "unknown"
+
+    @cached_property
+    def recurrent(self) -> bool:
+        """Whether some layers keep a recurrent state (Mamba, RWKV, and hybrids such as Qwen3.5)."""
+        L = llama()
+        return bool(L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
+
+    @cached_property
+    def n_nextn(self) -> int:
+        """The model's MTP (NextN) layers: heads that predict the token after the next."""
+        L = llama()
+        return int(L.llama_model_n_layer_nextn(self._model))
+
+    @cached_property
+    def n_embd_out(self) -> int:
+        """The width of the hidden rows an MTP head reads."""
+        L = llama()
+        return int(L.llama_model_n_embd_out(self._model))
 
     @property
     def chat_template(self) -> str | None:

@@ -104,7 +104,9 @@ class Generator:
         text = codecs.getincrementaldecoder("utf-8")("replace")
         try:
             while not (stop := self._stop_reason(stats, max_tokens)):
-                limit = min(max_tokens - stats.tokens - 1, self.target.free_slots - 1, self.policy.max_k)
+                # A recurrent target can drop again only as many drafted tokens as it keeps snapshots for.
+                limit = min(max_tokens - stats.tokens - 1, self.target.free_slots - 1, self.policy.max_k,
+                            self.target.rollback_limit)
                 step = self._step(history, limit, prompt_logits)
                 prompt_logits = None
                 self._count(step, stats)
@@ -173,8 +175,7 @@ class Generator:
     def _prefill(self, history: list[int]) -> tuple[int, np.ndarray]:
         """Put the prompt in the cache (reusing what is there); return how many tokens were
         decoded and the logits of its last position, which give the first new token at once."""
-        cached = min(self.target.reuse_prefix(history), len(history) - 1)  # the last is decoded for its logits
-        self.target.truncate(cached)
+        cached = self.target.reuse_prefix(history[:-1])  # the last is decoded for its logits
         return len(history) - cached, self.target.eval(history[cached:], logits_rows=1)
 
     def _step(self, history: list[int], limit: int, prompt_logits: np.ndarray | None) -> Step:

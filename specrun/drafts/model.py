@@ -128,6 +128,7 @@ class DraftModel:
         if self.start and self.feed.covers(len(history) - 1):
             fed, logits = self._catch_up(history, None)  # that feed timed feeding cheap enough for all of it
         catch_up_s = catch_up_seconds(fed, budget.k, time.perf_counter() - started)
+        self.context.checkpoint()  # a recurrent draft rolls its 1-token decodes back to here
         sample = self.sample and not request.sampler.settings.greedy
         tokens: list[int] = []
         dists: list[Distribution] = []

@@ -223,6 +223,7 @@ class TranslatingDraft:
             new, new_ends = self._restart(len(self.stream.target))  # that feed timed feeding cheap enough for all of it
             logits = self._decode(new, new_ends, from_stream=True)
         catch_up_s = catch_up_seconds(len(new), budget.k, time.perf_counter() - started)
+        self.context.checkpoint()  # a recurrent draft rolls its 1-token decodes back to here
         guess = self._guess(logits, budget, request)
         started = time.perf_counter()
         tokens, dists, confidences = self._for_target(guess, bytes(pending))

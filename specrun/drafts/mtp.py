@@ -1,0 +1,103 @@
+"""Drafts from the target's own MTP (NextN) layers: `--draft mtp`.
+
+Models such as Qwen3.5 ship a multi-token-prediction head trained to guess the token after the
+next from the target's hidden state. It runs on a context of its own (`backend.mtp.MtpHead`)
+that follows every target decode, whichever source drafted (the target hands each decode's
+hidden rows to `follow`); so it never catches up on text, and drafting k tokens costs k small
+decodes of the head alone. What it keeps per position is the target's hidden row there: the
+row the head reads to draft from the end of the text, and the one a rollback returns to.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from specrun.backend import Context
+from specrun.backend.mtp import MtpHead
+from specrun.core.sampling import Distribution
+from specrun.drafts.base import Draft, DraftRequest, DraftSource
+from specrun.drafts.model import Picker
+from specrun.drafts.registry import register
+
+if TYPE_CHECKING:
+    from specrun.session import Session
+
+
+class MtpDraft:
+    """Drafts with the MTP head of the target's model, greedily or by sampling (then p/q-verified)."""
+
+    names: tuple[str, ...] = ("mtp",)
+    counters: tuple[str, ...] = ()
+    parts: tuple[DraftSource, ...] = ()
+    runs_model = True
+
+    def __init__(self, target: Context, sample: bool = True):
+        self.target = target
+        self.head = MtpHead(target)
+        self.sample = sample
+        self.picker = Picker(target.model.n_vocab)
+        # The target's hidden row at each position the head holds (row -1, before the text: zeros).
+        self.hidden = np.zeros((target.n_ctx + 1, self.head.n_embd), dtype=np.float32)
+
+    def follow(self, on: bool) -> None:
+        """Follow the target's decodes (while generations draft with the head), or stop (plain
+        generations need not pay for the head; the next draft starts it over)."""
+        self.target.listen(self._process if on else None)
+
+    def _process(self, tokens: Sequence[int], pos0: int, hidden: np.ndarray) -> None:
+        """A target decode: the head decodes the same tokens, each with the target's row before it."""
+        if pos0 > len(self.head.tokens):
+            return  # the head missed text: it starts over at its next draft
+        self.hidden[pos0 + 1 : pos0 + 1 + len(tokens)] = hidden
+        self.head.process(tokens, pos0, self.hidden[pos0 : pos0 + len(tokens)])
+
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
+        budget = request.policy.offer(self.names[0], request.limit)
+        if budget.k < 1:
+            return Draft.under(budget)
+        started = time.perf_counter()
+        pos = len(history) - 1  # the target holds all but the last token
+        if self.head.tokens != list(history[:pos]):
+            self._start_over(history)  # the head missed decodes (a plain generation): follow the target anew
+        catch_up_s = time.perf_counter() - started
+        sample = self.sample and not request.sampler.settings.greedy
+        token, row = history[-1], self.hidden[pos]  # the target's row before the last token
+        tokens: list[int] = []
+        dists: list[Distribution] = []
+        confidences: list[float] = []
+        kept = budget
+        for i in range(budget.k):
+            logits, row = self.head.step(token, pos + i, row)
+            token, q, confidence = self.picker.pick(logits, request.sampler, sample, request.policy.wants_confidence)
+            extended = request.policy.extend(kept, confidence)
+            if extended is None:
+                break
+            kept = extended
+            tokens.append(token)
+            confidences.append(confidence)
+            if q is not None:
+                dists.append(q)
+        self.head.truncate(pos)  # its own drafting rows go: the verify decode brings the target's
+        measured = sample or request.policy.wants_confidence
+        return Draft(tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None,
+                     catch_up_s=catch_up_s)
+
+    def _start_over(self, history: Sequence[int]) -> None:
+        """Decode the text again on the target, the head following, so both hold the same."""
+        self.follow(True)
+        self.head.truncate(0)
+        self.target.truncate(0)
+        self.target.eval(history[:-1])
+
+    def rollback(self, history: Sequence[int]) -> None:
+        self.head.truncate(max(len(history) - 1, 0))
+
+
+def _build(session: Session) -> MtpDraft:
+    return MtpDraft(session.target, sample=session.config.draft_sampling)
+
+
+register("mtp", _build)

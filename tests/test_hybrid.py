@@ -1,0 +1,185 @@
+"""Targets with a recurrent state (Qwen3.5's hybrid layout) and their own MTP heads, on tiny
+random GGUFs of the real architectures (tests/tinyhybrid.py): llama.cpp's own code runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from reference import TINY_ATOL, FreshContexts, assert_greedy_choice, assert_reads_match, chi_square_p, record_reads
+from test_exactness import MIN_P, SEEDS, SETTINGS, exact_pairs, first_tokens, seeded
+from tinyhybrid import write_tiny_mamba, write_tiny_qwen35
+
+from specrun.backend import Context, ContextOptions, Model
+from specrun.core.engine import Generator
+from specrun.core.events import TokenEvent
+from specrun.core.policy import FixedK
+from specrun.core.sampling import Sampler, SamplerSettings
+from specrun.drafts.base import Draft
+from specrun.session import Session, SessionConfig
+
+PROMPT = "the cat sat on the mat and the cat sat on the mat, then the dog was there"
+
+
+@pytest.fixture(scope="session")
+def hybrid(tmp_path_factory):
+    """Paths: a qwen35 target, the same with an MTP block that agrees with it part of the time, a
+    draft of its layout with weaker layers (it agrees part of the time), and a Mamba llama.cpp
+    cannot roll back."""
+    root = tmp_path_factory.mktemp("hybrid")
+    return {
+        "target": write_tiny_qwen35(root / "qwen35.gguf", trunk_scale=0.5),
+        "mtp": write_tiny_qwen35(root / "qwen35-mtp.gguf", nextn=True, trunk_scale=0.5, mtp_agree=1.0, mtp_scale=0.3),
+        "draft": write_tiny_qwen35(root / "qwen35-draft.gguf", trunk_scale=0.4),
+        "mamba": write_tiny_mamba(root / "mamba.gguf"),
+    }
+
+
+def config(hybrid, drafting: str, k: int | str = 3, **settings) -> SessionConfig:
+    target = hybrid["mtp"] if "mtp" in drafting else hybrid["target"]
+    return SessionConfig(target=target, k=k, n_ctx=512, threads=1, lookup="lookup" in drafting,
+                         draft=hybrid["draft"] if "draft" in drafting else None,
+                         sources=("mtp",) if "mtp" in drafting else (), **settings)
+
+
+def generate(session: Session, prompt: list[int], n: int, plain: bool = False) -> tuple[list[int], object]:
+    run = session.generator(plain=plain).run(prompt, n)
+    return run.tokens, run.stats
+
+
+@pytest.mark.parametrize("k", [3, "auto"])
+@pytest.mark.parametrize("drafting", ["lookup", "draft", "mtp", "lookup+mtp"])
+def test_greedy_output_on_a_hybrid_target_is_plain_decodings_and_every_row_a_fresh_contexts(hybrid, drafting, k):
+    """After every rejection the recurrent state is where a fresh context fed the same text would
+    be: each logits row the target handed out equals one (a state left half rolled back moves the
+    logits by several units, the batch split by less than 1e-3)."""
+    with Session(config(hybrid, drafting, k)) as session:
+        prompt = session.tokenize(PROMPT)
+        plain, _ = generate(session, prompt, 48, plain=True)
+        reads = record_reads(session.target)
+        tokens, stats = generate(session, prompt, 48)
+        assert tokens == plain
+        if k != "auto":  # auto may find plain decoding of this tiny model faster than drafting
+            assert stats.drafted > stats.accepted > 0  # drafts were kept and rejected: the state rolled back
+        with FreshContexts(session.config.target, 512) as fresh:
+            assert assert_reads_match(reads, fresh, TINY_ATOL) >= stats.steps
+            for i, token in enumerate(tokens):
+                assert_greedy_choice(fresh.logits(prompt + tokens[:i]), token)
+
+
+def test_a_hybrid_draft_model_rolls_its_one_token_decodes_back_through_a_checkpoint(hybrid):
+    """A draft decodes one token at a time, which llama.cpp's snapshots cannot undo: its state
+    returns to the checkpoint taken before it drafted, and only what was accepted is fed again."""
+    with Session(config(hybrid, "draft", 4)) as session:
+        prompt = session.tokenize(PROMPT)
+        draft = session.drafter.context
+        reads = record_reads(draft)
+        tokens, stats = generate(session, prompt, 40)
+        assert stats.drafted > stats.accepted and draft.replayed == 0
+        with FreshContexts(hybrid["draft"], 512) as fresh:
+            assert assert_reads_match(reads, fresh, TINY_ATOL) > 0
+
+
+class Guessing:
+    """A draft source that always guesses the same many tokens."""
+
+    names, counters, parts, runs_model = ("guess",), (), (), False
+
+    def propose(self, history, request):
+        return Draft.under(request.policy.offer(self.names[0], request.limit), [40] * request.limit)
+
+    def rollback(self, history):
+        pass
+
+
+def test_a_step_never_verifies_more_drafted_tokens_than_the_target_rolls_back(hybrid):
+    model = Model(hybrid["target"])
+    try:
+        target = Context(model, ContextOptions(n_ctx=256, rollback=4))
+        run = Generator(target, Guessing(), Sampler.seeded(SamplerSettings()), FixedK(32)).run(model.tokenize(PROMPT), 40)
+    finally:
+        model.close()
+    assert run.stats.drafted > 0 and len(run.stats.drafted_by_position) == 4
+
+
+def test_a_prompt_that_extends_the_cache_reuses_it_and_one_that_departs_is_decoded_again(hybrid):
+    with Session(config(hybrid, "lookup")) as session:
+        prompt = session.tokenize(PROMPT)
+        first, _ = generate(session, prompt, 12)
+        _, extended = generate(session, prompt + first + session.tokenize(" and then")[1:], 8)
+        assert extended.prefilled_tokens < extended.prompt_tokens / 2  # the first turn stayed in the cache
+        _, departed = generate(session, prompt[:5] + session.tokenize(" a new text")[1:], 8)
+        assert departed.prefilled_tokens == departed.prompt_tokens  # the state cannot go back to token 5
+
+
+def test_mtp_drafts_sample_like_the_target(hybrid, tmp_path):
+    """At temperature 1 the head's drafts are sampled and verified by the p/q rule: the first two
+    tokens of 2,000 seeded generations follow the target's own distribution."""
+    settings = SETTINGS
+    with Session(config(hybrid, "mtp", 2, sampler=settings)) as session:
+        prompt = session.tokenize(PROMPT)
+        sampled, drafted, accepted = first_tokens(seeded(session), prompt, range(SEEDS))
+    assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)
+    assert chi_square_p(Counter(sampled.values()), exact_pairs(hybrid["mtp"], prompt, settings, 512)) > MIN_P
+
+
+def test_the_mtp_head_follows_plain_generations_again_when_it_drafts(hybrid):
+    """A plain generation between two drafted ones does not run the head; the next draft starts
+    it over from the text, and the output stays plain decoding's."""
+    with Session(config(hybrid, "mtp")) as session:
+        prompt = session.tokenize(PROMPT)
+        first, _ = generate(session, prompt, 24)
+        plain, _ = generate(session, prompt + first, 24, plain=True)
+        again, stats = generate(session, prompt + first, 24)
+        assert again == plain and stats.accepted > 0
+
+
+def specrun_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specrun", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_mtp_from_the_command_line(hybrid):
+    result = specrun_cli("generate", PROMPT, "--target", str(hybrid["mtp"]), "--draft", "mtp", "--k", "3", "-n", "24",
+                         "--temp", "0", "--json", "-t", "1", "-c", "512")
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)["stats"]
+    assert stats["accepted_by_source"].get("mtp", 0) > 0
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--target", "{mamba}", "--lookup"], "(mamba) keeps a recurrent state that llama.cpp cannot roll back"),
+    (["--target", "{target}", "--draft", "mtp"], "has no MTP (NextN) layers, so it cannot draft for itself"),
+    (["--target", "{target}", "--lookup", "--k", "8", "--ubatch-size", "6"], "can roll back only 4 tokens with --ubatch-size 6"),
+])
+def test_what_a_recurrent_target_cannot_do_is_one_line(hybrid, args, says):
+    result = specrun_cli("generate", PROMPT, *[a.format(**{k: str(v) for k, v in hybrid.items()}) for a in args],
+                         "-n", "4", "-t", "1", "-c", "256")
+    assert result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_mamba_target_still_decodes_plainly(hybrid):
+    with Session(SessionConfig(target=hybrid["mamba"], n_ctx=256, threads=1)) as session:
+        tokens = [e.token for e in session.stream(PROMPT, 8) if isinstance(e, TokenEvent)]
+    assert len(tokens) == 8
+
+
+def test_rolling_a_recurrent_cache_back_past_its_snapshots_decodes_again_exactly(hybrid):
+    """Where llama.cpp's snapshots do not reach (the whole last decode, tokens of an earlier one),
+    truncate decodes the kept text again instead of leaving a wrong state."""
+    model = Model(hybrid["target"])
+    try:
+        context = Context(model, ContextOptions(n_ctx=256, rollback=4))
+        prompt = model.tokenize(PROMPT)
+        context.eval(prompt)
+        context.eval([40, 41, 42], 3)
+        context.eval([43])
+        context.truncate(len(prompt) + 1)  # back across two decodes
+        assert context.replayed == len(prompt) + 1
+        row = context.eval([50])[-1].copy()
+        with FreshContexts(hybrid["target"], 256) as fresh:
+            assert abs(row - fresh.logits([*prompt, 40, 50])).max() <= TINY_ATOL
+    finally:
+        model.close()
