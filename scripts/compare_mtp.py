@@ -1,0 +1,115 @@
+"""specrun's MTP drafts against llama.cpp's own draft-mtp, draft by draft (a cross-check, not CI).
+
+Writes a tiny random qwen35 GGUF with one MTP (NextN) block (tests/tinyhybrid.py), builds
+llama-server from the llama.cpp that the installed llama-cpp-python vendors, and runs both
+greedily on the same prompt: llama-server with `--spec-type draft-mtp` on a free loopback port
+(stopped by its process id), at log verbosity 5, where llama.cpp's speculative.cpp logs each
+draft call's candidates; and specrun with `--draft mtp` at the same fixed k, recording each
+draft. Prints, per k, how many draft calls each made, how many drafts were identical token for
+token, and whether the generated tokens were.
+
+    python scripts/compare_mtp.py [--k 1,2,3,4] [--tokens 64] [--build DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from compare_llama_cpp import build_tools
+from compare_llama_server import free_port, post
+
+from specrun.drafts.mtp import MtpDraft
+from specrun.session import Session, SessionConfig
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from tinyhybrid import write_tiny_qwen35  # noqa: E402
+
+PROMPT = "Hello world, the cat and the dog were there. What time is it now"
+CANDIDATE = re.compile(rb"draft candidate\s+0, pos\s+(\d+):\s+(-?\d+) ")
+CALL = re.compile(rb"called impl draft-mtp")
+
+
+def llama_drafts(bin_dir: Path, model: Path, k: int, tokens: int, log: Path) -> tuple[list[list[int]], list[int]]:
+    """llama-server's draft calls (each call's drafted tokens, in order) and its generated tokens."""
+    port = free_port()
+    cmd = [bin_dir / "llama-server", "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-c", "1024",
+           "-np", "1", "--no-webui", "--no-repack", "--spec-type", "draft-mtp", "--spec-draft-n-max", str(k), "-lv", "5"]
+    with log.open("wb") as out:
+        process = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            if process.poll() is not None:
+                sys.exit(f"compare_mtp: llama-server exited; see {log}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        start = log.stat().st_size
+        reply = post(f"{url}/completion", {"prompt": PROMPT, "n_predict": tokens, "temperature": 0, "top_k": 1,
+                                           "cache_prompt": False, "return_tokens": True})
+        time.sleep(1)  # its log is written asynchronously
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    drafts: list[list[int]] = []
+    current: dict[int, int] = {}
+    for line in log.read_bytes()[start:].split(b"\n"):
+        if match := CANDIDATE.search(line):
+            current[int(match[1])] = int(match[2])
+        elif CALL.search(line):
+            drafts.append([current[i] for i in range(len(current))])
+            current = {}
+    return drafts, reply["tokens"]
+
+
+def specrun_drafts(model: Path, k: int, tokens: int) -> tuple[list[list[int]], list[int]]:
+    """specrun's MTP draft calls and its generated tokens, greedy at fixed k."""
+    drafts: list[list[int]] = []
+    propose = MtpDraft.propose
+
+    def recording(self, history, request):
+        draft = propose(self, history, request)
+        drafts.append(list(draft.tokens))
+        return draft
+
+    MtpDraft.propose = recording  # type: ignore[method-assign]
+    try:
+        with Session(SessionConfig(target=model, sources=("mtp",), k=k, n_ctx=1024, threads=1)) as session:
+            generated = session.generate(PROMPT, max_tokens=tokens).tokens
+    finally:
+        MtpDraft.propose = propose  # type: ignore[method-assign]
+    return drafts, generated
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--k", default="1,2,3,4")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "llama-tools")
+    args = parser.parse_args()
+    bin_dir = build_tools(args.build, ["llama-server"])
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_tiny_qwen35(Path(tmp) / "qwen35-mtp.gguf", nextn=True, trunk_scale=0.5, mtp_agree=1.0, mtp_scale=0.3)
+        for k in (int(value) for value in args.k.split(",")):
+            theirs, their_tokens = llama_drafts(bin_dir, model, k, args.tokens, Path(tmp) / f"server-{k}.log")
+            ours, our_tokens = specrun_drafts(model, k, args.tokens)
+            # Near the end both cut a draft to what can still be emitted; llama.cpp logs it whole.
+            same = sum(mine == full[: len(mine)] for mine, full in zip(ours, theirs))
+            print(f"k {k}: draft calls specrun {len(ours)}, llama.cpp {len(theirs)}; identical {same} of "
+                  f"{min(len(ours), len(theirs))}; generated tokens identical: {our_tokens == their_tokens[: len(our_tokens)]}"
+                  f" ({len(our_tokens)} tokens)")
+
+
+if __name__ == "__main__":
+    main()
