@@ -65,6 +65,8 @@ def tiny(tmp_path_factory):
         "relabelled": write_tiny_llama(root / "relabelled.gguf", vocab="different", seed=0, n_layer=1, relabelled=True),
         # Peaked logits: the top token usually holds over 75% (llama.cpp's p-min drafts it).
         "confident": write_tiny_llama(root / "confident.gguf", seed=0, logit_std=30.0),
+        # Never writes its end-of-sequence token: a greedy generation runs to -n (Ctrl-C tests).
+        "endless": write_tiny_llama(root / "endless.gguf", seed=0, endless=True),
     }
 
 

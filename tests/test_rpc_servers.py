@@ -148,9 +148,9 @@ def test_gemma_split_gives_the_local_output(servers, gemma):
 
 
 def start_long_generation(tiny, servers, *extra) -> subprocess.Popen:
-    """A generation that runs for seconds; returns once it has printed its first text."""
+    """A generation that runs for seconds (its model never ends one); returns once it has printed its first text."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specrun", "generate", PROMPT, "--target", str(tiny["target"]), "--lookup",
+        [sys.executable, "-m", "specrun", "generate", PROMPT, "--target", str(tiny["endless"]), "--lookup",
          "-n", "3000", "-c", "4096", "-t", "1", "--rpc", rpc_flag(servers), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
@@ -159,14 +159,21 @@ def start_long_generation(tiny, servers, *extra) -> subprocess.Popen:
     return proc
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+def finish(proc: subprocess.Popen, after: str = "its rpc-server went away") -> tuple[int, str, str]:
     """Exit status, the rest of stdout, and stderr."""
     try:
         out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail("specrun was still running 60 s after its rpc-server went away")
+        pytest.fail(f"specrun was still running 60 s after {after}")
     return proc.returncode, out.decode("utf-8", "replace"), err.decode()  # generated text may be cut mid-character
+
+
+def test_ctrl_c_ends_a_generation_on_the_servers(servers, tiny):
+    proc = start_long_generation(tiny, servers)
+    proc.send_signal(signal.SIGINT)
+    code, _, err = finish(proc, "Ctrl-C")
+    assert code == 130 and err.strip().splitlines()[-1] == "interrupted", err
 
 
 def test_a_server_killed_mid_generation_is_named(servers, tiny):
@@ -260,7 +267,7 @@ def test_ctrl_c_on_a_python_user_leaves_the_session_usable(servers, tiny):
     """Ctrl-C lets the decode in flight end, so the caches stay consistent and the servers in use."""
     proc = start_python_user(tiny, servers, 300, INTERRUPTED_USER)
     proc.send_signal(signal.SIGINT)
-    code, out, err = finish(proc)
+    code, out, err = finish(proc, "Ctrl-C")
     assert code == 0 and out.splitlines() == ["interrupted", "then 4 tokens"], err
 
 

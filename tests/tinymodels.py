@@ -197,6 +197,7 @@ def write_tiny_llama(
     logit_std: float = 3.0,
     vocab_only: bool = False,
     relabelled: bool = False,
+    endless: bool = False,
 ) -> Path:
     """Write a tiny random llama GGUF (float32 weights) and return its path.
 
@@ -206,6 +207,8 @@ def write_tiny_llama(
     `vocab_only` writes the tokenizer alone, no tensors (as llama.cpp's ggml-vocab-*.gguf files).
     `relabelled` (with vocab "different"): the embedding and output rows follow the permuted
     pieces, so the model is base's under other ids: a draft that only translation can pair.
+    `endless`: the end-of-sequence row of the output head is zero, so its logit is 0 against the
+    others' spread of several units: greedy decoding never ends a generation before -n.
     """
     tokens = vocab_tokens(vocab) if vocab != "gpt2" else [(text, 0.0, kind) for text, kind in gpt2_vocab()[0]]
     n_vocab = len(tokens)
@@ -257,6 +260,8 @@ def write_tiny_llama(
         rows = np.concatenate([np.arange(len(_SPECIAL) + len(_BYTES)), len(_SPECIAL) + len(_BYTES) + _PERMUTATION])
         for name in ("token_embd.weight", "output.weight"):
             tensors[name] = tensors[name][rows]
+    if endless:
+        tensors["output.weight"][eos_id] = 0.0
     for name, array in tensors.items():
         w.add_tensor(name, array)
 
