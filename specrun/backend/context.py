@@ -1,5 +1,7 @@
-"""One KV cache over a model (`Context`): it knows exactly which tokens it holds, so callers roll
-back by length and reuse prefixes.
+"""KV caches over a model. A `Context` is one sequence of a llama.cpp context: it knows exactly
+which tokens it holds, so callers roll back by length and reuse prefixes. A context made with
+several sequences (`ContextOptions.sequences`) holds one stream each, `sequence(i)` hands
+out the others, and `decode_many` verifies rows of several of them in one decode.
 
 A recurrent or hybrid model (Qwen3.5, Nemotron-H, LFM2) also keeps a state per sequence that
 cannot be cut back to an earlier token. llama.cpp keeps `rollback` snapshots of it
@@ -28,8 +30,8 @@ from specrun.core.sequences import common_prefix
 from specrun.errors import SpecrunError
 
 Listener = Callable[[Sequence[int], int, np.ndarray], None]
-"""Told of every decode: its tokens, the position of the first, and its hidden rows (a view, valid
-during the call)."""
+"""Told of every decode of a sequence: its tokens, the position of the first, and its hidden rows
+(a view, valid during the call)."""
 
 
 class ContextFull(SpecrunError):
@@ -38,81 +40,124 @@ class ContextFull(SpecrunError):
 
 @dataclass(frozen=True)
 class ContextOptions:
-    n_ctx: int = 4096  # 0 means the model's training context
-    n_batch: int = 512  # largest single decode; verify batches are k + 1 rows
+    n_ctx: int = 4096  # 0 means the model's training context; split evenly between the sequences
+    n_batch: int = 512  # largest single decode; verify batches are k + 1 rows (of every stream together)
     n_ubatch: int = 0  # rows llama.cpp computes at once (0: n_batch); changes batched numerics
     n_threads: int = 0  # 0 means every core
     flash_attn: int = -1  # -1 auto, 0 off, 1 on
     # A recurrent or hybrid model: trailing tokens of a decode the state can drop (llama.cpp's
-    # n_rs_seq; each costs one more copy of the state). Other models drop any.
+    # n_rs_seq; each costs one more copy of the state, per sequence). Other models drop any.
     rollback: int = 0
+    sequences: int = 1  # streams the cache holds, each in its share of n_ctx (llama.cpp's n_seq_max)
 
 
-class Context:
-    """One KV cache (sequence 0) over a model; `tokens` is exactly what the cache holds."""
+class _LlamaContext:
+    """The llama.cpp context and the one batch its sequences share."""
 
-    def __init__(self, model: Model, options: ContextOptions = ContextOptions()):
-        self.model = model
-        self._ctx_ptr = None
+    def __init__(self, model: Model, options: ContextOptions):
         L = llama()
+        self.model = model
+        self.ptr = None
         params = L.llama_context_default_params()
         params.n_ctx = options.n_ctx or model.n_ctx_train
         params.n_batch = options.n_batch
         params.n_ubatch = options.n_ubatch or options.n_batch
-        threads = options.n_threads or os.cpu_count() or 1
-        params.n_threads = params.n_threads_batch = threads
+        params.n_seq_max = options.sequences
+        params.kv_unified = False  # each sequence its own share of the cache: one stream cannot crowd out another
+        self.n_threads = options.n_threads or os.cpu_count() or 1
+        params.n_threads = params.n_threads_batch = self.n_threads
         params.flash_attn_type = options.flash_attn
         params.swa_full = True  # rollback inside the sliding window must stay possible
-        self.recurrent = model.recurrent
-        if self.recurrent:  # llama.cpp keeps the snapshots' tail in one micro-batch: it needs n_ubatch > n_rs_seq + 1
+        if model.recurrent:  # llama.cpp keeps the snapshots' tail in one micro-batch: it needs n_ubatch > n_rs_seq + 1
             params.n_rs_seq = max(0, min(options.rollback, params.n_ubatch - 2))
         params.no_perf = True
         waiting = rpc_link.Waiting(model.rpc_servers, model.rpc_timeout, "while creating a context")
-        self._ctx_ptr = model._call_llama(L.llama_init_from_model, model._model, params, waiting=waiting)
-        if not self._ctx_ptr:
+        self.ptr = model._call_llama(L.llama_init_from_model, model._model, params, waiting=waiting)
+        if not self.ptr:
             raise SpecrunError(
                 f"llama.cpp could not create a {params.n_ctx}-token context for {model.path}: "
                 "lower --ctx-size or offload fewer layers"
             )
         model._contexts.add(self)
-        self.n_ctx = L.llama_n_ctx(self._ctx_ptr)
+        self.n_ctx = L.llama_n_ctx(self.ptr) // options.sequences  # each sequence's share
         # The most tokens a verify may drop again: the snapshots llama.cpp keeps (0 for an architecture
         # it cannot roll back at all), or for any other model, the whole context.
-        self.rollback_limit = L.llama_n_rs_seq(self._ctx_ptr) if self.recurrent else self.n_ctx
-        self._last_decode = 0  # tokens in the last decode: a recurrent state rolls back within it, once
+        self.rollback_limit = L.llama_n_rs_seq(self.ptr) if model.recurrent else self.n_ctx
+        self.n_batch = options.n_batch
+        self.batch = L.llama_batch_init(self.n_batch, 0, 1)
+        # Zero-copy views of the batch arrays; each row belongs to one sequence.
+        self.token = np.ctypeslib.as_array(self.batch.token, shape=(self.n_batch,))
+        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(self.n_batch,))
+        self.logits = np.ctypeslib.as_array(ctypes.cast(self.batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,))
+        np.ctypeslib.as_array(self.batch.n_seq_id, shape=(self.n_batch,))[:] = 1
+        self.seq_ids = [self.batch.seq_id[i] for i in range(self.n_batch)]
+        self.sequences: dict[int, Context] = {}
+
+    def close(self) -> None:
+        if self.ptr:
+            pointer, self.ptr = self.ptr, None
+            self.model._free(_free_context, self.batch, pointer)
+
+    @property
+    def ctx(self):
+        if self.ptr is None:
+            raise Closed(f"the {self.model.role} model's context was closed: its KV cache is gone")
+        return self.ptr
+
+
+class Context:
+    """One sequence of a KV cache over a model; `tokens` is exactly what it holds."""
+
+    def __init__(self, model: Model, options: ContextOptions = ContextOptions(), *, _shared: _LlamaContext | None = None,
+                 _seq: int = 0):
+        """A new llama.cpp context over `model`, this being its sequence 0."""
+        self._shared = _shared or _LlamaContext(model, options)
+        self._shared.sequences[_seq] = self
+        self.model = model
+        self.seq = _seq
+        self.tokens: list[int] = []
+        self._last_decode = 0  # tokens in its last decode: a recurrent state rolls back within it, once
         self._checkpoint: tuple[int, ctypes.Array] | None = None  # (length, the recurrent state there)
         self.replayed = 0  # tokens decoded again because no snapshot or checkpoint reached back to them
         self._listener: Listener | None = None
-        self.n_batch = options.n_batch
-        self.n_threads = threads
-        self.tokens: list[int] = []
-        self._batch = L.llama_batch_init(self.n_batch, 0, 1)
-        # Zero-copy views of the batch arrays; seq ids never change, so set them once.
-        self._batch_token = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
-        self._batch_pos = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
-        self._batch_logits = np.ctypeslib.as_array(
-            ctypes.cast(self._batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,)
-        )
-        np.ctypeslib.as_array(self._batch.n_seq_id, shape=(self.n_batch,))[:] = 1
-        for i in range(self.n_batch):
-            self._batch.seq_id[i][0] = 0
+
+    def sequence(self, seq: int) -> Context:
+        """Sequence `seq` of the same cache (0 is the one made with the context)."""
+        return self._shared.sequences.get(seq) or Context(self.model, _shared=self._shared, _seq=seq)
 
     def close(self) -> None:
-        """Free the cache; later calls raise Closed instead of touching freed memory."""
-        if self._ctx_ptr:
-            pointer, self._ctx_ptr = self._ctx_ptr, None
-            self.model._free(_free_context, self._batch, pointer)
+        """Free the cache, every sequence's; later calls raise Closed instead of touching freed memory."""
+        self._shared.close()
 
     @property
     def closed(self) -> bool:
         """Closed, or lost with an RPC server: either way its cache takes no more decodes."""
-        return self._ctx_ptr is None or self.model.lost
+        return self._shared.ptr is None or self.model.lost
 
     @property
     def _ctx(self):
-        if self._ctx_ptr is None:
-            raise Closed(f"the {self.model.role} model's context was closed: its KV cache is gone")
-        return self._ctx_ptr
+        return self._shared.ctx
+
+    @property
+    def n_ctx(self) -> int:
+        """The tokens this sequence can hold."""
+        return self._shared.n_ctx
+
+    @property
+    def n_batch(self) -> int:
+        return self._shared.n_batch
+
+    @property
+    def n_threads(self) -> int:
+        return self._shared.n_threads
+
+    @property
+    def recurrent(self) -> bool:
+        return self.model.recurrent
+
+    @property
+    def rollback_limit(self) -> int:
+        return self._shared.rollback_limit
 
     @property
     def free_slots(self) -> int:
@@ -127,38 +172,66 @@ class Context:
             raise ValueError("eval needs at least one token")
         if not 1 <= logits_rows <= self.n_batch:
             raise ValueError(f"from 1 to n_batch={self.n_batch} logits rows per eval, not {logits_rows}")
-        if len(tokens) > self.free_slots:
-            raise ContextFull(f"{len(tokens)} tokens do not fit in the {self.free_slots} free context slots: raise --ctx-size")
+        self._check_room(len(tokens))
         return self.model._call_llama(self._eval, tokens, min(logits_rows, len(tokens)))
+
+    def decode_many(self, parts: Sequence[tuple[Context, Sequence[int], int]]) -> list[np.ndarray]:
+        """One decode of several sequences of this cache: for each (sequence, tokens, logits rows),
+        the logits of its last rows (views, valid until the next decode). All rows fit one batch."""
+        if sum(len(tokens) for _, tokens, _ in parts) > self.n_batch:
+            raise ValueError(f"at most n_batch={self.n_batch} rows per decode")
+        for sequence, tokens, rows in parts:
+            if sequence._shared is not self._shared or not tokens or not 1 <= rows <= len(tokens):
+                raise ValueError("each part: a sequence of this cache, tokens, and 1 to that many logits rows")
+            sequence._check_room(len(tokens))
+        return self.model._call_llama(self._decode_many, parts)
+
+    def _check_room(self, n: int) -> None:
+        if n > self.free_slots:
+            raise ContextFull(f"{n} tokens do not fit in the {self.free_slots} free context slots: raise --ctx-size")
 
     def _eval(self, tokens: Sequence[int], rows: int) -> np.ndarray:
         # Decoding on RPC servers is asynchronous: reading the logits is where it waits, so both are one call.
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             rows_here = max(0, rows - (len(tokens) - start - len(chunk)))
-            self._decode(chunk, min(rows_here, len(chunk)))
+            self._decode_many([(self, chunk, min(rows_here, len(chunk)))])
         return self._logits(rows)
 
-    def _decode(self, chunk: Sequence[int], logits_rows: int) -> None:
-        L = llama()
-        ctx = self._ctx  # before writing into the batch: a closed context has freed it
-        n = len(chunk)
-        pos0 = len(self.tokens)
-        self._batch.n_tokens = n
-        self._batch_token[:n] = chunk
-        self._batch_pos[:n] = np.arange(pos0, pos0 + n)
-        self._batch_logits[:n] = 0
-        self._batch_logits[n - logits_rows : n] = 1
-        status = L.llama_decode(ctx, self._batch)
+    def _decode_many(self, parts: Sequence[tuple[Context, Sequence[int], int]]) -> list[np.ndarray]:
+        L, shared = llama(), self._shared
+        ctx = shared.ctx  # before writing into the batch: a closed context has freed it
+        n = 0
+        for sequence, tokens, rows in parts:
+            k = len(tokens)
+            shared.token[n : n + k] = tokens
+            shared.pos[n : n + k] = np.arange(len(sequence.tokens), len(sequence.tokens) + k)
+            shared.logits[n : n + k] = 0
+            shared.logits[n + k - rows : n + k] = 1
+            for i in range(n, n + k):
+                shared.seq_ids[i][0] = sequence.seq
+            n += k
+        shared.batch.n_tokens = n
+        status = L.llama_decode(ctx, shared.batch)
         if status == 1:
             raise ContextFull("llama.cpp found no KV cache slot for the batch: raise --ctx-size")
         if status != 0:
             raise SpecrunError(f"llama_decode failed with status {status} on the {self.model.role} model")
-        self.tokens.extend(chunk)
-        self._last_decode = n
-        if self._listener is not None:
-            hidden = np.ctypeslib.as_array(llama_ext().llama_get_embeddings_nextn(ctx), shape=(n, self.model.n_embd_out))
-            self._listener(chunk, pos0, hidden)
+        logits, first = [], 0
+        all_rows = sum(rows for _, _, rows in parts)
+        everything = np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(all_rows, self.model.n_vocab)) if all_rows else None
+        row = 0
+        for sequence, tokens, rows in parts:
+            pos0 = len(sequence.tokens)
+            sequence.tokens.extend(tokens)
+            sequence._last_decode = len(tokens)
+            if sequence._listener is not None:
+                hidden = np.ctypeslib.as_array(llama_ext().llama_get_embeddings_nextn(ctx), shape=(n, self.model.n_embd_out))
+                sequence._listener(tokens, pos0, hidden[first : first + len(tokens)])
+            if everything is not None:
+                logits.append(everything[row : row + rows])
+            row, first = row + rows, first + len(tokens)
+        return logits
 
     def logits(self, rows: int) -> np.ndarray:
         """The last eval's logits for its last `rows` rows (a view, valid until the next eval)."""
@@ -170,7 +243,7 @@ class Context:
         return np.ctypeslib.as_array(pointer, shape=(rows, self.model.n_vocab))
 
     def truncate(self, n_keep: int) -> None:
-        """Roll the cache back to its first n_keep tokens, exactly."""
+        """Roll the sequence back to its first n_keep tokens, exactly."""
         if n_keep < len(self.tokens):
             self.model._call_llama(self._roll_back, n_keep, True)
 
@@ -210,7 +283,7 @@ class Context:
 
     def _remove_from(self, n_keep: int) -> None:
         L = llama()
-        if not L.llama_memory_seq_rm(L.llama_get_memory(self._ctx), 0, n_keep, -1):
+        if not L.llama_memory_seq_rm(L.llama_get_memory(self._ctx), self.seq, n_keep, -1):
             raise SpecrunError(f"llama.cpp refused to roll the {self.model.role} model's cache back to {n_keep} tokens")
         del self.tokens[n_keep:]
         self._last_decode = 0  # a second roll back before the next decode would go past the snapshots
@@ -220,21 +293,21 @@ class Context:
     def _save_state(self) -> tuple[int, ctypes.Array]:
         L = llama()
         flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only: the KV cache rolls back by itself
-        size = L.llama_state_seq_get_size_ext(self._ctx, 0, flags)
+        size = L.llama_state_seq_get_size_ext(self._ctx, self.seq, flags)
         state = (ctypes.c_uint8 * size)()
-        L.llama_state_seq_get_data_ext(self._ctx, state, size, 0, flags)
+        L.llama_state_seq_get_data_ext(self._ctx, state, size, self.seq, flags)
         return len(self.tokens), state
 
     def _restore_state(self) -> None:
         L = llama()
         assert self._checkpoint is not None
         _, state = self._checkpoint
-        if not L.llama_state_seq_set_data_ext(self._ctx, state, len(state), 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
+        if not L.llama_state_seq_set_data_ext(self._ctx, state, len(state), self.seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
             raise SpecrunError(f"llama.cpp could not restore the {self.model.role} model's recurrent state")
 
     def listen(self, listener: Listener | None) -> None:
         """Hand `listener` the tokens, first position and hidden rows (the NextN embeddings an
-        MTP head reads) of every decode from now on; None stops it."""
+        MTP head reads) of every decode of this sequence from now on; None stops it."""
         self.model._call_llama(self._listen, listener)
 
     def _listen(self, listener: Listener | None) -> None:
