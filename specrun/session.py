@@ -14,11 +14,13 @@ from specrun import cost_cache
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.backend.compat import check_vocab
 from specrun.core.auto import AutoK
+from specrun.core.batch import Batch
 from specrun.core.costs import measure_verify_costs, verify_costs_hold
 from specrun.core.engine import EventStream, Generator
-from specrun.core.events import Stats
+from specrun.core.events import RunResult, Stats
 from specrun.core.policy import LLAMA_CPP_DRAFT_MAX, DraftPolicy, FixedK, PMinPolicy, parse_k
 from specrun.core.sampling import Sampler, SamplerSettings
+from specrun.core.sequences import common_prefix
 from specrun.drafts import registry
 from specrun.drafts.base import CatchUp, DraftSource, chained, leaves
 from specrun.drafts.bridge import VocabBridge
@@ -35,7 +37,8 @@ from specrun.settings import BATCH, SettingError, check
 # Under --k auto a recurrent or hybrid target keeps snapshots to roll back this many drafted
 # tokens: each is one more copy of its recurrent state (docs/benchmarks.md has their memory).
 AUTO_ROLLBACK = 16
-CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens")
+CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens", "parallel")
+MIN_SLOT_CTX = 256  # the fewest tokens a stream's share of the context may hold
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,8 @@ class SessionConfig:
     lookup_ngram: tuple[int, int] = (2, 4)  # n-gram sizes prompt lookup matches, longest first
     store_tokens: int = 0  # > 0: also draft from up to this many tokens of earlier prompts and outputs
     sources: tuple[str, ...] = ()  # further draft sources by registered name (specrun.drafts.registry), after lookup and store
-    n_ctx: int = 4096  # context size in tokens, for target and draft alike
+    n_ctx: int = 4096  # context size in tokens, for target and draft alike, split evenly between the streams
+    parallel: int = 1  # streams run at once (generate_many, serve's slots), each on its own sequence
     threads: int = 0  # 0 = all cores
     n_gpu_layers: int = -1  # target layers offloaded to GPUs or RPC servers; -1 = all, 0 = none
     draft_n_gpu_layers: int = -1  # the draft's
@@ -126,8 +130,13 @@ class Session:
             self.target = self._own(Context(self.target_model, options))
             if speculative:
                 self._check_rollback()
+            if "mtp" in self.source_names and config.parallel > 1:
+                raise SpecrunError(f"--draft mtp drafts for one stream at a time for now, not --parallel {config.parallel}: "
+                                   "run it with --parallel 1, or draft with --lookup or a draft model")
             self.costs_key = self._costs_key()  # taken now: the file may change or go while we run
-            self.drafter = self._make_drafter()
+            self._draft_context = self._load_draft(config.draft) if config.draft is not None else None
+            self._drafters: dict[int, DraftSource | None] = {}
+            self.drafter = self.drafter_for(0)
         except BaseException:
             self.close()
             raise
@@ -163,15 +172,22 @@ class Session:
 
     def _context_options(self) -> ContextOptions:
         c = self.config
-        return ContextOptions(n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn)
+        if c.parallel > 1 and c.n_ctx // c.parallel < MIN_SLOT_CTX:
+            raise SpecrunError(f"--parallel {c.parallel} leaves each stream {c.n_ctx // c.parallel} tokens of --ctx-size "
+                               f"{c.n_ctx} (at least {MIN_SLOT_CTX} are needed): raise --ctx-size or lower --parallel")
+        return ContextOptions(n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn,
+                              sequences=c.parallel)
 
-    def _make_drafter(self) -> DraftSource | None:
-        """The chain of sources the settings ask for: copies first (this request's context, then
-        what earlier ones wrote, then the sources named), a draft model last."""
-        sources = [self.source(name) for name in self.source_names]
-        if self.config.draft is not None:
-            sources.append(self._draft_model(self.config.draft))
-        return chained(sources)
+    def drafter_for(self, slot: int) -> DraftSource | None:
+        """Stream `slot`'s chain of the sources the settings ask for: copies first (this request's
+        context, then what earlier ones wrote, then the sources named), a draft model last, on the
+        draft cache's sequence of that stream. Each stream has its own; the store is shared."""
+        if slot not in self._drafters:
+            sources = [self.source(name) for name in self.source_names]
+            if self._draft_context is not None:
+                sources.append(self._draft_source(self._draft_context.sequence(slot)))
+            self._drafters[slot] = chained(sources)
+        return self._drafters[slot]
 
     @property
     def source_names(self) -> list[str]:
@@ -183,18 +199,24 @@ class Session:
         """A new draft source of the registered kind `name` for this session (`specrun.drafts.registry`)."""
         return registry.build(name, self)
 
-    def _draft_model(self, path: Path) -> DraftModel | TranslatingDraft:
-        """The draft model: on the target's own tokens when the vocabularies match (llama.cpp's
-        rule), else translated through text."""
+    def _load_draft(self, path: Path) -> Context:
+        """The draft model's cache, one sequence a stream: on the target's own tokens when the
+        vocabularies match (llama.cpp's rule), else translated through text."""
         c = self.config
         draft_model = self._own(Model(path, self._model_options(c.draft_n_gpu_layers, c.draft_rpc), "draft"))
-        if check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts()).ok:
-            return DraftModel(self._own(Context(draft_model, self._context_options())), sample=c.draft_sampling)
-        bridge = VocabBridge(self.target_model, draft_model)
-        bridge.check(c.target.name, path.name)
-        # The same text often takes the draft more tokens than the target: its cache gets twice the room.
-        options = replace(self._context_options(), n_ctx=2 * c.n_ctx)
-        return TranslatingDraft(self._own(Context(draft_model, options)), bridge, c.draft_sampling, c.translation)
+        self._bridge = None
+        if not check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts()).ok:
+            self._bridge = VocabBridge(self.target_model, draft_model)
+            self._bridge.check(c.target.name, path.name)
+        # The same text often takes a draft of another vocabulary more tokens than the target: twice the room.
+        options = replace(self._context_options(), n_ctx=c.n_ctx if self._bridge is None else 2 * c.n_ctx)
+        return self._own(Context(draft_model, options))
+
+    def _draft_source(self, context: Context) -> DraftModel | TranslatingDraft:
+        c = self.config
+        if self._bridge is None:
+            return DraftModel(context, sample=c.draft_sampling)
+        return TranslatingDraft(context, self._bridge, c.draft_sampling, c.translation)
 
     def close(self) -> None:
         """Free the models and contexts, keeping the verify costs auto refined for the next session."""
@@ -227,7 +249,7 @@ class Session:
 
     def generator(self, *, plain: bool = False, policy: DraftPolicy | int | str | None = None,
                   sampler: SamplerSettings | None = None, drafter: DraftSource | None = None,
-                  grammar: Grammar | None = None, grammar_drafts: bool = True) -> Generator:
+                  grammar: Grammar | None = None, grammar_drafts: bool = True, slot: int = 0) -> Generator:
         """A fresh generator over the session's target, with this call's settings.
 
         `plain` decodes without drafting; `policy` is a draft length, "auto" or "llama.cpp"
@@ -236,20 +258,22 @@ class Session:
         the random stream, so the same seed gives the same stream for plain and speculative);
         `drafter` replaces the session's draft source (bench measures one method at a time);
         `grammar` holds the output to a grammar, and unless `grammar_drafts` is False (or
-        `plain`), what it forces is drafted ahead of the other sources.
+        `plain`), what it forces is drafted ahead of the other sources; `slot` is the stream
+        (0 .. parallel - 1) whose sequence and sources it uses.
         """
         settings = sampler or self.config.sampler
         constraint = Constraint(self.target_model, grammar) if grammar is not None else None
-        drafter = None if plain else drafter or self.drafter
+        target = self.target.sequence(slot)
+        drafter = None if plain else drafter or self.drafter_for(slot)
         if constraint is not None and grammar_drafts and not plain:
             forced = GrammarDraft(constraint, self.target_model)
             drafter = forced if drafter is None else GrammarFirst(forced, drafter)
         self._follow_with_mtp(drafter)
         if drafter is None:  # plain decoding needs no policy, nor auto's start-up measurement of verify costs
-            return Generator(self.target, None, Sampler.seeded(settings), constraint=constraint)
+            return Generator(target, None, Sampler.seeded(settings), constraint=constraint)
         if policy is None or isinstance(policy, (int, str)):
             policy = self.policy(self.config.k if policy is None else policy)
-        return Generator(self.target, drafter, Sampler.seeded(settings), policy, constraint=constraint,
+        return Generator(target, drafter, Sampler.seeded(settings), policy, constraint=constraint,
                          catch_up=self.catch_up(policy))
 
     def _follow_with_mtp(self, drafter: DraftSource | None) -> None:
@@ -330,8 +354,38 @@ class Session:
         run = generator.run(tokens, max_tokens)
         return Generation(self.detokenize(run.tokens), run.tokens, run.stats)
 
+    def generate_many(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 256, plain: bool = False,
+                      k: int | str | None = None, seed: int | None = None, sampler: SamplerSettings | None = None,
+                      grammar: Grammar | None = None) -> list[Generation]:
+        """Each prompt's continuation, as `generate` gives it, `parallel` at a time: the running
+        streams' rows go through one target decode per step, and a prompt takes the next free
+        stream (the one whose cache shares most of it). Returned in the prompts' order."""
+        prepared = [self._prepared(prompt, max_tokens, plain, k, seed, sampler, grammar)[1] for prompt in prompts]
+        batch, free, done = Batch(self.target), list(range(self.config.parallel)), {}
+        waiting = list(range(len(prepared)))
+        while waiting or batch.streams:
+            while waiting and free:
+                index = waiting.pop(0)
+                slot = self.best_slot(prepared[index], free)
+                free.remove(slot)
+                generator = self._prepared(prepared[index], max_tokens, plain, k, seed, sampler, grammar, slot)[0]
+
+                def finished(run: RunResult, index: int = index, slot: int = slot) -> None:
+                    done[index] = run
+                    free.append(slot)
+
+                batch.add(generator, prepared[index], max_tokens, on_done=finished)
+            batch.step()
+        return [Generation(self.detokenize(done[i].tokens), done[i].tokens, done[i].stats) for i in range(len(prepared))]
+
+    def best_slot(self, tokens: Sequence[int], free: Sequence[int]) -> int:
+        """Of the free streams, the one whose cache shares the longest prefix with `tokens` (as
+        llama-server picks a slot), so the least is prefilled."""
+        return max(free, key=lambda slot: common_prefix(self.target.sequence(slot).tokens, tokens))
+
     def _prepared(self, prompt: str | Sequence[int], max_tokens: int, plain: bool, k: int | str | None,
-                  seed: int | None, sampler: SamplerSettings | None, grammar: Grammar | None) -> tuple[Generator, list[int]]:
+                  seed: int | None, sampler: SamplerSettings | None, grammar: Grammar | None,
+                  slot: int = 0) -> tuple[Generator, list[int]]:
         check(max_tokens=max_tokens)
         if isinstance(prompt, str) and not prompt.strip():
             raise SpecrunError("the prompt is empty: give some text to continue")  # not "continue the start token"
@@ -339,4 +393,4 @@ class Session:
         settings = sampler or self.config.sampler
         if seed is not None:
             settings = replace(settings, seed=seed)
-        return self.generator(plain=plain, policy=k, sampler=settings, grammar=grammar), tokens
+        return self.generator(plain=plain, policy=k, sampler=settings, grammar=grammar, slot=slot), tokens

@@ -82,6 +82,7 @@ RULES: dict[str, Rule] = {
     "draft_n_gpu_layers": Rule("an integer >= -1 (-1 = all)", -1, INT32_MAX, integer=True),
     "rpc_timeout": Rule("a number of seconds >= 0 (0 = forever)", 0),
     "store_tokens": _count(0, "0 disables the store", INT32_MAX),
+    "parallel": _count(1, high=256),  # streams run at once, each in its share of the context
     # llama-server's per-request speculative settings
     "n_max": _count(1),
     "n_min": _count(0),

@@ -29,16 +29,16 @@ class Pace:
 
     def open(self, config: SessionConfig) -> Session:
         session = Session(config)
-        decode = session.target.eval
+        decode = session.target.decode_many  # the server's batch decodes every request's rows through it
 
-        def paced(tokens, logits_rows=1):
+        def paced(parts):
             self.decodes += 1
             self.gate.wait(30)
             if self.delay:
                 time.sleep(self.delay)
-            return decode(tokens, logits_rows)
+            return decode(parts)
 
-        session.target.eval = paced
+        session.target.decode_many = paced
         return session
 
 
@@ -78,7 +78,7 @@ class RunningServer:
     def wait_idle(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         worker = self.server.worker
-        while worker.running is not None or worker.waiting:
+        while worker.running or worker.waiting:
             if time.monotonic() > deadline:
                 raise TimeoutError("the model did not become idle")
             time.sleep(0.01)

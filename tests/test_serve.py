@@ -10,6 +10,7 @@ import re
 import socket
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 import openai
@@ -388,7 +389,7 @@ def test_a_client_that_drops_mid_stream_stops_its_generation_within_a_step(idle,
     cancel = Job.cancel
 
     def recording_cancel(job):
-        if worker.running is job and not job.cancelled:
+        if job in worker.running.values() and not job.cancelled:
             at_cancel.append(pace.decodes)
         cancel(job)
 
@@ -428,7 +429,7 @@ def test_a_full_queue_gets_429_with_retry_after(idle, pace):
     running, waiting = (threading.Thread(target=ask, args=(name,)) for name in ("running", "waiting"))
     try:
         running.start()
-        poll(lambda: worker.running is not None)
+        poll(lambda: bool(worker.running))
         waiting.start()
         poll(lambda: worker.waiting == 1)
         with pytest.raises(openai.RateLimitError) as caught:
@@ -566,5 +567,58 @@ def test_gemma_chat_turns_reuse_the_cache_through_its_own_template(gemma):
         # Gemma's template trims the reply and closes the turn; the tokens the model wrote are kept.
         assert timings["cache_n"] >= first.usage.prompt_tokens + first.usage.completion_tokens - 2
         assert timings["prompt_n"] <= 20
+    finally:
+        running.stop()
+
+
+def metric_value(running: RunningServer, name: str) -> float:
+    text = httpx.get(f"{running.url}/metrics", timeout=10).text
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(f"specrun:{name} ")))
+
+
+def test_four_slots_run_four_clients_together_and_each_gets_its_own_answer(config):
+    """With --parallel 4 the requests share decodes (rows per decode above one) while each answer
+    stays what the request gets alone (greedy)."""
+    pace = Pace()
+    parallel = replace(config, parallel=4, n_ctx=4 * N_CTX)
+    running = RunningServer(parallel, ServeOptions(port=0), open_session=lambda: pace.open(parallel))
+    try:
+        client = running.client()
+        prompts = ["the cat sat", "hello world", "I see the water", "what was it"]
+        alone = [client.completions.create(model="any", prompt=p, max_tokens=24, temperature=0).choices[0].text for p in prompts]
+        decodes, rows = metric_value(running, "decodes_total"), metric_value(running, "decode_rows_total")
+        decodes_before = pace.decodes
+        answers = {}
+
+        def ask(i):
+            answers[i] = client.completions.create(model="any", prompt=prompts[i], max_tokens=24, temperature=0).choices[0].text
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+        pace.gate.clear()  # the first request's first decode holds the model ...
+        threads[0].start()
+        poll(lambda: pace.decodes > decodes_before)
+        for thread in threads[1:]:  # ... while the other three arrive: all four then run together
+            thread.start()
+        poll(lambda: running.server.worker.waiting == 3)
+        pace.gate.set()
+        for thread in threads:
+            thread.join(60)
+        assert [answers.get(i) for i in range(4)] == alone
+        health = httpx.get(f"{running.url}/health", timeout=10).json()
+        assert health["slots_idle"] == 4 and health["slots_processing"] == 0
+        together = (metric_value(running, "decode_rows_total") - rows) / (metric_value(running, "decodes_total") - decodes)
+        assert together > 2  # four streams' rows in most decodes
+    finally:
+        pace.gate.set()
+        running.stop()
+
+
+def test_a_request_longer_than_its_slot_is_refused_and_the_server_keeps_serving(config):
+    parallel = replace(config, parallel=2, n_ctx=2 * 256)
+    running = RunningServer(parallel, ServeOptions(port=0))
+    try:
+        refused = running.post("/v1/completions", json={"prompt": "the cat sat " * 200, "max_tokens": 4})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+        assert running.client().completions.create(model="any", prompt="hello", max_tokens=3).choices[0].finish_reason
     finally:
         running.stop()

@@ -177,12 +177,13 @@ class Context:
 
     def decode_many(self, parts: Sequence[tuple[Context, Sequence[int], int]]) -> list[np.ndarray]:
         """One decode of several sequences of this cache: for each (sequence, tokens, logits rows),
-        the logits of its last rows (views, valid until the next decode). All rows fit one batch."""
+        the logits of its last rows (views, valid until the next decode; none for 0 rows: part of a
+        prompt). All rows fit one batch."""
         if sum(len(tokens) for _, tokens, _ in parts) > self.n_batch:
             raise ValueError(f"at most n_batch={self.n_batch} rows per decode")
         for sequence, tokens, rows in parts:
-            if sequence._shared is not self._shared or not tokens or not 1 <= rows <= len(tokens):
-                raise ValueError("each part: a sequence of this cache, tokens, and 1 to that many logits rows")
+            if sequence._shared is not self._shared or not tokens or not 0 <= rows <= len(tokens):
+                raise ValueError("each part: a sequence of this cache, tokens, and up to that many logits rows")
             sequence._check_room(len(tokens))
         return self.model._call_llama(self._decode_many, parts)
 
@@ -228,8 +229,7 @@ class Context:
             if sequence._listener is not None:
                 hidden = np.ctypeslib.as_array(llama_ext().llama_get_embeddings_nextn(ctx), shape=(n, self.model.n_embd_out))
                 sequence._listener(tokens, pos0, hidden[first : first + len(tokens)])
-            if everything is not None:
-                logits.append(everything[row : row + rows])
+            logits.append(everything[row : row + rows] if everything is not None else np.empty((0, self.model.n_vocab)))
             row, first = row + rows, first + len(tokens)
         return logits
 

@@ -86,6 +86,40 @@ def split_by_source(text: str, sources: list[str]) -> list[Piece]:
     return pieces
 
 
+class ReplyStream:
+    """A reply as its generation's events come: the stop strings scanned, the view fed, and an
+    end where `cancelled` says (Ctrl-C, a server's client gone), within the step in flight.
+    `on_token` and `on_step` are the generation's callbacks (`Generator.run`, `Batch.add`);
+    `reply` makes the Reply once it ended."""
+
+    def __init__(self, stops: Sequence[str], view: ReplyView, started: float, cancelled: Callable[[], bool] = lambda: False):
+        self.scanner = StopScanner(stops)
+        self.view, self.started, self.cancelled = view, started, cancelled
+        self.emitted: list[tuple[int, int]] = []  # (token, text length after it): one append, so Ctrl-C cannot split them
+        self.ttft: float | None = None
+
+    def on_token(self, event: TokenEvent) -> StopReason | None:
+        if self.ttft is None:
+            self.ttft = time.perf_counter() - self.started
+        released = self.scanner.feed(event.text, event.source)
+        self.emitted.append((event.token, len(self.scanner.text)))
+        self.view.show(released)
+        if self.scanner.stop_at is not None:
+            return "stop_string"
+        return "interrupted" if self.cancelled() else None
+
+    def on_step(self, event: StepEvent, stats: Stats) -> StopReason | None:
+        self.view.step(event, stats)
+        return "interrupted" if self.cancelled() else None
+
+    def reply(self, stats: Stats, stop_reason: StopReason, eog: frozenset[int]) -> Reply:
+        """What was kept of the reply, the stop string's text left out."""
+        self.view.show(self.scanner.flush())
+        kept = _kept_tokens(self.emitted, len(self.scanner.kept_text), eog)
+        text = self.scanner.kept_text
+        return Reply(kept, text, split_by_source(text, self.scanner.sources[: len(text)]), stats, stop_reason, self.ttft)
+
+
 def stream_reply(
     generator: Generator,
     prompt: list[int],
@@ -100,33 +134,12 @@ def stream_reply(
     `cancelled` is asked after every event: a server's client that went away ends its
     reply as Ctrl-C does, within the step in flight.
     """
-    scanner = StopScanner(stops)
-    emitted: list[tuple[int, int]] = []  # (token, text length after it): one append, so Ctrl-C cannot split them
-    ttft: list[float] = []
-
-    def on_token(event: TokenEvent) -> StopReason | None:
-        if not ttft:
-            ttft.append(time.perf_counter() - started)
-        released = scanner.feed(event.text, event.source)
-        emitted.append((event.token, len(scanner.text)))
-        view.show(released)
-        if scanner.stop_at is not None:
-            return "stop_string"
-        return "interrupted" if cancelled() else None
-
-    def on_step(event: StepEvent, stats: Stats) -> StopReason | None:
-        view.step(event, stats)
-        return "interrupted" if cancelled() else None
-
+    stream = ReplyStream(stops, view, started, cancelled)
     try:
-        stop_reason: StopReason = generator.run(prompt, max_tokens, on_token, on_step).stop_reason
+        stop_reason: StopReason = generator.run(prompt, max_tokens, stream.on_token, stream.on_step).stop_reason
     except KeyboardInterrupt:  # run() has closed the generator: the caches hold what was emitted
         stop_reason = "interrupted"
-    view.show(scanner.flush())
-    kept = _kept_tokens(emitted, len(scanner.kept_text), generator.eog)
-    text = scanner.kept_text
-    return Reply(kept, text, split_by_source(text, scanner.sources[: len(text)]), generator.stats, stop_reason,
-                 ttft[0] if ttft else None)
+    return stream.reply(generator.stats, stop_reason, generator.eog)
 
 
 def _kept_tokens(emitted: list[tuple[int, int]], kept_chars: int, eog: frozenset[int]) -> list[int]:

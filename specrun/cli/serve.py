@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Optional
 from urllib.parse import urlsplit
 
@@ -12,7 +13,12 @@ from specrun.cli import options as o
 from specrun.cli.app import app, err_console
 from specrun.drafts.store import DEFAULT_LIMIT
 from specrun.errors import SpecrunError
+from specrun.hub.memory import ram_available_bytes
+from specrun.pair.cost import kv_cache_bytes
+from specrun.pair.header import read_local
 from specrun.session import Session, SessionConfig
+
+PARALLEL = 4  # requests served at once by default, where memory holds their caches
 
 
 def checked_origins(param: typer.CallbackParam, values: list[str] | None) -> list[str] | None:
@@ -39,7 +45,8 @@ def serve(
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).")] = 8080,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECRUN_API_KEY", help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY; default: no key).")] = None,
     cors_origin: Annotated[Optional[list[str]], typer.Option("--cors-origin", callback=checked_origins, help="A browser origin allowed to call the API besides this machine's own pages (scheme://host[:port]; '*': any), once per origin (default: none).")] = None,
-    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one runs; more get HTTP 429.")] = 32,
+    parallel: Annotated[Optional[int], typer.Option("--parallel", "-np", help="Requests run at once, each with --ctx-size tokens of context (default: up to 4, as many as memory holds).")] = None,
+    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait beyond those running; more get HTTP 429.")] = 32,
     grammar_drafts: Annotated[bool, typer.Option("--grammar-drafts/--no-grammar-drafts", help="Draft what a request's grammar (response_format, tools) forces.")] = True,
     *,
     model: o.ModelOptions,
@@ -55,17 +62,28 @@ def serve(
     options = ServeOptions(host=host, port=port, api_key=api_key, queue=queue, max_tokens=max_tokens, chat_format=chat_format,
                            cors_origins=tuple(cors_origin or ()), grammar_drafts=grammar_drafts)
     config = model.session_config(lookup, k, store_tokens)
+    slots = parallel or auto_parallel(config, model.ctx_size)
+    config = replace(config, parallel=slots, n_ctx=model.ctx_size * slots)  # each request gets --ctx-size
     server = Server(config, options, on_ready=lambda session: note(f"ready: {describe(config, session)}"))
     note(f"specrun serve: listening on {server.url} (loading {config.target.name}; /health answers 503 until ready)")
     server.run()
     note("stopped")
 
 
+def auto_parallel(config: SessionConfig, ctx_size: int) -> int:
+    """Up to PARALLEL slots, as many as memory holds beside the weights, each with ctx_size tokens of
+    KV cache (one where a draft source serves one stream at a time, or where memory is unknown)."""
+    kv, free = kv_cache_bytes(read_local(config.target), ctx_size), ram_available_bytes()
+    if "mtp" in config.sources or kv is None or free is None:
+        return 1
+    return max(1, min(PARALLEL, (free - config.target.stat().st_size) // kv))
+
+
 def describe(config: SessionConfig, session: Session) -> str:
     drafting = [name for name, on in (("prompt lookup", config.lookup), (f"store of {config.store_tokens} tokens", session.store is not None),
                                       (config.draft.name if config.draft else "", config.draft)) if on]
     how = " + ".join(drafting) + f", k {config.k}" if drafting else "plain decoding"
-    return f"{config.target.name} ({how}; context {session.target.n_ctx} tokens)"
+    return f"{config.target.name} ({how}; {config.parallel} slot(s) of {session.target.n_ctx} tokens of context)"
 
 
 def note(text: str) -> None:

@@ -76,21 +76,24 @@ class AutoK:
         self.conf_tries = [0.0] * 10
 
     # --- decisions (queries: nothing changes until `observe`) ------------------------
-    def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
-        limit = min(limit, self.max_k)
+    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0) -> Budget:
+        """Other streams' `rows` in the same decode count in: each is taken to yield one token,
+        and a draft's rows cost what they add to the decode at that width; so a batch wide enough
+        that more rows no longer pay gets no drafts (with one stream, rows is 0)."""
+        limit = min(limit, self.max_k - rows)
         if limit < 1:
-            return Budget(source, 0, "none", prior)
+            return Budget(source, 0, "none", prior, rows)
         track = self.sources.get(source) or SourceTrack(prior=prior)
-        k, decision = self._k(track, limit)
-        return Budget(source, k, decision, prior)
+        k, decision = self._k(track, limit, rows)
+        return Budget(source, k, decision, prior, rows)
 
-    def _k(self, track: SourceTrack, limit: int) -> tuple[int, Decision]:
+    def _k(self, track: SourceTrack, limit: int, rows: int) -> tuple[int, Decision]:
         # A source that costs time to draft (a model) is judged by the rate its steps measured.
         # A free one (lookup) is left to best_k: its past rate reflects past draft lengths, and
         # one long copy that broke early would otherwise bench it while it still copies.
         drafting_costs = track.draft_token_s > FREE_DRAFT_SHARE * self.costs[1]
         measured_slow = drafting_costs and track.steps >= 2 and track.rate < self.plain_rate
-        k = 0 if measured_slow else self.best_k(track, limit)
+        k = 0 if measured_slow else self.best_k(track, limit, rows)
         if k:
             # A first draft measures what catching the drafter up costs, as a probe does.
             return k, "grant" if track.probed else "first"
@@ -130,12 +133,13 @@ class AutoK:
         """Expected seconds of a step that drafts k tokens from `track`'s source and verifies them."""
         return self.costs[k + 1] + k * track.draft_token_s
 
-    def best_k(self, track: SourceTrack, limit: int) -> int:
-        best_k, best_rate, expected, alive = 0, 1.0 / self.costs[1], 1.0, 1.0
+    def best_k(self, track: SourceTrack, limit: int, rows: int = 0) -> int:
+        """The draft length with the most tokens per second for the decode it joins."""
+        best_k, best_rate, expected, alive = 0, (rows + 1) / self.costs[rows + 1], 1.0, 1.0
         for k, acceptance in enumerate(track.acceptances(limit), start=1):
             alive *= acceptance
             expected += alive
-            rate = expected / self.step_s(track, k)
+            rate = (rows + expected) / (self.costs[rows + k + 1] + k * track.draft_token_s)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -144,10 +148,12 @@ class AutoK:
         """Keep this model-drafted token only if it raises the step's expected tokens/s."""
         track = self.sources.get(budget.source) or SourceTrack(prior=budget.prior)
         alive = budget.alive * self.confidence_acceptance(confidence)
-        width = budget.kept + 1  # rows verified before this token: last token + earlier drafts
-        before = budget.gain / (self.costs[width] + budget.drafted_s)
+        width = budget.rows + budget.kept + 1  # rows verified before this token: others', last token, earlier drafts
+        if width + 1 >= len(self.costs):
+            return None
+        before = (budget.rows + budget.gain) / (self.costs[width] + budget.drafted_s)
         drafted_s = budget.drafted_s + track.draft_token_s
-        after = (budget.gain + alive) / (self.costs[width + 1] + drafted_s)
+        after = (budget.rows + budget.gain + alive) / (self.costs[width + 1] + drafted_s)
         if after <= before:
             return None
         return replace(budget, kept=budget.kept + 1, gain=budget.gain + alive, alive=alive, drafted_s=drafted_s)
@@ -162,7 +168,7 @@ class AutoK:
 
     # --- learning -------------------------------------------------------------------
     def observe(self, step: StepRecord) -> None:
-        width = step.drafted + 1
+        width = step.rows or step.drafted + 1
         if width < len(self.costs):
             self.costs[width] = ema(self.costs[width], step.verify_s, 0.1, False)
         for declined in step.declined:

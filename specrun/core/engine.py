@@ -58,7 +58,25 @@ class Step:
         return StepEvent(len(self.draft.tokens), self.accepted, self.draft.source)
 
 
+@dataclass(frozen=True)
+class Decode:
+    """A stream's part of the next target decode: tokens after those its cache holds, logits for the last `rows`."""
+
+    tokens: Sequence[int]
+    rows: int
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What that decode gave the stream: its rows' logits, and the decode's seconds and rows (every stream's)."""
+
+    logits: np.ndarray
+    seconds: float
+    width: int
+
+
 EventStream = PyGenerator[Event, None, None]
+Steps = PyGenerator["Event | Decode", "Verified | None", None]
 OnToken = Callable[[TokenEvent], "StopReason | None"]
 OnStep = Callable[[StepEvent, Stats], "StopReason | None"]
 NO_DRAFT = Draft()
@@ -91,23 +109,45 @@ class Generator:
         """Stream the continuation of `prompt`; the target cache ends holding all but the last token.
 
         The prefill decodes the whole prompt, so the first token comes with it (as llama.cpp's
-        tools do); drafting starts from that token.
+        tools do); drafting starts from that token. One stream: each Decode is one eval.
         """
+        steps = self.steps(prompt, max_tokens)
+        try:
+            item = next(steps)
+            while True:
+                if isinstance(item, Decode):
+                    started = time.perf_counter()
+                    logits = self.target.eval(item.tokens, item.rows)
+                    item = steps.send(Verified(logits, time.perf_counter() - started, len(item.tokens)))
+                else:
+                    yield item
+                    item = next(steps)
+        except StopIteration:
+            pass
+        finally:
+            steps.close()
+
+    def steps(self, prompt: Sequence[int], max_tokens: int, rows_before: Callable[[], int] = lambda: 0) -> Steps:
+        """The generation as a coroutine: it yields its events, and a `Decode` where it needs the
+        target, to be sent the `Verified` rows back. `generate` does that for one stream; a
+        `Batch` decodes several streams' at once, `rows_before` saying what that decode holds
+        already when a stream sizes its draft."""
         history = self._checked_prompt(prompt)
         # Also kept on the generator: a consumer that stops early (stop string, Ctrl-C) never sees Done.
         self.stats = stats = Stats(prompt_tokens=len(history), counters=dict.fromkeys(self.drafter.counters if self.drafter else (), 0.0))
         started = time.perf_counter()
-        prompt_logits: np.ndarray | None
-        stats.prefilled_tokens, prompt_logits = self._prefill(history)
-        stats.prefills, stats.prefill_s = 1, time.perf_counter() - started
+        cached = self.target.reuse_prefix(history[:-1])  # the last is decoded for its logits
+        prefill = yield Decode(history[cached:], 1)
+        stats.prefilled_tokens, stats.prefills, stats.prefill_s = len(history) - cached, 1, time.perf_counter() - started
         started = time.perf_counter()
         text = codecs.getincrementaldecoder("utf-8")("replace")
+        prompt_logits: np.ndarray | None = prefill.logits
         try:
             while not (stop := self._stop_reason(stats, max_tokens)):
                 # A recurrent target can drop again only as many drafted tokens as it keeps snapshots for.
                 limit = min(max_tokens - stats.tokens - 1, self.target.free_slots - 1, self.policy.max_k,
                             self.target.rollback_limit)
-                step = self._step(history, limit, prompt_logits)
+                step = yield from self._step(history, limit, prompt_logits, rows_before)
                 prompt_logits = None
                 self._count(step, stats)
                 history += [token for token, _ in step.emitted]
@@ -172,26 +212,22 @@ class Generator:
             )
         return list(prompt)
 
-    def _prefill(self, history: list[int]) -> tuple[int, np.ndarray]:
-        """Put the prompt in the cache (reusing what is there); return how many tokens were
-        decoded and the logits of its last position, which give the first new token at once."""
-        cached = self.target.reuse_prefix(history[:-1])  # the last is decoded for its logits
-        return len(history) - cached, self.target.eval(history[cached:], logits_rows=1)
-
-    def _step(self, history: list[int], limit: int, prompt_logits: np.ndarray | None) -> Step:
+    def _step(self, history: list[int], limit: int, prompt_logits: np.ndarray | None,
+              rows_before: Callable[[], int]) -> PyGenerator[Decode, Verified, Step]:
         """One round: draft, verify last token + drafts in one decode, keep the agreed prefix.
 
         The first round samples from `prompt_logits`, the prefill's last row, without a draft.
         """
         started = time.perf_counter()
         first = prompt_logits is not None
-        draft = self._proposed(history, limit) if limit > 0 and self.drafter is not None and not first else NO_DRAFT
+        draft = self._proposed(history, limit, rows_before()) if limit > 0 and self.drafter is not None and not first else NO_DRAFT
         drafted_at = time.perf_counter()
         if prompt_logits is None:
-            logits = self.target.eval([history[-1], *draft.tokens], logits_rows=len(draft.tokens) + 1)
+            verified = yield Decode([history[-1], *draft.tokens], len(draft.tokens) + 1)
+            logits, verify_s, width = verified.logits, verified.seconds, verified.width
         else:
-            logits = prompt_logits
-        verified_at = time.perf_counter()
+            logits, verify_s, width = prompt_logits, 0.0, 0
+        checked_at = time.perf_counter()
 
         def target_dist(i: int) -> Distribution:
             dist = filtered(logits[i], self.sampler.settings, self._scratch)
@@ -203,17 +239,16 @@ class Generator:
             emitted.append((next_token, "bonus" if draft.tokens and accepted == len(draft.tokens) else "target"))
         if self.constraint:
             self.constraint.commit(accepted, [token for token, _ in emitted])
-        step = Step(draft, accepted, emitted, drafted_at - started, verified_at - drafted_at, time.perf_counter() - verified_at,
-                    prefill=first)
+        step = Step(draft, accepted, emitted, drafted_at - started, verify_s, time.perf_counter() - checked_at, prefill=first)
         if not first:  # the prefill's decode says nothing of verify costs
             self.policy.observe(StepRecord(draft.budget, draft.declined, len(draft.tokens), accepted, draft.confidences,
-                                           step.draft_s, step.verify_s + step.check_s, draft.catch_up_s))
+                                           step.draft_s, step.verify_s + step.check_s, draft.catch_up_s, width))
         return step
 
-    def _proposed(self, history: list[int], limit: int) -> Draft:
+    def _proposed(self, history: list[int], limit: int, rows_before: int) -> Draft:
         """The drafter's draft, checked against the contract and cut to what can be verified."""
         assert self.drafter is not None
-        draft = self.drafter.propose(history, DraftRequest(limit, self.policy, self.sampler, self.catch_up))
+        draft = self.drafter.propose(history, DraftRequest(limit, self.policy, self.sampler, self.catch_up, rows_before))
         if draft.tokens and (draft.budget is None or draft.budget.k < 1):
             raise SpecrunError(f"a draft source ({', '.join(self.drafter.names)}) proposed tokens the policy granted no "
                                "budget for: draft under request.policy.offer(...) and return its Budget with the draft")

@@ -1,8 +1,9 @@
 """How many tokens to draft: fixed k, llama.cpp's rule, or `auto` (core/auto.py: cost-aware, measured).
 
 `DraftPolicy` is the whole contract, in three verbs:
-- `offer(source, limit, prior)`: what the policy grants a source this step, as a `Budget`. A
-  query: it changes nothing, so a draft that is proposed and then thrown away teaches nothing.
+- `offer(source, limit, prior, rows)`: what the policy grants a source this step, as a `Budget`,
+  in a target decode that holds `rows` rows of other streams already. A query: it changes
+  nothing, so a draft that is proposed and then thrown away teaches nothing.
 - `extend(budget, confidence)`: the budget with one more model-drafted token kept, or None
   where that token is not worth verifying. Also a query.
 - `observe(step)`: what the verified step did, with the budgets it drafted under and those
@@ -53,6 +54,7 @@ class Budget:
     k: int  # the most tokens the source may draft this step (0: a plain step)
     decision: Decision = "grant"
     prior: float = PRIOR  # the acceptance the source expects before any is measured
+    rows: int = 0  # rows other streams hold in the same decode (their tokens and cost count in)
     kept: int = 0  # model-drafted tokens kept so far
     gain: float = 1.0  # auto: tokens the step is expected to yield with the tokens kept so far
     alive: float = 1.0  # auto: the chance that every kept token is accepted
@@ -71,6 +73,7 @@ class StepRecord:
     draft_s: float  # seconds spent drafting
     verify_s: float  # seconds of the verify decode and the check of its rows
     catch_up_s: float = 0.0  # of draft_s, feeding a draft's cache text it missed (see Draft.catch_up_s)
+    rows: int = 0  # the decode's rows, every stream's (0: this step's own, drafted + 1)
 
 
 class DraftPolicy(Protocol):
@@ -81,10 +84,11 @@ class DraftPolicy(Protocol):
     max_k: int  # the longest draft it ever grants: the verify batch needs max_k + 1 rows
     wants_confidence: bool  # whether `extend` reads a token's probability (drafters compute it only then)
 
-    def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
+    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0) -> Budget:
         """This step's budget for `source`, at most `limit` tokens (k = 0: do not draft).
 
-        `prior`: the acceptance the drafter expects from this source before any is measured.
+        `prior`: the acceptance the drafter expects from this source before any is measured;
+        `rows`: rows other streams hold in the same target decode.
         """
         ...
 
@@ -109,8 +113,8 @@ class FixedK:
         self.k = self.max_k = k
         self.label = str(k)
 
-    def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
-        return Budget(source, max(0, min(self.k, limit)), prior=prior)
+    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0) -> Budget:
+        return Budget(source, max(0, min(self.k, limit)), prior=prior, rows=rows)
 
     def extend(self, budget: Budget, confidence: float) -> Budget | None:
         return replace(budget, kept=budget.kept + 1)
@@ -157,8 +161,8 @@ class SpeculativeRule(PMinPolicy):
         self.n_min = settings.n_min
         self.label = "speculative"
 
-    def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
-        budget = super().offer(source, limit, prior)
+    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0) -> Budget:
+        budget = super().offer(source, limit, prior, rows)
         return budget if budget.k >= self.n_min else replace(budget, k=0)
 
 

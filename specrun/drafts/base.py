@@ -10,7 +10,7 @@ the history to roll back to. The whole contract is `DraftSource`:
 - `runs_model`: whether drafting decodes a model (time per token) or only copies (free).
 - `propose(history, request)` and `rollback(history)`.
 
-A source sizes each draft by `request.policy.offer(name, ...)` and returns the `Budget` with
+A source sizes each draft by `request.offer(name, ...)` and returns the `Budget` with
 the draft (`Draft.under`); the engine refuses tokens proposed without one, so no source can
 draft where the policy never hears of it.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal, Mapping, Protocol, Sequence
 
-from specrun.core.policy import Budget, DraftPolicy
+from specrun.core.policy import PRIOR, Budget, DraftPolicy
 from specrun.core.sampling import Distribution, Sampler
 
 CatchUp = Literal["window", "all"]
@@ -37,6 +37,11 @@ class DraftRequest:
     policy: DraftPolicy  # sizes the draft: offer() before drafting, extend() before each model-drafted token
     sampler: Sampler  # a source that samples draws from its stream, with its settings
     catch_up: CatchUp = "all"
+    rows: int = 0  # rows other streams hold in the same target decode already (batched streams)
+
+    def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
+        """The policy's budget for `source` this step, priced in the decode it joins."""
+        return self.policy.offer(source, limit, prior, self.rows)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ class GrammarDraft:
             tokens.pop()  # the free text after it may be written with a longer token (`"` then `"John`)
         if not tokens:
             return Draft()
-        return Draft.under(request.policy.offer(self.names[0], min(len(tokens), request.limit), self.PRIOR), tokens)
+        return Draft.under(request.offer(self.names[0], min(len(tokens), request.limit), self.PRIOR), tokens)
 
     def rollback(self, history: Sequence[int]) -> None:
         pass  # the constraint moves with what the engine emits

@@ -71,7 +71,7 @@ class PromptLookup:
         if not copy:
             return Draft()
         source = self._source(agreed)
-        return Draft.under(request.policy.offer(source, len(copy), self.PRIORS[source]), copy)
+        return Draft.under(request.offer(source, len(copy), self.PRIORS[source]), copy)
 
     def _source(self, agreed: int) -> str:
         short, long, copy = self.names

@@ -120,7 +120,7 @@ class DraftModel:
 
     def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
         policy = request.policy
-        budget = policy.offer(self.names[0], min(request.limit, self.context.free_slots - 1))
+        budget = request.offer(self.names[0], min(request.limit, self.context.free_slots - 1))
         if budget.k < 1:
             return Draft.under(budget)
         started = time.perf_counter()

@@ -55,7 +55,7 @@ class MtpDraft:
         self.head.process(tokens, pos0, self.hidden[pos0 : pos0 + len(tokens)])
 
     def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
-        budget = request.policy.offer(self.names[0], request.limit)
+        budget = request.offer(self.names[0], request.limit)
         if budget.k < 1:
             return Draft.under(budget)
         started = time.perf_counter()

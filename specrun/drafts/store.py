@@ -142,7 +142,7 @@ class StoreLookup:
         if not tokens:
             return Draft()
         short, long = self.names
-        return Draft.under(request.policy.offer(long if matched >= self.LONG_MATCH else short, len(tokens)), tokens)
+        return Draft.under(request.offer(long if matched >= self.LONG_MATCH else short, len(tokens)), tokens)
 
     def rollback(self, history: Sequence[int]) -> None:
         pass  # nothing here depends on the current request's history

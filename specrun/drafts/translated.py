@@ -200,7 +200,7 @@ class TranslatingDraft:
 
     # --- drafting ----------------------------------------------------------------------
     def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
-        budget = request.policy.offer(self.names[0], min(request.limit, self.context.free_slots - 2))
+        budget = request.offer(self.names[0], min(request.limit, self.context.free_slots - 2))
         if budget.k < 1:
             return Draft.under(budget)
         started = time.perf_counter()

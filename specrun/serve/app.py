@@ -54,7 +54,10 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
     @app.get("/health")  # unkeyed: load balancers and supervisors ask it
     async def health() -> JSONResponse:
         refusal = worker.unavailable()
-        return JSONResponse({"status": "ok"}) if refusal is None else error_response(refusal)
+        if refusal is not None:
+            return error_response(refusal)
+        return JSONResponse({"status": "ok", "slots_idle": worker.slots - len(worker.running), "slots_processing": len(worker.running),
+                             "requests_waiting": worker.waiting})
 
     app.include_router(api_routes(worker, metrics, model), dependencies=[Depends(key_check(api_key, metrics))])
     return app
@@ -87,7 +90,7 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
     @router.get("/metrics")
     async def prometheus() -> Response:
         store = worker.session.store if worker.session is not None else None
-        text = metrics.render(running=int(worker.running is not None), waiting=worker.waiting,
+        text = metrics.render(running=len(worker.running), waiting=worker.waiting, slots=worker.slots,
                               store_tokens=len(store) if store else 0)
         return Response(text, media_type=MEDIA_TYPE)
 

@@ -43,7 +43,9 @@ class Metrics:
         self.translated_cache_tokens: Counter[str] = Counter({"reencoded": 0, "kept": 0})  # fed to its cache, by how
         self.draft_tokens_by_source: Counter[str] = Counter()
         self.accepted_by_source: Counter[str] = Counter()
-        self._gauges = {"num_requests_running": 0, "num_requests_waiting": 0, "ngram_store_tokens": 0}
+        self.decodes = 0  # target decodes, every running request's rows in each
+        self.decode_rows = 0
+        self._gauges = {"num_requests_running": 0, "num_requests_waiting": 0, "ngram_store_tokens": 0, "slots": 0}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -73,15 +75,22 @@ class Metrics:
                 self.translated_cache_tokens["reencoded"] += translation.reencoded
                 self.translated_cache_tokens["kept"] += translation.kept
 
+    def decoded(self, rows: int) -> None:
+        """One target decode of `rows` rows (every running request's), for rows per decode."""
+        if rows:
+            with self._lock:
+                self.decodes += 1
+                self.decode_rows += rows
+
     def reject(self, why: str) -> None:
         with self._lock:
             self.rejected[why] += 1
 
-    def render(self, running: int, waiting: int, store_tokens: int) -> bytes:
+    def render(self, running: int, waiting: int, store_tokens: int, slots: int) -> bytes:
         """The exposition text (media type MEDIA_TYPE), with the gauges at these values."""
         with self._lock:
             self._gauges = {"num_requests_running": running, "num_requests_waiting": waiting,
-                            "ngram_store_tokens": store_tokens}
+                            "ngram_store_tokens": store_tokens, "slots": slots}
         return generate_latest(self.registry)
 
     def collect(self) -> Iterator[Metric]:
@@ -108,7 +117,11 @@ class Metrics:
             yield _counter("spec_decode_translated_cache_tokens", "Tokens fed to a translated draft's cache: re-encoded "
                            "from the accepted text, or kept (its own guesses the text confirmed).",
                            self.translated_cache_tokens, "how")
-            yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests on the model now.",
+            yield _counter("decodes", "Target decodes (each verifies every running request's rows).", self.decodes)
+            yield _counter("decode_rows", "Rows of those decodes (rows per decode: this over decodes).", self.decode_rows)
+            yield GaugeMetricFamily(PREFIX + "slots", "Requests the model runs at once (--parallel).",
+                                    value=self._gauges["slots"])
+            yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests on the model now (busy slots).",
                                     value=self._gauges["num_requests_running"])
             yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting in the queue.",
                                     value=self._gauges["num_requests_waiting"])

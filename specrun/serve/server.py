@@ -48,7 +48,7 @@ class Server:
         self.metrics = Metrics()
         self.worker = Worker(open_session or (lambda: Session(config)), self.metrics, options.queue, options.max_tokens,
                              options.chat_format, on_ready=on_ready, on_failed=lambda error: self.stop(),
-                             grammar_drafts=options.grammar_drafts)
+                             grammar_drafts=options.grammar_drafts, slots=config.parallel)
         model = options.model_name or config.target.stem
         self.socket = bind(options.host, options.port)
         host, port = self.socket.getsockname()[:2]

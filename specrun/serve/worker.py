@@ -1,10 +1,13 @@
-"""One model on one thread: requests run one at a time, in arrival order, from a bounded queue.
+"""One model on one thread: up to `slots` requests run together, their rows in one target decode
+per step (a `Batch`); the rest wait, in arrival order, in a bounded queue.
 
-The event loop submits a `Job` and awaits what the worker reports on it: `Started` (the
-prompt fits and the reply begins) or `Failed`, then `Text` pieces (and `CallPiece`s of the
-tools it calls, read from the reply by `CallReader`), then `Finished`. A job
-that is cancelled (its client went away, or the server is stopping) ends at the next
-event of its generation, within the step in flight, and the model moves on.
+A waiting request takes the free slot whose cached prompt it shares most of (as llama-server
+picks slots), so a client's next turn prefills only what is new. The event loop submits a
+`Job` and awaits what the worker reports on it: `Started` (the prompt fits and the reply
+begins) or `Failed`, then `Text` pieces (and `CallPiece`s of the tools it calls, read from
+the reply by `CallReader`), then `Finished`. A job that is cancelled (its client went away,
+or the server is stopping) ends at the next event of its generation, within the step in
+flight, and frees its slot.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from typing import Callable, Union
 
 from specrun.chat.conversation import Transcript
 from specrun.chat.formats import choose_format
-from specrun.chat.reply import Piece, Reply, stream_reply
+from specrun.chat.reply import Piece, Reply, ReplyStream
+from specrun.core.batch import Batch
 from specrun.core.engine import Generator
-from specrun.core.events import Stats, StepEvent
+from specrun.core.events import RunResult, Stats, StepEvent
 from specrun.core.policy import SpeculativeRule
 from specrun.errors import RpcLost, SpecrunError
 from specrun.serve.api import ApiError, GenerationRequest, invalid_value, setting_error
@@ -114,8 +118,10 @@ class Worker:
         on_ready: Callable[[Session], None] = lambda session: None,
         on_failed: Callable[[BaseException], None] = lambda error: None,
         grammar_drafts: bool = True,
+        slots: int = 1,
     ):
-        """`grammar_drafts`: a request held to a grammar drafts what the grammar forces."""
+        """`grammar_drafts`: a request held to a grammar drafts what the grammar forces; `slots`:
+        requests run at once (the session's streams)."""
         self._open_session = open_session
         self.grammar_drafts = grammar_drafts
         self.metrics = metrics
@@ -128,7 +134,9 @@ class Worker:
         self.session: Session | None = None
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._submit_lock = threading.Lock()
-        self.running: Job | None = None
+        self.slots = slots
+        self.running: dict[int, Job] = {}  # slot -> the job on it
+        self._batch: Batch | None = None
         self._request_s = 0.0  # recent requests' time on the model, for Retry-After
         self._thread = threading.Thread(target=self._run, name="specrun-model", daemon=True)
 
@@ -167,7 +175,7 @@ class Worker:
     def cancel_all(self) -> None:
         with self._jobs.mutex:
             waiting = [job for job in self._jobs.queue if job is not None]
-        for job in [self.running, *waiting]:
+        for job in [*self.running.values(), *waiting]:
             if job is not None:
                 job.cancel()
 
@@ -199,31 +207,63 @@ class Worker:
         if self.state == "loading":
             self.state = "ready"
             self._on_ready(self.session)
+        self._batch = Batch(self.session.target)
         try:
-            while (job := self._jobs.get()) is not None:
-                self.running = job
-                try:
-                    self._serve(job)
-                except RpcLost as exc:
-                    self.state, self.error = "lost", exc
-                    job.report(Failed(self.unavailable()))
-                except Exception as exc:  # a bug must not take the server down
-                    traceback.print_exc(file=sys.stderr)
-                    job.report(Failed(ApiError(500, f"internal error: {exc}", code="internal_error", kind="server_error")))
-                finally:
-                    self.running = None
+            while self._admit():
+                self._step()
         finally:
             self.session.close()
 
-    def _serve(self, job: Job) -> None:
+    def _admit(self) -> bool:
+        """Start waiting jobs on free slots; wait for one while nothing runs. False once stopped
+        with nothing left running."""
+        while len(self.running) < self.slots:
+            try:
+                job = self._jobs.get(block=not self.running)
+            except queue.Empty:
+                break
+            if job is None:
+                self._jobs.put(None)  # stopping: every job was cancelled; let those running end
+                return bool(self.running)
+            self._guarded(self._start, job)
+        return True
+
+    def _step(self) -> None:
+        """One decode for every running request; a failure ends them all."""
+        assert self._batch is not None
+        self._guarded(lambda *jobs: self._batch.step(), *self.running.values())
+        self.metrics.decoded(self._batch.rows)
+
+    def _guarded(self, work: Callable[..., None], *jobs: Job) -> None:
+        """work(*jobs); where it fails, every job it was for, and every running one, fails with it
+        (RpcLost: the servers' layers are gone; anything else is a bug, which must not take the
+        server down)."""
+        try:
+            work(*jobs)
+        except Exception as exc:
+            if isinstance(exc, RpcLost):
+                self.state, self.error = "lost", exc
+                error = self.unavailable()
+            else:
+                traceback.print_exc(file=sys.stderr)
+                error = ApiError(500, f"internal error: {exc}", code="internal_error", kind="server_error")
+            for job in {*jobs, *self.running.values()}:
+                job.report(Failed(error))
+            self.running.clear()
+            self._batch = Batch(self.session.target)
+
+    def _start(self, job: Job) -> None:
+        """Put the job's generation on the free slot that has most of its prompt cached."""
         if job.cancelled:
             job.report(Failed(ApiError(503, "the request was cancelled before it started", code="cancelled",
                                        kind="unavailable_error")))
             return
         started = time.perf_counter()
+        free = [slot for slot in range(self.slots) if slot not in self.running]
         try:
             prompt = self._prompt(job.request)
-            generator = self._generator(job.request)
+            slot = self.session.best_slot(prompt.tokens, free)
+            generator = self._generator(job.request, slot)
         except ApiError as error:
             self.metrics.reject("invalid")
             job.report(Failed(error))
@@ -232,7 +272,17 @@ class Worker:
         max_tokens = job.request.max_tokens or self.max_tokens or self.session.target.n_ctx
         reader = CallReader(self._tool_style.form) if job.request.tools else None
         view = _Reporter(job, self.metrics, reader)
-        reply = stream_reply(generator, prompt.tokens, max_tokens, prompt.stops, view, started, cancelled=lambda: job.cancelled)
+        reply = ReplyStream(prompt.stops, view, started, cancelled=lambda: job.cancelled)
+        self.running[slot] = job
+
+        def finished(run: RunResult) -> None:
+            del self.running[slot]
+            self._finish(job, prompt, view, reply.reply(run.stats, run.stop_reason, generator.eog), started)
+
+        assert self._batch is not None
+        self._batch.add(generator, prompt.tokens, max_tokens, reply.on_token, reply.on_step, finished)
+
+    def _finish(self, job: Job, prompt: Prompt, view: _Reporter, reply: Reply, started: float) -> None:
         view.finish()
         if job.request.chat:
             self._transcript.record(prompt.tokens, prompt.text, reply.tokens)
@@ -263,7 +313,7 @@ class Worker:
                            "messages" if request.chat else "prompt", "context_length_exceeded")
         return prompt
 
-    def _generator(self, request: GenerationRequest) -> Generator:
+    def _generator(self, request: GenerationRequest, slot: int) -> Generator:
         try:
             settings = replace(self._sampler, **request.sampling)
         except SettingError as exc:  # the API checked each field already: a backstop
@@ -278,7 +328,8 @@ class Worker:
         policy = SpeculativeRule(request.speculative) if request.speculative else request.k
         grammar = tool_grammar(self._tool_style.form, request.tools) if request.tools else request.grammar
         try:
-            return self.session.generator(policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts)
+            return self.session.generator(policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts,
+                                          slot=slot)
         except SpecrunError as exc:  # llama.cpp refused the request's GBNF (the tools' grammar is ours: a bug)
             if request.grammar_param is None:
                 raise

@@ -1,0 +1,125 @@
+"""Several generations at once: each on its own sequence of one target context, every stream's
+rows verified in one decode per step.
+
+A stream is a `Generator`'s `steps` coroutine: it drafts, asks for a `Decode`, and is sent its
+rows back. `Batch.step` collects what every running stream asks, decodes it all at once, and
+resumes each with its rows; each then accepts, rejects, rolls its own sequence back and drafts
+again, sizing its draft for the rows the streams before it put in the next decode. A new
+prompt is prefilled in chunks that share decodes with the running streams' rows, so they do not
+stall behind a long prompt. Streams join and leave between steps; each reports its events to
+its own callbacks, as `Generator.run` does for one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from specrun.backend import Context
+from specrun.core.engine import Decode, Generator, OnStep, OnToken, Steps, Verified
+from specrun.core.events import Done, RunResult, StepEvent, TokenEvent
+
+OnDone = Callable[[RunResult], None]
+
+
+@dataclass
+class _Stream:
+    generator: Generator
+    steps: Steps
+    on_token: OnToken | None
+    on_step: OnStep | None
+    on_done: OnDone | None
+    tokens: list[int] = field(default_factory=list)
+    asks: Decode | None = None  # what it waits for
+    fed: int = 0  # of a long prefill's tokens, those decoded already
+
+
+class Batch:
+    """Streams on sequences of `target`'s context, verified together."""
+
+    def __init__(self, target: Context, prefill_chunk: int = 128):
+        """`prefill_chunk`: the most prompt tokens one step decodes for a joining stream."""
+        self.target = target
+        self.prefill_chunk = prefill_chunk
+        self.streams: list[_Stream] = []
+        self._planned = 0  # rows the streams resumed so far this step put in the next decode
+        self.rows = 0  # the last decode's rows
+        self.decodes = 0
+
+    def add(self, generator: Generator, prompt: Sequence[int], max_tokens: int, on_token: OnToken | None = None,
+            on_step: OnStep | None = None, on_done: OnDone | None = None) -> None:
+        """Start a generation on `generator`'s sequence; callbacks as `Generator.run`'s, and
+        `on_done` with its result. It joins the next decode."""
+        stream = _Stream(generator, generator.steps(prompt, max_tokens, lambda: self._planned), on_token, on_step, on_done)
+        self.streams.append(stream)
+        self._advance(stream, None)
+
+    def cancel(self, generator: Generator, reason: str = "interrupted") -> None:
+        """End a generation between steps (its client went away): it rolls back and reports its result."""
+        for stream in list(self.streams):
+            if stream.generator is generator:
+                self._finish(stream, reason)
+
+    def step(self) -> None:
+        """One decode for every running stream; each then takes its rows and asks again."""
+        parts, waiting = self._parts()
+        if not parts:
+            return
+        started = time.perf_counter()
+        logits = self.target.decode_many(parts)
+        seconds = time.perf_counter() - started
+        self.rows, self.decodes, self._planned = sum(len(tokens) for _, tokens, _ in parts), self.decodes + 1, 0
+        for stream, rows in zip(waiting, logits):
+            if stream.asks is not None and stream.fed == len(stream.asks.tokens):
+                self._advance(stream, Verified(rows, seconds, self.rows))
+
+    def _parts(self) -> tuple[list[tuple[Context, Sequence[int], int]], list[_Stream]]:
+        """The next decode: the running streams' verifies, whole, then joining streams' prompts,
+        in chunks while others run (all at once when nothing else does)."""
+        running = [s for s in self.streams if s.asks is not None and s.generator.stats.prefills]
+        joining = [s for s in self.streams if s.asks is not None and not s.generator.stats.prefills]
+        room = self.target.n_batch
+        parts, waiting = [], []
+        for stream in running + joining:
+            assert stream.asks is not None
+            left = len(stream.asks.tokens) - stream.fed
+            take = min(left, room, self.prefill_chunk if running and stream in joining else room)
+            if take < (left if stream in running else 1):
+                continue  # a verify goes whole or waits for the next decode
+            tokens = stream.asks.tokens[stream.fed : stream.fed + take]
+            stream.fed += take
+            parts.append((stream.generator.target, tokens, stream.asks.rows if stream.fed == len(stream.asks.tokens) else 0))
+            waiting.append(stream)
+            room -= take
+        return parts, waiting
+
+    def _advance(self, stream: _Stream, verified: Verified | None) -> None:
+        """Resume the stream with its rows until it asks for the next decode or ends."""
+        stream.asks, stream.fed = None, 0
+        try:
+            item = stream.steps.send(verified) if verified is not None else next(stream.steps)
+            while not isinstance(item, Decode):
+                if isinstance(item, Done):
+                    return self._finish(stream, item.stats.stop_reason or "max_tokens")
+                stop = self._report(stream, item)
+                if stop:
+                    return self._finish(stream, stop)
+                item = next(stream.steps)
+        except StopIteration:
+            return self._finish(stream, stream.generator.stats.stop_reason or "max_tokens")
+        stream.asks = item
+        self._planned += len(item.tokens)
+
+    def _report(self, stream: _Stream, event: TokenEvent | StepEvent) -> str | None:
+        if isinstance(event, TokenEvent):
+            stream.tokens.append(event.token)
+            return stream.on_token(event) if stream.on_token else None
+        return stream.on_step(event, stream.generator.stats) if stream.on_step else None
+
+    def _finish(self, stream: _Stream, reason: str) -> None:
+        stream.steps.close()  # a stream ended early rolls its sequence back in its finally
+        if stream in self.streams:
+            self.streams.remove(stream)
+        if stream.on_done:
+            stream.on_done(RunResult(stream.tokens, stream.generator.stats, reason))  # type: ignore[arg-type]
