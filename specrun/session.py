@@ -356,11 +356,15 @@ class Session:
 
     def generate_many(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 256, plain: bool = False,
                       k: int | str | None = None, seed: int | None = None, sampler: SamplerSettings | None = None,
-                      grammar: Grammar | None = None) -> list[Generation]:
+                      grammar: Grammar | Sequence[Grammar | None] | None = None) -> list[Generation]:
         """Each prompt's continuation, as `generate` gives it, `parallel` at a time: the running
         streams' rows go through one target decode per step, and a prompt takes the next free
-        stream (the one whose cache shares most of it). Returned in the prompts' order."""
-        prepared = [self._prepared(prompt, max_tokens, plain, k, seed, sampler, grammar)[1] for prompt in prompts]
+        stream (the one whose cache shares most of it). `grammar`: one for all, or one per prompt.
+        Returned in the prompts' order."""
+        grammars = list(grammar) if isinstance(grammar, (list, tuple)) else [grammar] * len(prompts)
+        if len(grammars) != len(prompts):
+            raise SpecrunError(f"{len(grammars)} grammars for {len(prompts)} prompts: give one for all, or one per prompt")
+        prepared = [self._prepared(prompt, max_tokens, plain, k, seed, sampler, None)[1] for prompt in prompts]
         batch, free, done = Batch(self.target), list(range(self.config.parallel)), {}
         waiting = list(range(len(prepared)))
         while waiting or batch.streams:
@@ -368,7 +372,7 @@ class Session:
                 index = waiting.pop(0)
                 slot = self.best_slot(prepared[index], free)
                 free.remove(slot)
-                generator = self._prepared(prepared[index], max_tokens, plain, k, seed, sampler, grammar, slot)[0]
+                generator = self._prepared(prepared[index], max_tokens, plain, k, seed, sampler, grammars[index], slot)[0]
 
                 def finished(run: RunResult, index: int = index, slot: int = slot) -> None:
                     done[index] = run

@@ -13,29 +13,29 @@ from specrun.session import Session
 PLAIN = "plain"
 
 
-def _lookup(session: Session) -> DraftSource:
+def _lookup(session: Session, slot: int = 0) -> DraftSource:
     return session.source("lookup")  # fresh per run: its index is the run's history
 
 
-def _draft_model(session: Session) -> DraftSource:
-    model = model_part(session.drafter)  # alone, or chained with lookup and store
+def _draft_model(session: Session, slot: int = 0) -> DraftSource:
+    model = model_part(session.drafter_for(slot))  # alone, or chained with lookup and store
     if model is None:
         raise SpecrunError("the draft method needs a draft model: pass --draft PATH")
     return model
 
 
-def _hybrid(session: Session) -> DraftSource:
-    return Chain(_lookup(session), _draft_model(session))  # lookup when the context matches, else the model
+def _hybrid(session: Session, slot: int = 0) -> DraftSource:
+    return Chain(_lookup(session), _draft_model(session, slot))  # lookup when the context matches, else the model
 
 
-def _store(session: Session) -> DraftSource:
+def _store(session: Session, slot: int = 0) -> DraftSource:
     # Lookup in the prompt first, then the n-grams of the run's earlier prompts and outputs.
     return Chain(_lookup(session), session.source("store"))
 
 
-# Method name -> drafter for one run. Plain decoding is the baseline, always measured.
-METHODS: dict[str, Callable[[Session], DraftSource | None]] = {
-    PLAIN: lambda session: None,
+# Method name -> drafter for one run on a stream (slot). Plain decoding is the baseline, always measured.
+METHODS: dict[str, Callable[..., DraftSource | None]] = {
+    PLAIN: lambda session, slot=0: None,
     "lookup": _lookup,
     "draft": _draft_model,
     "hybrid": _hybrid,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import secrets
 from contextlib import closing
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from specrun import __version__
 from specrun.backend import system_info
 from specrun.bench import export, view
+from specrun.bench import parallel as parallel_bench
 from specrun.bench import prompts as prompt_files
 from specrun.bench.methods import NEEDS_DRAFT_MODEL, NEEDS_STORE, PLAIN, parse_k_values, parse_methods, plan_variants
 from specrun.bench.plot import check_plot_path, save_plot
@@ -62,6 +64,7 @@ def bench(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE (default: none).")] = None,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE (default: none).")] = None,
     plot_out: Annotated[Optional[Path], typer.Option("--plot", help="Save acceptance and speed-up charts to FILE (.png, .svg, ...; needs the plot extra; default: none).")] = None,
+    parallel: Annotated[int, typer.Option("--parallel", "-np", help="Run the prompts N at a time, as a server with N slots does, and report aggregate tok/s and latency percentiles (each with --ctx-size tokens; default 1: one at a time, per prompt).")] = 1,
     *,
     model: o.ModelOptions,
 ) -> None:
@@ -69,7 +72,9 @@ def bench(
     defaults = FILE_DEFAULTS if prompts else BUILTIN_DEFAULTS
     max_tokens = defaults.max_tokens if max_tokens is None else max_tokens
     repeat = defaults.repeat if repeat is None else repeat
-    check(max_tokens=max_tokens, repeat=repeat, warmup=warmup, store_tokens=store_tokens)
+    check(max_tokens=max_tokens, repeat=repeat, warmup=warmup, store_tokens=store_tokens, parallel=parallel)
+    if parallel > 1 and (csv_out or plot_out or repeat > 1):
+        raise SpecrunError("--parallel reports one pass of all prompts per method: leave out --csv, --plot and --repeat")
     ks = parse_k_values(k or defaults.k)
     loaded, source_name = _load_prompts(prompts, prompt_set)
     _check_outputs(json_out, csv_out, plot_out)
@@ -81,6 +86,8 @@ def bench(
         raise SpecrunError(f"--methods includes store but --store-tokens is {store_tokens}: give it 1 or more")
     config = model.session_config(store_tokens=store_tokens if uses_store else 0,
                                   use_draft=bool(NEEDS_DRAFT_MODEL & set(method_names)))
+    if parallel > 1:
+        config = dataclasses.replace(config, parallel=parallel, n_ctx=model.ctx_size * parallel)
     variants = plan_variants(method_names, ks)
     err_console.print(
         f"[dim]bench: {len(loaded)} prompts ({source_name}) x {', '.join(v.label for v in variants)}; "
@@ -92,6 +99,12 @@ def bench(
         token_lists = tokenize_all(session, texts, [p.source for p in loaded])
         results = Results(variants, len(loaded))
         grammars = [grammar_from_json_schema(p.schema) if p.schema is not None else None for p in loaded]
+        if parallel > 1:
+            served = parallel_bench.serve_all(session, token_lists, variants, config.sampler, max_tokens, grammars)
+            Console().print(parallel_bench.table(served, parallel))
+            if json_out is not None:
+                write_text_atomic(json_out, json.dumps({"parallel": parallel, "runs": parallel_bench.as_json(served)}, indent=1))
+            return
         with closing(measure(session, token_lists, variants, config.sampler, max_tokens, repeat, warmup, grammars)) as runs:
             _run_with_progress(runs, results, len(loaded) * repeat * len(variants), loaded, warmup)
     meta = [{"source": p.source, "group": p.group, "prompt_tokens": len(t)} for p, t in zip(loaded, token_lists)]

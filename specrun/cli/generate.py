@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from specrun.bench.prompts import Prompt, load_prompt_file, render
+from specrun.chat.formats import choose_format
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
 from specrun.core.events import TokenEvent
@@ -31,12 +34,18 @@ def generate(
     json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Hold the output to the JSON schema in FILE (default: free text).")] = None,
     grammar_file: Annotated[Optional[Path], typer.Option("--grammar", help="Hold the output to the GBNF grammar in FILE, llama.cpp's format (default: free text).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
+    batch: Annotated[Optional[Path], typer.Option("--batch", help="Continue every prompt of FILE (.txt: one a line; .jsonl: prompt or messages, and a schema) and print one JSON line each, in order (default: one prompt, PROMPT).")] = None,
+    parallel: Annotated[int, typer.Option("--parallel", "-np", help="With --batch: prompts run at once, each with --ctx-size tokens of context.")] = 4,
     *,
     model: o.ModelOptions,
 ) -> None:
     """Continue PROMPT with the target, drafting by --draft model and/or --lookup."""
-    check(max_tokens=max_tokens)
+    check(max_tokens=max_tokens, parallel=parallel)
     grammar = read_grammar(json_schema, grammar_file)  # before minutes of model loading
+    if batch is not None:
+        if prompt is not None or prompt_file is not None or compare_plain:
+            raise SpecrunError("--batch reads its prompts from FILE: leave out PROMPT, --prompt-file and --compare-plain")
+        return generate_batch(load_prompt_file(batch), model, lookup, k, max_tokens, grammar, parallel)
     text = o.read_prompt(prompt, prompt_file)
     config = model.session_config(lookup, k)
     with Session(config) as session:
@@ -60,6 +69,19 @@ def generate(
         print(json.dumps(result))
     else:
         _report(result)
+
+
+def generate_batch(prompts: list[Prompt], model: o.ModelOptions, lookup: bool, k: str, max_tokens: int,
+                   grammar: Grammar | None, parallel: int) -> None:
+    """Every prompt, `parallel` at a time in one batch; one JSON line per prompt on stdout."""
+    config = replace(model.session_config(lookup, k), parallel=parallel, n_ctx=model.ctx_size * parallel)
+    grammars = [grammar_from_json_schema(p.schema) if p.schema is not None else grammar for p in prompts]
+    with Session(config) as session:
+        fmt = choose_format(session.target_model, None)
+        results = session.generate_many([render(p, fmt) for p in prompts], max_tokens, grammar=grammars)
+    for index, (source, result) in enumerate(zip(prompts, results)):
+        print(json.dumps({"index": index, "source": source.source, "text": result.text, "tokens": result.tokens,
+                          "stats": result.stats.to_dict()}))
 
 
 def read_grammar(json_schema: Path | None, grammar_file: Path | None) -> Grammar | None:

@@ -1,0 +1,142 @@
+"""Several streams per decode: each stream's output is what it would be alone, greedy and sampled."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+from reference import chi_square_p
+from test_exactness import MIN_P, exact_pairs, first_layer_draft  # noqa: F401  (a fixture)
+from test_hybrid import hybrid  # noqa: F401  (the fixture)
+
+from specrun.backend import Context, ContextOptions, Model
+from specrun.core.batch import Batch
+from specrun.core.engine import Generator
+from specrun.core.policy import FixedK
+from specrun.core.sampling import Sampler, SamplerSettings
+from specrun.drafts.lookup import PromptLookup
+from specrun.session import Session, SessionConfig
+
+PROMPTS = ["the cat sat on the mat and the cat sat on the", "hello world and hello world", "I see the water",
+           "what was it that the dog saw", "the cat was there", "and then the dog was"]
+
+
+def configs(tiny, hybrid):  # noqa: F811
+    return {
+        "lookup": SessionConfig(target=tiny["target"], lookup=True, k=4, n_ctx=1024),
+        "draft": SessionConfig(target=tiny["target"], draft=tiny["draft"], k=3, n_ctx=1024),
+        "hybrid target, lookup and draft": SessionConfig(target=hybrid["target"], draft=hybrid["draft"], lookup=True, k=3,
+                                                         n_ctx=1024),
+        "auto": SessionConfig(target=tiny["target"], lookup=True, k="auto", n_ctx=1024),
+    }
+
+
+@pytest.mark.parametrize("name", ["lookup", "draft", "hybrid target, lookup and draft", "auto"])
+def test_batched_greedy_output_is_each_streams_own(tiny, hybrid, name):  # noqa: F811
+    config = configs(tiny, hybrid)[name]
+    with Session(config) as session:
+        alone = [session.generate(prompt, max_tokens=32).tokens for prompt in PROMPTS]
+    with Session(replace(config, parallel=4, n_ctx=4 * config.n_ctx)) as session:
+        together = session.generate_many(PROMPTS, max_tokens=32)
+    assert [g.tokens for g in together] == alone
+    assert sum(g.stats.drafted for g in together) > 0 or name == "auto"
+
+
+def test_a_long_prompt_joins_in_chunks_while_the_others_run(tiny):
+    """Its prompt goes in beside the running streams' rows, a chunk a step; nothing changes the outputs."""
+    model = Model(tiny["target"])
+    try:
+        long_prompt = model.tokenize(" ".join(PROMPTS * 6))
+        prompts = [model.tokenize(PROMPTS[0]), long_prompt, model.tokenize(PROMPTS[2])]
+        alone = []
+        for prompt in prompts:
+            context = Context(model, ContextOptions(n_ctx=512))
+            alone.append(Generator(context, PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4)).run(prompt, 24).tokens)
+            context.close()
+        context = Context(model, ContextOptions(n_ctx=3 * 512, sequences=3))
+        batch, results, widths = Batch(context, prefill_chunk=16), {}, []
+        for i in (0, 2):
+            generator = Generator(context.sequence(i), PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4))
+            batch.add(generator, prompts[i], 24, on_done=lambda run, i=i: results.__setitem__(i, run.tokens))
+        batch.step()
+        generator = Generator(context.sequence(1), PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4))
+        batch.add(generator, prompts[1], 24, on_done=lambda run: results.__setitem__(1, run.tokens))
+        while batch.streams:
+            batch.step()
+            widths.append(batch.rows)
+    finally:
+        model.close()
+    assert [results[i] for i in range(3)] == alone
+    assert len(long_prompt) > 16 and max(widths) <= 16 + 2 * 5  # the prompt never took a decode to itself
+
+
+def test_four_streams_sample_like_the_target(tiny, first_layer_draft):  # noqa: F811
+    """At temperature 1, the first two tokens of 2,000 generations run four at a time (a draft model
+    sampling, verified by the p/q rule) follow the target's own distribution."""
+    settings = SamplerSettings(temperature=1.0)
+    prompt = PROMPTS[0]
+    config = SessionConfig(target=tiny["target"], draft=first_layer_draft, lookup=True, k=2, n_ctx=4 * 256, parallel=4,
+                           threads=1, sampler=settings)
+    sampled: Counter = Counter()
+    drafted = accepted = 0
+    with Session(config) as session:
+        tokens = session.tokenize(prompt)
+        for _ in range(500):
+            for generation in session.generate_many([tokens] * 4, max_tokens=3):
+                sampled[tuple(generation.tokens[:2])] += 1
+                drafted, accepted = drafted + generation.stats.drafted, accepted + generation.stats.accepted
+    assert 0.05 < accepted / drafted < 0.95
+    assert chi_square_p(sampled, exact_pairs(tiny["target"], tokens, settings, 256)) > MIN_P
+
+
+def specrun_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specrun", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_generate_batch_writes_one_json_line_per_prompt_in_order(tiny, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    result = specrun_cli("generate", "--batch", str(prompts), "--target", str(tiny["target"]), "--lookup", "-n", "12",
+                         "--parallel", "3", "-t", "1", "-c", "512")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["index"] for line in lines] == list(range(len(PROMPTS)))
+    assert all(line["source"] == f"prompts.txt:{i + 1}" and len(line["tokens"]) == 12 for i, line in enumerate(lines))
+    with Session(SessionConfig(target=tiny["target"], lookup=True, n_ctx=512)) as session:
+        assert lines[1]["tokens"] == session.generate(PROMPTS[1], max_tokens=12).tokens
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--parallel", "0"], "--parallel has to be an integer from 1 to 256, but is 0"),
+    (["--parallel", "4", "-c", "512"], None),
+])
+def test_generate_batch_settings(tiny, tmp_path, args, says):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat\n")
+    result = specrun_cli("generate", "--batch", str(prompts), "--target", str(tiny["target"]), "-n", "4", "-t", "1", *args)
+    if says is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode == 2 and result.stderr.strip() == f"error: {says}", result.stderr
+
+
+def test_more_streams_than_the_context_holds_is_one_line(tiny):
+    with pytest.raises(Exception, match=r"--parallel 8 leaves each stream 64 tokens of --ctx-size 512"):
+        Session(SessionConfig(target=tiny["target"], lookup=True, n_ctx=512, parallel=8))
+
+
+def test_bench_parallel_reports_aggregate_speed_and_latencies(tiny, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    report = tmp_path / "parallel.json"
+    result = specrun_cli("bench", str(prompts), "--target", str(tiny["target"]), "--methods", "plain,lookup", "--k", "4",
+                         "-n", "16", "--parallel", "4", "--warmup", "0", "-t", "1", "-c", "512", "--json", str(report))
+    assert result.returncode == 0, result.stderr
+    assert "4 at a time" in result.stdout and "1st tok s p50/95" in result.stdout
+    runs = json.loads(report.read_text())["runs"]
+    assert [run["method"] for run in runs] == ["plain", "lookup"]
+    assert all(len(run["done_s"]) == len(PROMPTS) and run["tokens"] == 16 * len(PROMPTS) for run in runs)
