@@ -22,6 +22,7 @@ the first text chunk minus prompt_ms; it includes the first step's decode).
     python scripts/bench_serve.py --baseline /tmp/before   # after git worktree add /tmp/before REV
     python scripts/bench_serve.py --memory [--requests 1000]   # resident memory after 100 and after N requests
     python scripts/bench_serve.py --conversation [--turns 10]  # first chunk of each chat turn (the prompt cache)
+    python scripts/bench_serve.py --clients 1,4,8 --baseline /tmp/before   # concurrent clients: aggregate tok/s, first-token p95
     python scripts/bench_serve.py --target tiny.gguf --agent-requests 3 --copy-prompts 1 --max-tokens 16   # a quick run
 """
 
@@ -35,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +99,7 @@ class Setup:
     kind: str  # "llama-server" or "specrun"
     args: tuple[str, ...] = ()
     checkout: Path | None = None  # where `python -m specrun` runs, so it imports that checkout's code
+    parallel: int = 1  # requests it runs at once (llama-server -np, specrun --parallel), each with the context size
 
 
 def llama_server_setups(bin_dir: Path) -> list[Setup]:
@@ -142,9 +145,9 @@ class Running:
     def __init__(self, setup: Setup, bin_dir: Path, model: Path, threads: int, ctx: int, log: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        if setup.kind == "llama-server":
-            cmd = [bin_dir / "llama-server", "-m", model, "-t", threads, "-c", ctx, "-np", "1", "--host", "127.0.0.1",
-                   "--port", self.port, "--no-webui", "--no-repack", *setup.args]  # repacking off, as specrun runs
+        if setup.kind == "llama-server":  # its -c is shared by its slots
+            cmd = [bin_dir / "llama-server", "-m", model, "-t", threads, "-c", ctx * setup.parallel, "-np", setup.parallel,
+                   "--host", "127.0.0.1", "--port", self.port, "--no-webui", "--no-repack", *setup.args]  # repacking off, as specrun runs
         else:
             cmd = [sys.executable, "-m", "specrun", "serve", "--target", model, "--threads", threads, "--ctx-size", ctx,
                    "--port", self.port, *setup.args]
@@ -337,6 +340,74 @@ def conversation(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
             print(f"  first chunk of turn 10 / of turn 2: {turns[9].first_chunk_s / turns[1].first_chunk_s:.2f}")
 
 
+def burst(server: "Running", prompts: list[str], clients: int, max_tokens: int) -> tuple[float, list[Timed]]:
+    """`clients` clients at once, each sending its share of the prompts one after another: the
+    burst's wall seconds, and each request timed from its own send (queueing included)."""
+    shares = [prompts[i::clients] for i in range(clients)]
+    timed: list[Timed] = []
+
+    def client_loop(share: list[str]) -> None:
+        with client() as http:
+            for prompt in share:
+                timed.append(complete(http, server.url, prompt, max_tokens, ["\n"]))
+
+    threads = [threading.Thread(target=client_loop, args=(share,)) for share in shares]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started, timed
+
+
+def concurrent_setups(bin_dir: Path, clients: int, baseline: Path | None) -> list[Setup]:
+    """llama-server with `clients` slots, without speculation and with its n-gram types; specrun with
+    as many slots; the baseline checkout's specrun serve as it is (one request at a time there)."""
+    llama = [Setup(f"llama-server -np {clients} {s.name.removeprefix('llama-server ')}", s.kind, s.args, parallel=clients)
+             for s in llama_server_setups(bin_dir)]
+    ours = [Setup(f"specrun --parallel {clients}", "specrun", ("--parallel", str(clients)))]
+    if baseline:
+        ours.append(Setup("specrun @ baseline", "specrun", (), baseline.resolve()))
+    return llama + ours
+
+
+def concurrent(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
+    """--clients: the agent workload from N clients at once, every set-up in turn, --rounds times."""
+    prompts = agent_prompts(args.agent_requests)
+    for clients in (int(n) for n in args.clients.split(",")):
+        setups_now = concurrent_setups(bin_dir, clients, args.baseline)
+        totals: dict[str, list[tuple[float, list[Timed]]]] = {s.name: [] for s in setups_now}
+        servers: dict[str, Running] = {}
+        try:
+            for setup in setups_now:
+                servers[setup.name] = Running(setup, bin_dir, model, args.threads, args.ctx_size,
+                                              log_dir / f"{setup.name.replace(' ', '-')}-{clients}.log")
+                with client() as http:
+                    complete(http, servers[setup.name].url, "Warm-up: the quick brown fox", 8, [])
+            for round_ in range(args.rounds):  # every set-up in turn, each round: drift falls on all alike
+                for name, server in servers.items():
+                    numbered = [f"Round {round_ + 1}.\n{p}" for p in prompts]  # no prompt cache answers a whole prompt
+                    totals[name].append(burst(server, numbered, clients, args.max_tokens))
+        finally:
+            for server in servers.values():
+                server.stop()
+        print(f"\n{clients} client(s), {len(prompts)} agent requests each round, {args.rounds} round(s):")
+        print(f"{'set-up':40} {'tok/s':>8} {'1st chunk p50 s':>16} {'p95 s':>7}")
+        rates = {}
+        for name, bursts in totals.items():
+            timed = [t for _, ts in bursts for t in ts]
+            rates[name] = sum(t.tokens for t in timed) / sum(seconds for seconds, _ in bursts)
+            firsts = sorted(t.first_chunk_s for t in timed if t.first_chunk_s is not None)
+            p95 = statistics.quantiles(firsts, n=20, method="inclusive")[18] if len(firsts) > 1 else firsts[0]
+            print(f"{name:40} {rates[name]:8.1f} {statistics.median(firsts):16.3f} {p95:7.3f}")
+        ours = rates[f"specrun --parallel {clients}"]
+        best = max((n for n in rates if "ngram" in n), key=rates.get)
+        line = f"specrun --parallel {clients} / {best} (the best llama-server): {ours / rates[best]:.2f}"
+        if args.baseline:
+            line += f"; / specrun @ baseline: {ours / rates['specrun @ baseline']:.2f}"
+        print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=Path, help="GGUF both servers load (default: the embedded Gemma 3 270M)")
@@ -354,6 +425,7 @@ def main() -> None:
     parser.add_argument("--conversation", action="store_true", help="time the first chunk of each turn of one chat instead")
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--turn-tokens", type=int, default=48, help="max tokens per --conversation reply")
+    parser.add_argument("--clients", help="comma list of concurrent client counts: the agent workload from that many at once")
     parser.add_argument("--baseline", type=Path,
                         help="another checkout (git worktree add DIR REV) whose specrun serve runs beside this one's")
     args = parser.parse_args()
@@ -367,6 +439,8 @@ def main() -> None:
         return memory(args, bin_dir, model, log_dir)
     if args.conversation:
         return conversation(args, bin_dir, model, log_dir)
+    if args.clients:
+        return concurrent(args, bin_dir, model, log_dir)
     workloads = {"agent": (agent_prompts(args.agent_requests), ["\n"]), "copy": (copy, [])}
     # Every set-up runs at once and each request goes to all of them in turn, so the machine's
     # drift falls on every set-up alike (an idle server waits without spinning).
