@@ -43,7 +43,7 @@ class ProfileEstimate:
     """A pair judged from profiles: vocabulary by the shared tokenizer, cost by parameter counts."""
 
     tokenizer: str
-    cost_ratio: float  # draft/target parameters, as if both had the same quant
+    cost_ratio: float  # draft/target parameters read per token, as if both had the same quant
     prior: Prior
 
     @property
@@ -262,13 +262,12 @@ def judge(target: Known, draft: Known, candidate: Candidate) -> Suggestion | Non
 
 
 def profile_estimate(target: Known, draft: Known) -> ProfileEstimate | None:
-    """Both profiles known and sharing a tokenizer: cost from the parameter counts."""
+    """Both profiles known and sharing a tokenizer: cost from the parameters each reads per token
+    (a mixture of experts' active ones, which its header's total would overstate)."""
     t, d = target.profile, draft.profile
     if t is None or d is None or t.alias == d.alias or t.tokenizer != d.tokenizer:
         return None
-    target_params = target.facts.n_params if has_weights(target) else t.params  # type: ignore[union-attr]
-    draft_params = draft.facts.n_params if has_weights(draft) else d.params  # type: ignore[union-attr]
-    ratio = draft_params / target_params
+    ratio = d.active_params / t.active_params
     if ratio >= 1:
         return None
     if t.family == d.family:
