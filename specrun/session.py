@@ -17,7 +17,7 @@ from specrun.core.auto import AutoK
 from specrun.core.costs import measure_verify_costs, verify_costs_hold
 from specrun.core.engine import EventStream, Generator
 from specrun.core.events import Stats
-from specrun.core.policy import LLAMA_CPP_DRAFT_MAX, DraftPolicy, FixedK, PMinPolicy, parse_k
+from specrun.core.policy import DraftPolicy, FixedK, PMinPolicy, parse_k, rollback_tokens
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts import registry
 from specrun.drafts.base import CatchUp, DraftSource, chained, leaves
@@ -32,9 +32,6 @@ from specrun.grammar.constraint import Constraint
 from specrun.grammar.schemas import Grammar
 from specrun.settings import BATCH, SettingError, check
 
-# Under --k auto a recurrent or hybrid target keeps snapshots to roll back this many drafted
-# tokens: each is one more copy of its recurrent state (docs/benchmarks.md has their memory).
-AUTO_ROLLBACK = 16
 CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens")
 
 
@@ -122,7 +119,8 @@ class Session:
             target_options = replace(target_options, load_mtp="mtp" in self.source_names)  # its MTP layers draft
             self.target_model = self._own(Model(config.target, target_options, "target"))
             speculative = bool(self.source_names) or config.draft is not None
-            options = replace(self._context_options(), rollback=self._rollback() if speculative else 0)
+            # A recurrent target keeps a snapshot for each token the longest draft its k grants may lose.
+            options = replace(self._context_options(), rollback=rollback_tokens(config.k) if speculative else 0)
             self.target = self._own(Context(self.target_model, options))
             if speculative:
                 self._check_rollback()
@@ -131,12 +129,6 @@ class Session:
         except BaseException:
             self.close()
             raise
-
-    def _rollback(self) -> int:
-        """How many drafted tokens a recurrent target keeps snapshots for: the longest draft its k
-        grants (each more costs a copy of the recurrent state)."""
-        k = self.config.k
-        return k if isinstance(k, int) else LLAMA_CPP_DRAFT_MAX if k == "llama.cpp" else AUTO_ROLLBACK
 
     def _check_rollback(self) -> None:
         """A target whose recurrent state llama.cpp cannot roll back verifies no draft."""
