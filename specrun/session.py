@@ -30,6 +30,8 @@ from specrun.drafts.translated import TRANSLATIONS, Mode, TranslatingDraft
 from specrun.errors import SpecrunError
 from specrun.grammar.constraint import Constraint
 from specrun.grammar.schemas import Grammar
+from specrun.pair.arch import DRAFTER, SEPARATE_DRAFTERS, header_traits
+from specrun.pair.header import read_keys
 from specrun.settings import BATCH, SettingError, check
 
 CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens")
@@ -99,6 +101,19 @@ class SessionConfig:
         check(**{name: options[name] for name in CHECKED_FIELDS if name in options})
 
 
+def refuse_mtp_drafter(model: Model) -> None:
+    """A separate MTP drafter (a gemma4-assistant, or NextN layers alone) loads, but llama.cpp crashes
+    decoding it as a model of its own: one line instead. Only a model with MTP layers or of a drafter's
+    architecture has its header read for it."""
+    if not model.n_nextn and model.architecture not in SEPARATE_DRAFTERS.values():
+        return
+    keys = read_keys(model.path)
+    if header_traits(keys.meta, keys.tensor_names).mtp == DRAFTER:
+        raise SpecrunError(f"the {model.role} model {model.path.name} is an MTP drafter ({model.architecture}: MTP layers "
+                           "without the model they draft for), which specrun cannot run yet (llama.cpp's draft-mtp can); "
+                           "a target with MTP layers of its own drafts with --draft mtp")
+
+
 class Session:
     """A loaded target (and draft) that generates, speculatively or plainly, prompt after prompt.
 
@@ -118,6 +133,7 @@ class Session:
             target_options = self._model_options(config.n_gpu_layers, config.rpc, config.tensor_split)
             target_options = replace(target_options, load_mtp="mtp" in self.source_names)  # its MTP layers draft
             self.target_model = self._own(Model(config.target, target_options, "target"))
+            refuse_mtp_drafter(self.target_model)
             speculative = bool(self.source_names) or config.draft is not None
             # A recurrent target keeps a snapshot for each token the longest draft its k grants may lose.
             options = replace(self._context_options(), rollback=rollback_tokens(config.k) if speculative else 0)
@@ -180,6 +196,7 @@ class Session:
         rule), else translated through text."""
         c = self.config
         draft_model = self._own(Model(path, self._model_options(c.draft_n_gpu_layers, c.draft_rpc), "draft"))
+        refuse_mtp_drafter(draft_model)
         if check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts()).ok:
             return DraftModel(self._own(Context(draft_model, self._context_options())), sample=c.draft_sampling)
         bridge = VocabBridge(self.target_model, draft_model)

@@ -1,7 +1,8 @@
 """Tiny random GGUFs of architectures with a recurrent state, for tests (not a test module itself).
 
 - `write_tiny_qwen35`: Qwen3.5's hybrid layout (gated-delta-net layers and full attention),
-  optionally with one MTP (NextN) block; llama.cpp rolls its recurrent state back (n_rs_seq).
+  optionally with one MTP (NextN) block, or that block alone; llama.cpp rolls its recurrent
+  state back (n_rs_seq).
   `shapes="qwen3.5-0.8b"` writes Qwen3.5-0.8B's real layer sizes (random weights) for benchmarks.
 - `write_tiny_lfm2`: LFM2's short-convolution layers beside attention; llama.cpp rolls its
   (small) recurrent state back too.
@@ -253,6 +254,7 @@ def write_tiny_qwen35(
     mtp_scale: float = 1.0,
     logit_std: float = 3.0,
     wtype: str = "f32",
+    mtp_only: bool = False,
     **overrides,
 ) -> Path:
     """Write a random qwen35 GGUF and return its path.
@@ -266,7 +268,10 @@ def write_tiny_qwen35(
                  mtp_agree ~1 and small mtp_scale, the MTP head predicts roughly what the target
                  predicts for the next position (gives non-trivial acceptance with random weights).
     wtype:       f32 | f16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 for 2-D matmul weights.
+    mtp_only:    write the MTP block without the model's own layers, as llama.cpp's converter does with
+                 --mtp (an mtp-*.gguf drafter file); implies nextn.
     """
+    nextn = nextn or mtp_only
     sh = QWEN35_SHAPES[shapes] if isinstance(shapes, str) else shapes
     if overrides:
         sh = replace(sh, **overrides)
@@ -305,6 +310,8 @@ def write_tiny_qwen35(
     _add_spm_vocab(w, tokens)
 
     tensors = _qwen35_tensors(sh, n_vocab, nextn, seed, trunk_scale, mtp_agree, mtp_scale, logit_std)
+    if mtp_only:
+        tensors = {name: t for name, t in tensors.items() if not name.startswith("blk.") or name.startswith(f"blk.{sh.n_layer}.")}
     _write(w, tensors, wtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()

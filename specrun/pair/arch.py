@@ -71,7 +71,7 @@ class Traits:
             return ("hybrid, per its profile: it keeps a recurrent state; whether llama.cpp rolls it back "
                     "for drafts shows in its header")
         if self.rolls_back:
-            return "hybrid: llama.cpp rolls its recurrent state back, from a snapshot per token a draft may lose"
+            return "hybrid: it keeps a recurrent state, which llama.cpp rolls back for drafts"
         return (f"recurrent: llama.cpp cannot roll its state back ({self.arch}), so no draft can be verified: "
                 "no speculation, plain decoding only")
 
@@ -99,12 +99,24 @@ def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def layer_split(meta: Mapping[str, Any]) -> tuple[int, int]:
+    """(the model's own layers, the MTP layers after them): llama.cpp's n_layer() and n_layer_nextn."""
+    key = _keys(meta, str(meta.get("general.architecture", "")))
+    nextn = key("nextn_predict_layers")
+    return max(key("block_count") - nextn, 0), nextn
+
+
+def layer_index(tensor_name: str) -> int | None:
+    """The layer a tensor belongs to ("blk.12.attn_q.weight" -> 12); None for the others."""
+    match = LAYER.match(tensor_name)
+    return int(match.group(1)) if match else None
+
+
 def header_traits(meta: Mapping[str, Any], tensor_names: Iterable[str]) -> Traits:
     """A GGUF's traits from its metadata and tensor names."""
     arch = str(meta.get("general.architecture", ""))
-    nextn = _int(meta.get(f"{arch}.nextn_predict_layers"))
-    trunk = _int(meta.get(f"{arch}.block_count")) - nextn
-    has_trunk = any((m := LAYER.match(name)) and int(m.group(1)) < trunk for name in tensor_names)
+    trunk, nextn = layer_split(meta)
+    has_trunk = any((i := layer_index(name)) is not None and i < trunk for name in tensor_names)
     if arch in SEPARATE_DRAFTERS.values() or (nextn and not has_trunk):
         mtp = DRAFTER  # llama.cpp's own test for an MTP-only file: no layer of the model itself
     elif nextn:
@@ -124,12 +136,10 @@ def state_bytes(meta: Mapping[str, Any]) -> int | None:
     """One copy of one sequence's recurrent state: llama.cpp's n_embd_r() + n_embd_s() f32 values in
     each layer that keeps a state. 0 for a model without one; None for a recurrent architecture whose
     layout specrun does not know (it then says so rather than guess)."""
-    arch = str(meta.get("general.architecture", ""))
-    if arch not in RECURRENT_ARCHS and arch not in HYBRID_ARCHS:
-        return 0
-    layers = _state_layers(meta, arch)
+    layers = recurrent_layers(meta)
     if layers is None:
         return None
+    arch = str(meta.get("general.architecture", ""))
     key = _keys(meta, arch)
     l_cache = key("shortconv.l_cache")
     if l_cache:  # LFM2's short convolutions: the last l_cache - 1 inputs, no state matrix (d_state is 0)
@@ -141,18 +151,23 @@ def state_bytes(meta: Mapping[str, Any]) -> int | None:
     return len(layers) * per_layer * STATE_BYTES_PER_VALUE
 
 
-def _state_layers(meta: Mapping[str, Any], arch: str) -> list[int] | None:
-    """The model's layers that keep a recurrent state, by each architecture's own rule; the MTP
-    layers that follow them never do."""
-    key = _keys(meta, arch)
-    trunk = range(key("block_count") - key("nextn_predict_layers"))
+def recurrent_layers(meta: Mapping[str, Any]) -> list[int] | None:
+    """The model's layers that keep a recurrent state, by each architecture's own rule (the MTP
+    layers after them never do): [] for an architecture without one, None for a recurrent one
+    whose rule specrun does not know."""
+    arch = str(meta.get("general.architecture", ""))
+    if arch not in RECURRENT_ARCHS and arch not in HYBRID_ARCHS:
+        return []
+    trunk = range(layer_split(meta)[0])
+    if arch in ("mamba", "mamba2"):
+        return list(trunk)  # llama.cpp gives every layer of a recurrent architecture a state
     kv_heads = _per_layer(meta.get(f"{arch}.attention.head_count_kv", meta.get(f"{arch}.attention.head_count")), trunk)
     if arch in ("qwen35", "qwen35moe"):
         marked = meta.get(f"{arch}.attention.recurrent_layers")
         if marked is not None:
             flags = _per_layer(marked, trunk)
             return [i for i in trunk if flags[i]]
-        interval = key("full_attention_interval") or 4  # llama.cpp's default when the key is absent
+        interval = _int(meta.get(f"{arch}.full_attention_interval")) or 4  # llama.cpp's default when absent
         return [i for i in trunk if (i + 1) % interval != 0]
     if arch in ("lfm2", "lfm2moe"):
         return [i for i in trunk if kv_heads[i] == 0]

@@ -201,15 +201,16 @@ def read_keys(path: str | os.PathLike[str], max_array: int = 4096) -> HeaderKeys
     instead of parsing them: fast enough for every model `specrun models` lists (GGUFReader takes
     seconds on a 262k-token vocabulary)."""
     try:
+        # struct reads the map in place and slices copy out of it: no view outlives the map
         with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _walk_header(memoryview(data), max_array)
+            return _walk_header(data, max_array)
     except (ValueError, IndexError, struct.error, UnicodeDecodeError) as exc:  # cut short, damaged, empty
         raise SpecrunError(f"{path}: not a readable GGUF file, cut short or damaged ({exc or type(exc).__name__})") from None
     except OSError as exc:
         raise SpecrunError(f"cannot read {path}: {exc.strerror}") from None
 
 
-def _walk_header(data: memoryview, max_array: int) -> HeaderKeys:
+def _walk_header(data: mmap.mmap, max_array: int) -> HeaderKeys:
     magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", data, 0)
     if magic != b"GGUF" or not 2 <= version <= 3:  # llama.cpp reads versions 2 and 3, little-endian here
         raise ValueError(f"GGUF magic or version {version} not readable")
@@ -233,15 +234,15 @@ def _walk_header(data: memoryview, max_array: int) -> HeaderKeys:
 _SKIPPED = object()  # an array longer than max_array: stepped over, not kept
 
 
-def _string(data: memoryview, offset: int) -> tuple[str, int]:
+def _string(data: mmap.mmap, offset: int) -> tuple[str, int]:
     (length,) = struct.unpack_from("<Q", data, offset)
     end = offset + 8 + length
     if end > len(data):
         raise ValueError("a string runs past the end of the file")
-    return bytes(data[offset + 8:end]).decode("utf-8", "replace"), end
+    return data[offset + 8:end].decode("utf-8", "replace"), end
 
 
-def _value(data: memoryview, offset: int, kind: int, max_array: int) -> tuple[Any, int]:
+def _value(data: mmap.mmap, offset: int, kind: int, max_array: int) -> tuple[Any, int]:
     if kind in SCALAR_FORMATS:
         fmt = "<" + SCALAR_FORMATS[kind]
         return struct.unpack_from(fmt, data, offset)[0], offset + struct.calcsize(fmt)
