@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from specrun.hub.profiles import MTP_HEADS, MTP_SEPARATE
+
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 HYBRID_ARCHS = frozenset({
     "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
@@ -30,7 +32,8 @@ ROLLBACK_ARCHS = frozenset({
 SEPARATE_DRAFTERS = {"gemma4": "gemma4-assistant"}
 STATE_BYTES_PER_VALUE = 4  # llama.cpp allocates the recurrent state (its r and s tensors) in f32
 
-HEADS, SEPARATE, DRAFTER = "heads", "separate", "drafter"  # Traits.mtp, besides "" (none)
+# Traits.mtp, besides "" (none): a profile's own words, so that its traits and a header's compare.
+HEADS, SEPARATE, DRAFTER = MTP_HEADS, MTP_SEPARATE, "drafter"
 LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
