@@ -18,7 +18,7 @@ from specrun.core.batch import Batch
 from specrun.core.costs import measure_verify_costs, verify_costs_hold
 from specrun.core.engine import EventStream, Generator
 from specrun.core.events import RunResult, Stats
-from specrun.core.policy import LLAMA_CPP_DRAFT_MAX, DraftPolicy, FixedK, PMinPolicy, parse_k
+from specrun.core.policy import DraftPolicy, FixedK, PMinPolicy, parse_k, rollback_tokens
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.core.sequences import common_prefix
 from specrun.drafts import registry
@@ -32,11 +32,10 @@ from specrun.drafts.translated import TRANSLATIONS, Mode, TranslatingDraft
 from specrun.errors import SpecrunError
 from specrun.grammar.constraint import Constraint
 from specrun.grammar.schemas import Grammar
+from specrun.pair.arch import DRAFTER, SEPARATE_DRAFTERS, header_traits
+from specrun.pair.header import read_keys
 from specrun.settings import BATCH, SettingError, check
 
-# Under --k auto a recurrent or hybrid target keeps snapshots to roll back this many drafted
-# tokens: each is one more copy of its recurrent state (docs/benchmarks.md has their memory).
-AUTO_ROLLBACK = 16
 CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens", "parallel")
 MIN_SLOT_CTX = 256  # the fewest tokens a stream's share of the context may hold
 
@@ -106,6 +105,19 @@ class SessionConfig:
         check(**{name: options[name] for name in CHECKED_FIELDS if name in options})
 
 
+def refuse_mtp_drafter(model: Model) -> None:
+    """A separate MTP drafter (a gemma4-assistant, or NextN layers alone) loads, but llama.cpp crashes
+    decoding it as a model of its own: one line instead. Only a model with MTP layers or of a drafter's
+    architecture has its header read for it."""
+    if not model.n_nextn and model.architecture not in SEPARATE_DRAFTERS.values():
+        return
+    keys = read_keys(model.path)
+    if header_traits(keys.meta, keys.tensor_names).mtp == DRAFTER:
+        raise SpecrunError(f"the {model.role} model {model.path.name} is an MTP drafter ({model.architecture}: MTP layers "
+                           "without the model they draft for), which specrun cannot run yet (llama.cpp's draft-mtp can); "
+                           "a target with MTP layers of its own drafts with --draft mtp")
+
+
 class Session:
     """A loaded target (and draft) that generates, speculatively or plainly, prompt after prompt.
 
@@ -125,8 +137,10 @@ class Session:
             target_options = self._model_options(config.n_gpu_layers, config.rpc, config.tensor_split)
             target_options = replace(target_options, load_mtp="mtp" in self.source_names)  # its MTP layers draft
             self.target_model = self._own(Model(config.target, target_options, "target"))
+            refuse_mtp_drafter(self.target_model)
             speculative = bool(self.source_names) or config.draft is not None
-            options = replace(self._context_options(), rollback=self._rollback() if speculative else 0)
+            # A recurrent target keeps a snapshot for each token the longest draft its k grants may lose.
+            options = replace(self._context_options(), rollback=rollback_tokens(config.k) if speculative else 0)
             self.target = self._own(Context(self.target_model, options))
             if speculative:
                 self._check_rollback()
@@ -140,12 +154,6 @@ class Session:
         except BaseException:
             self.close()
             raise
-
-    def _rollback(self) -> int:
-        """How many drafted tokens a recurrent target keeps snapshots for: the longest draft its k
-        grants (each more costs a copy of the recurrent state)."""
-        k = self.config.k
-        return k if isinstance(k, int) else LLAMA_CPP_DRAFT_MAX if k == "llama.cpp" else AUTO_ROLLBACK
 
     def _check_rollback(self) -> None:
         """A target whose recurrent state llama.cpp cannot roll back verifies no draft."""
@@ -204,6 +212,7 @@ class Session:
         vocabularies match (llama.cpp's rule), else translated through text."""
         c = self.config
         draft_model = self._own(Model(path, self._model_options(c.draft_n_gpu_layers, c.draft_rpc), "draft"))
+        refuse_mtp_drafter(draft_model)
         self._bridge = None
         if not check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts()).ok:
             self._bridge = VocabBridge(self.target_model, draft_model)

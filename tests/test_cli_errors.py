@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tinyhybrid import write_tiny_qwen35
 from tinymodels import write_tiny_llama
 
 from specrun.cli.app import run_app
@@ -63,7 +64,7 @@ def shared_rows():
 
 
 # Command lines with {tiny} (the tiny target), {dir}, {missing}, {binary}, {empty}, {cut},
-# {noarch}, {vocab_only}, {alien}, {minimum} and {schema_prompts} filled in by the `inputs` fixture.
+# {noarch}, {vocab_only}, {alien}, {minimum}, {schema_prompts} and {mtp_only} filled in by the `inputs` fixture.
 COMMAND_ROWS = [
     # prompts
     (["generate", "", "-m", "{tiny}", "--lookup"], ["no prompt", "PROMPT is empty"]),
@@ -83,6 +84,8 @@ COMMAND_ROWS = [
     (["generate", "hi", "-m", "{tiny}", "--draft", "{vocab_only}"], ["draft model", "tokenizer.gguf holds no weights", "vocab-only"]),
     (["generate", "hi", "-m", "{tiny}", "--draft", "{noarch}"], ["draft model", "noarch.gguf holds no weights"]),
     (["generate", "hi", "-m", "{tiny}", "--draft", "{alien}"], ["alien.gguf shares almost no tokens with target", "0 of its 400"]),
+    (["generate", "hi", "-m", "{tiny}", "--draft", "mtp"], ["target model", "has no MTP (NextN) layers, so it cannot draft for itself"]),
+    (["generate", "hi", "-m", "{tiny}", "--draft", "{mtp_only}"], ["draft model mtp-qwen35.gguf is an MTP drafter", "specrun cannot run yet"]),
     # structured output
     (["generate", "hi", "-m", "{tiny}", "--json-schema", "{empty}"], ["--json-schema", "empty.txt", "not JSON"]),
     (["generate", "hi", "-m", "{tiny}", "--json-schema", "{minimum}"], ["--json-schema", "unsupported JSON schema feature 'minimum'"]),
@@ -120,6 +123,8 @@ COMMAND_ROWS = [
     (["pair", "check", "{tiny}", "{tiny}", "--ctx", "0"], ["--ctx", "but is 0"]),
     (["pair", "check", "{tiny}", "{tiny}", "--acceptance", "2"], ["--acceptance", "[0, 1]", "but is 2"]),
     (["pair", "check", "{tiny}"], ["missing argument", "draft"]),
+    (["pair", "check", "{tiny}", "{tiny}", "--k", "0"], ["--k", "'0'"]),
+    (["pair", "check", "{tiny}", "mtp"], ["has no MTP (NextN) layers, so it cannot draft for itself", "pair suggest --target"]),
     # pair derive
     (["pair", "derive", "-m", "{tiny}", "-o", "{missing_dir}/d.gguf", "--layers", "0"], ["--output", "does not exist"]),
     (["pair", "derive", "-m", "{tiny}", "-o", "{dir}", "--layers", "0"], ["--output", "is a directory"]),
@@ -162,6 +167,7 @@ def inputs(tmp_path, tiny, monkeypatch, record_property):
         "empty": str(folder / "empty.txt"), "cut": str(folder / "cut.gguf"), "noarch": str(folder / "noarch.gguf"),
         "vocab_only": str(folder / "tokenizer.gguf"), "alien": str(tiny["alien"]), "minimum": str(folder / "minimum.json"),
         "schema_prompts": str(folder / "prompts.jsonl"),
+        "mtp_only": str(write_tiny_qwen35(tmp_path / "mtp-qwen35.gguf", mtp_only=True)),
         "root": folder, "record": record_property,
     }
 

@@ -99,5 +99,6 @@ def test_doctor_reports_backends_and_versions():
     assert report["llama_cpp_python"].startswith("0.3.")
     assert isinstance(report["gpu_offload"], bool)
     assert report["verify_costs"].endswith("verify-costs.json")
+    assert report["recurrent_snapshots"] == {"fixed_k": "k", "auto": 16, "llama.cpp": 16}
     if not report["gpu_offload"]:
         assert "GGML_CUDA=on" in report["gpu_build_hint"] or "GGML_METAL=on" in report["gpu_build_hint"]

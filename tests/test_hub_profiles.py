@@ -40,15 +40,28 @@ def write(folder: Path, name: str, text: str) -> Path:
 def test_builtin_profiles_cover_the_families_with_valid_drafts():
     profiles = load_profiles([builtin_profiles_dir()])
     families = {p.family for p in profiles.values()}
-    assert {"llama", "qwen2.5", "qwen2.5-coder", "qwen3", "gemma3"} <= families
+    assert {"llama", "qwen2.5", "qwen2.5-coder", "qwen3", "gemma3", "qwen3.5", "qwen3.6", "gemma4", "glm-4.5",
+            "glm-4.7-flash", "nemotron-h", "lfm2", "gpt-oss"} <= families
     for alias in ("llama-1b", "llama-70b", "qwen2.5-0.5b", "qwen2.5-72b", "qwen2.5-coder-32b",
-                  "qwen3-8b", "gemma-3-270m", "gemma-3-27b"):
+                  "qwen3-8b", "gemma-3-270m", "gemma-3-27b", "qwen3.5-0.8b", "qwen3.5-122b-a10b", "qwen3.6-27b",
+                  "gemma-4-31b", "glm-4.5-air", "nemotron-nano-9b-v2", "lfm2-8b-a1b", "gpt-oss-120b"):
         assert alias in profiles
     assert profiles["llama-70b"].drafts[0] == "llama-1b" and profiles["llama-70b"].k == 12
     for profile in profiles.values():
-        for draft in profile.drafts:
-            assert profiles[draft].family == profile.family
-            assert profiles[draft].params < profile.params
+        for draft in profile.drafts:  # a draft shares the target's tokenizer and reads fewer parameters a token
+            assert profiles[draft].tokenizer == profile.tokenizer
+            assert profiles[draft].active_params < profile.active_params
+
+
+def test_builtin_profiles_say_what_each_model_is():
+    profiles = load_profiles([builtin_profiles_dir()])
+    qwen = profiles["qwen3.5-35b-a3b"]
+    assert (qwen.mtp, qwen.hybrid, qwen.params, qwen.active_params) == ("heads", True, 35_000_000_000, 3_000_000_000)
+    assert profiles["gemma-4-31b"].mtp == "separate" and not profiles["gemma-4-31b"].hybrid
+    assert profiles["glm-4.7"].mtp == "heads" and profiles["lfm2-1.2b"].hybrid and not profiles["lfm2-1.2b"].mtp
+    llama = profiles["llama-8b"]
+    assert (llama.mtp, llama.hybrid, llama.active_params) == ("", False, llama.params)
+    assert profiles["qwen3.6-27b"].tokenizer == profiles["qwen3.5-0.8b"].tokenizer  # its drafts come from Qwen3.5
 
 
 def test_user_profiles_add_and_override(tmp_path):
@@ -59,6 +72,7 @@ def test_user_profiles_add_and_override(tmp_path):
     profiles = load_profiles([builtin_profiles_dir(), user])
     assert profiles["tiny-8b"].k == 10 and profiles["tiny-8b"].drafts == ("tiny-1b",)
     assert profiles["tiny-1b"].params == 1_100_000_000 and profiles["tiny-1b"].k == 4
+    assert (profiles["tiny-1b"].mtp, profiles["tiny-1b"].hybrid) == ("", False)  # neither unless a file says so
     assert profiles["llama-1b"].repo == "someone/Tiny-1B-GGUF"  # the user's wins
     assert profiles["llama-8b"].repo.startswith("bartowski/")  # the rest stay
 
@@ -80,6 +94,10 @@ def test_user_profiles_live_in_the_xdg_config_dir(tmp_path, monkeypatch):
         (GOOD.replace("k: 10", "k: 0"), r"tiny.yaml:13: models.tiny-8b.k: must be an integer from 1 to 64"),
         (GOOD.replace("default_k: 4", "default_k: four"), r"tiny.yaml:2: default_k: must be an integer"),
         (GOOD.replace("drafts: [tiny-1b]", "drafts: [tiny-0b]"), r"models.tiny-8b.drafts: unknown alias 'tiny-0b'"),
+        (GOOD.replace("    k: 10\n", "    k: 10\n    mtp: maybe\n"), r"tiny.yaml:14: models.tiny-8b.mtp: must be true, false or separate, got 'maybe'"),
+        (GOOD.replace("    k: 10\n", "    k: 10\n    hybrid: 1\n"), r"tiny.yaml:14: models.tiny-8b.hybrid: must be true or false, got 1"),
+        (GOOD.replace("params: 8B", "params: 8B\n    active: 9B"), r"tiny.yaml:12: models.tiny-8b.active: must be at most params \(8B\), got '9B'"),
+        (GOOD.replace("params: 8B", "params: 8B\n    active: few"), r"tiny.yaml:12: models.tiny-8b.active: must be a count"),
         (GOOD + "  tiny-1b:\n    repo: a/b\n", r"tiny.yaml:14: tiny-1b: duplicate key"),
         (GOOD.replace("models:\n", "models: [\n"), r"tiny.yaml:\d+: not valid YAML"),
         ("- just\n- a list\n", r"tiny.yaml:1: \(top level\): must be a mapping"),
@@ -89,6 +107,16 @@ def test_bad_profiles_name_file_line_and_field(tmp_path, text, expected):
     write(tmp_path, "tiny.yaml", text)
     with pytest.raises(SpecrunError, match=expected):
         load_profiles([tmp_path])
+
+
+def test_mtp_hybrid_and_active_parameters_are_read(tmp_path):
+    text = GOOD.replace("params: 8B", "params: 8B\n    active: 1B\n    mtp: true\n    hybrid: true").replace(
+        "params: 1.1B", "params: 1.1B\n    mtp: separate\n    hybrid: false")
+    write(tmp_path, "tiny.yaml", text)
+    profiles = load_profiles([tmp_path])
+    big, small = profiles["tiny-8b"], profiles["tiny-1b"]
+    assert (big.mtp, big.hybrid, big.params, big.active_params) == ("heads", True, 8_000_000_000, 1_000_000_000)
+    assert (small.mtp, small.hybrid, small.active_params) == ("separate", False, 1_100_000_000)
 
 
 def test_an_alias_defined_twice_in_one_layer_is_refused(tmp_path):

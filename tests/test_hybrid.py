@@ -14,6 +14,7 @@ from test_exactness import MIN_P, SEEDS, SETTINGS, exact_pairs, first_tokens, se
 from tinyhybrid import write_tiny_mamba, write_tiny_qwen35
 
 from specrun.backend import Context, ContextOptions, Model
+from specrun.cli.serve import describe
 from specrun.core.engine import Generator
 from specrun.core.events import TokenEvent
 from specrun.core.policy import FixedK
@@ -147,6 +148,13 @@ def test_mtp_from_the_command_line(hybrid):
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)["stats"]
     assert stats["accepted_by_source"].get("mtp", 0) > 0
+    assert "plain decoding" not in result.stderr  # it drafts, with no draft model
+
+
+def test_serve_names_mtp_drafts(hybrid):
+    settings = config(hybrid, "mtp")
+    with Session(settings) as session:
+        assert "(mtp drafts, k 3;" in describe(settings, session)
 
 
 @pytest.mark.parametrize("args, says", [

@@ -192,6 +192,15 @@ def test_suggest_offline_from_profiles_alone(fake_hub, capsys):
     assert fake_hub.requests == []
 
 
+def test_suggest_offline_weighs_a_mixture_of_experts_by_the_parameters_a_token_reads(fake_hub, capsys):
+    code, report, err = cli_json(capsys, "pair", "suggest", "--target", "qwen3.5-35b-a3b", "--offline", "--top", "9")
+    assert code == 0, err
+    drafts = {d["draft"]: d for d in report["drafts"]}
+    # 3B of its 35B parameters are active: Qwen3.5's 0.8B and 2B draft, the 4B and up read more than it does.
+    assert {"qwen3.5-0.8b", "qwen3.5-2b"} <= set(drafts) and "qwen3.5-4b" not in drafts
+    assert drafts["qwen3.5-0.8b"]["cost_ratio"] == pytest.approx(0.8 / 3)
+
+
 def test_suggest_marks_drafts_already_on_disk(stores, capsys):
     code, report, err = cli_json(capsys, "pair", "suggest", "--target", "llama-70b", "--offline")
     assert code == 0, err
@@ -225,7 +234,7 @@ def test_unknown_target_offline_says_what_is_known(isolated, capsys):
     assert run_app(["pair", "suggest", "--target", "nobody/Nothing-GGUF", "--offline"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nothing is known of it offline" in err
-    assert "gemma3, llama, qwen2.5" in err
+    assert "profiles know the families gemma3, gemma4, " in err and ", llama, " in err
 
 
 def test_nothing_is_written_into_the_stores(stores, capsys):

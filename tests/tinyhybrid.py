@@ -1,11 +1,16 @@
 """Tiny random GGUFs of architectures with a recurrent state, for tests (not a test module itself).
 
 - `write_tiny_qwen35`: Qwen3.5's hybrid layout (gated-delta-net layers and full attention),
-  optionally with one MTP (NextN) block; llama.cpp rolls its recurrent state back (n_rs_seq).
+  optionally with one MTP (NextN) block, or that block alone; llama.cpp rolls its recurrent
+  state back (n_rs_seq).
   `shapes="qwen3.5-0.8b"` writes Qwen3.5-0.8B's real layer sizes (random weights) for benchmarks.
+- `write_tiny_lfm2`: LFM2's short-convolution layers beside attention; llama.cpp rolls its
+  (small) recurrent state back too.
+- `write_tiny_nemotron_h`: Nemotron-H's Mamba-2 layers (grouped), attention and MLP layers;
+  llama.cpp rolls it back.
 - `write_tiny_mamba`: a pure recurrent model llama.cpp cannot roll back at all.
 
-Both use tinymodels' vocabulary. Each tensor follows what src/models/<arch>.cpp of the llama.cpp
+All use tinymodels' vocabulary. Each tensor follows what src/models/<arch>.cpp of the llama.cpp
 that llama-cpp-python vendors loads; weights depend only on the seed and the tensor's name.
 """
 
@@ -249,6 +254,7 @@ def write_tiny_qwen35(
     mtp_scale: float = 1.0,
     logit_std: float = 3.0,
     wtype: str = "f32",
+    mtp_only: bool = False,
     **overrides,
 ) -> Path:
     """Write a random qwen35 GGUF and return its path.
@@ -262,7 +268,10 @@ def write_tiny_qwen35(
                  mtp_agree ~1 and small mtp_scale, the MTP head predicts roughly what the target
                  predicts for the next position (gives non-trivial acceptance with random weights).
     wtype:       f32 | f16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 for 2-D matmul weights.
+    mtp_only:    write the MTP block without the model's own layers, as llama.cpp's converter does with
+                 --mtp (an mtp-*.gguf drafter file); implies nextn.
     """
+    nextn = nextn or mtp_only
     sh = QWEN35_SHAPES[shapes] if isinstance(shapes, str) else shapes
     if overrides:
         sh = replace(sh, **overrides)
@@ -301,7 +310,123 @@ def write_tiny_qwen35(
     _add_spm_vocab(w, tokens)
 
     tensors = _qwen35_tensors(sh, n_vocab, nextn, seed, trunk_scale, mtp_agree, mtp_scale, logit_std)
+    if mtp_only:
+        tensors = {name: t for name, t in tensors.items() if not name.startswith("blk.") or name.startswith(f"blk.{sh.n_layer}.")}
     _write(w, tensors, wtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# lfm2: short convolutions (a recurrent state of l_cache - 1 inputs) and attention
+# ---------------------------------------------------------------------------------------------
+
+
+def write_tiny_lfm2(path: str | os.PathLike[str], *, seed: int = 0, n_embd: int = 64, n_head: int = 4,
+                    n_head_kv: int = 2, l_cache: int = 3, attention: tuple[bool, ...] = (False, False, True, False)) -> Path:
+    """A random LFM2 (llama_model_lfm2): a layer is a short convolution where its head_count_kv is 0."""
+    tokens = vocab_tokens()
+    n_vocab, head_dim, n_ff = len(tokens), n_embd // n_head, 2 * n_embd
+    path = Path(path)
+    w = gguf.GGUFWriter(path, "lfm2")
+    w.add_name(f"tiny-lfm2-seed{seed}")
+    w.add_context_length(4096)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(len(attention))
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv([n_head_kv if attends else 0 for attends in attention])
+    w.add_rope_freq_base(1_000_000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_shortconv_l_cache(l_cache)
+    _add_spm_vocab(w, tokens)
+    t = {"token_embd.weight": _normal(seed, "token_embd", (n_vocab, n_embd), 1.0),
+         "token_embd_norm.weight": np.ones(n_embd, np.float32),  # LFM2's output norm keeps this name
+         "output.weight": _normal(seed, "output", (n_vocab, n_embd), 3.0 / np.sqrt(n_embd))}
+    for i, attends in enumerate(attention):
+        b = f"blk.{i}"
+        t[f"{b}.attn_norm.weight"] = np.ones(n_embd, np.float32)
+        t[f"{b}.ffn_norm.weight"] = np.ones(n_embd, np.float32)
+        t[f"{b}.ffn_gate.weight"] = _normal(seed, f"{b}.gate", (n_ff, n_embd), 1 / np.sqrt(n_embd))
+        t[f"{b}.ffn_up.weight"] = _normal(seed, f"{b}.up", (n_ff, n_embd), 1 / np.sqrt(n_embd))
+        t[f"{b}.ffn_down.weight"] = _normal(seed, f"{b}.down", (n_embd, n_ff), 1 / np.sqrt(n_ff))
+        if attends:
+            t[f"{b}.attn_q_norm.weight"] = np.ones(head_dim, np.float32)
+            t[f"{b}.attn_k_norm.weight"] = np.ones(head_dim, np.float32)
+            t[f"{b}.attn_q.weight"] = _normal(seed, f"{b}.q", (n_embd, n_embd), 1 / np.sqrt(n_embd))
+            t[f"{b}.attn_k.weight"] = _normal(seed, f"{b}.k", (n_head_kv * head_dim, n_embd), 1 / np.sqrt(n_embd))
+            t[f"{b}.attn_v.weight"] = _normal(seed, f"{b}.v", (n_head_kv * head_dim, n_embd), 1 / np.sqrt(n_embd))
+            t[f"{b}.attn_output.weight"] = _normal(seed, f"{b}.o", (n_embd, n_embd), 1 / np.sqrt(n_embd))
+        else:
+            t[f"{b}.shortconv.conv.weight"] = _normal(seed, f"{b}.conv", (n_embd, l_cache), 1 / np.sqrt(l_cache))
+            t[f"{b}.shortconv.in_proj.weight"] = _normal(seed, f"{b}.in", (3 * n_embd, n_embd), 1 / np.sqrt(n_embd))
+            t[f"{b}.shortconv.out_proj.weight"] = _normal(seed, f"{b}.out", (n_embd, n_embd), 1 / np.sqrt(n_embd))
+    _write(w, t, "f32")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# nemotron_h: Mamba-2 layers, attention layers and MLP layers, each a layer of its own
+# ---------------------------------------------------------------------------------------------
+
+
+def write_tiny_nemotron_h(path: str | os.PathLike[str], *, seed: int = 0, n_embd: int = 64, layers: str = "M-*M",
+                          d_inner: int = 128, d_state: int = 16, n_group: int = 2, n_ssm_head: int = 8) -> Path:
+    """A random Nemotron-H (llama_model_nemotron_h): `layers` spells its layers as NVIDIA's
+    hybrid_override_pattern does, M a Mamba-2 layer, * attention, - an MLP. A layer keeps a
+    recurrent state where both its head_count_kv and its feed_forward_length are 0."""
+    tokens = vocab_tokens()
+    n_vocab, n_head, n_head_kv, n_ff, d_conv = len(tokens), 4, 2, 2 * n_embd, 4
+    head_dim, conv_dim = n_embd // n_head, d_inner + 2 * n_group * d_state
+    path = Path(path)
+    w = gguf.GGUFWriter(path, "nemotron_h")
+    w.add_name(f"tiny-nemotron-h-seed{seed}")
+    w.add_context_length(4096)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(len(layers))
+    w.add_feed_forward_length([n_ff if kind == "-" else 0 for kind in layers])
+    w.add_head_count(n_head)
+    w.add_head_count_kv([n_head_kv if kind == "*" else 0 for kind in layers])
+    w.add_layer_norm_eps(1e-5)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(n_ssm_head)
+    w.add_ssm_group_count(n_group)
+    _add_spm_vocab(w, tokens)
+    t = {"token_embd.weight": _normal(seed, "token_embd", (n_vocab, n_embd), 1.0),
+         "output_norm.weight": np.ones(n_embd, np.float32),
+         "output.weight": _normal(seed, "output", (n_vocab, n_embd), 3.0 / np.sqrt(n_embd))}
+    for i, kind in enumerate(layers):
+        b = f"blk.{i}"
+        t[f"{b}.attn_norm.weight"] = np.ones(n_embd, np.float32)
+        if kind == "M":
+            d_in_proj = 2 * d_inner + 2 * n_group * d_state + n_ssm_head  # z, x, B, C and dt
+            t[f"{b}.ssm_in.weight"] = _normal(seed, f"{b}.in", (d_in_proj, n_embd), 1 / np.sqrt(n_embd))
+            t[f"{b}.ssm_conv1d.weight"] = _normal(seed, f"{b}.conv", (conv_dim, d_conv), 1 / np.sqrt(d_conv))
+            t[f"{b}.ssm_conv1d.bias"] = np.zeros(conv_dim, np.float32)
+            t[f"{b}.ssm_dt.bias"] = np.full(n_ssm_head, -3.0, np.float32)
+            t[f"{b}.ssm_a"] = -np.exp(_uniform(seed, f"{b}.a", (n_ssm_head, 1), 0.0, np.log(16.0)))
+            t[f"{b}.ssm_d"] = np.ones((n_ssm_head, 1), np.float32)
+            t[f"{b}.ssm_norm.weight"] = np.ones((n_group, d_inner // n_group), np.float32)
+            t[f"{b}.ssm_out.weight"] = _normal(seed, f"{b}.out", (n_embd, d_inner), 1 / np.sqrt(d_inner))
+        elif kind == "*":
+            t[f"{b}.attn_q.weight"] = _normal(seed, f"{b}.q", (n_embd, n_embd), 1 / np.sqrt(n_embd))
+            t[f"{b}.attn_k.weight"] = _normal(seed, f"{b}.k", (n_head_kv * head_dim, n_embd), 1 / np.sqrt(n_embd))
+            t[f"{b}.attn_v.weight"] = _normal(seed, f"{b}.v", (n_head_kv * head_dim, n_embd), 1 / np.sqrt(n_embd))
+            t[f"{b}.attn_output.weight"] = _normal(seed, f"{b}.o", (n_embd, n_embd), 1 / np.sqrt(n_embd))
+        else:
+            t[f"{b}.ffn_up.weight"] = _normal(seed, f"{b}.up", (n_ff, n_embd), 1 / np.sqrt(n_embd))
+            t[f"{b}.ffn_down.weight"] = _normal(seed, f"{b}.down", (n_embd, n_ff), 1 / np.sqrt(n_ff))
+    _write(w, t, "f32")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

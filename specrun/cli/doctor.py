@@ -11,6 +11,7 @@ import typer
 
 from specrun.backend import rpc
 from specrun.cli.app import app
+from specrun.core.policy import AUTO_ROLLBACK, LLAMA_CPP_DRAFT_MAX
 from specrun.errors import SpecrunError
 from specrun.hub.embedded import cache_dir
 
@@ -48,6 +49,9 @@ def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, object]:
         "cpu_features": info["system_info"],
         "model_cache": str(cache_dir()),
         "verify_costs": str(cost_cache.cache_file()),  # what --k auto measured, per model and set-up
+        # How a hybrid target's recurrent-state snapshots are sized (a copy each); their bytes depend on
+        # the model, which only its header tells (`specrun pair check`), so none is given here.
+        "recurrent_snapshots": {"fixed_k": "k", "auto": AUTO_ROLLBACK, "llama.cpp": LLAMA_CPP_DRAFT_MAX},
         "hf_cache": os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface",
         # Other tools' stores, read where they lie (`specrun models` lists them).
         **{f"{store.source}_models": str(store.root) for store in foreign_stores()},
@@ -115,6 +119,11 @@ def _print_report(report: dict[str, object]) -> None:
             print(f"  --rpc needs llama.cpp's RPC backend: {value}")
         elif key == "rpc_server_build":
             print(f"rpc-server for the other machines (same llama.cpp as here): {value}")
+        elif key == "recurrent_snapshots":
+            auto, llama_cpp = value["auto"], value["llama.cpp"]  # type: ignore[index]
+            print(f"hybrid targets (Qwen3.5, Nemotron-H, LFM2, ...): llama.cpp keeps their recurrent state and a copy "
+                  f"of it for each token of the longest draft: k with --k N, {auto} with --k auto, {llama_cpp} with "
+                  "--k llama.cpp; `specrun pair check` gives a model's bytes")
         elif key == "rpc_servers":
             for server in value:  # type: ignore[union-attr]
                 print(_server_line(server))

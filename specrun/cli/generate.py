@@ -49,7 +49,7 @@ def generate(
     text = o.read_prompt(prompt, prompt_file)
     config = model.session_config(lookup, k)
     with Session(config) as session:
-        if config.draft is None and not config.lookup:
+        if session.drafter is None:  # --draft mtp drafts without a draft model
             err_console.print("[dim]no --draft or --lookup: plain decoding[/]")
         tokens = session.tokenize(text)
         spec = session.generator(grammar=grammar).run(tokens, max_tokens, _echo if not as_json else None)

@@ -9,9 +9,12 @@ from rich.console import Console
 from rich.table import Table
 
 from specrun.cli.app import app, err_console
+from specrun.errors import SpecrunError
 from specrun.hub.memory import format_bytes
 from specrun.hub.profiles import load_profiles
-from specrun.hub.stores import SOURCE_LABELS, store_roots, stored_models
+from specrun.hub.stores import SOURCE_LABELS, StoredModel, store_roots, stored_models
+from specrun.pair.arch import Traits, header_traits, profile_traits
+from specrun.pair.header import read_keys
 
 
 @app.command()
@@ -23,20 +26,42 @@ def models(
     profiles = load_profiles()
     if aliases:
         rows = [
-            {"alias": p.alias, "family": p.family, "repo": p.repo, "params": p.params,
-             "drafts": list(p.drafts), "k": p.k}
+            {"alias": p.alias, "family": p.family, "repo": p.repo, "params": p.params, "active": p.active_params,
+             "drafts": list(p.drafts), "k": p.k, "mtp": p.mtp or None, "hybrid": p.hybrid}
             for p in profiles.values()
         ]
-        return _print(rows, as_json, ["alias", "family", "repo", "params", "drafts", "k"])
+        if not as_json:
+            for row, p in zip(rows, profiles.values()):
+                row["notes"] = profile_traits(p.mtp, p.hybrid).short
+        return _print(rows, as_json, ["alias", "family", "repo", "params", "drafts", "k", "notes"])
     found = stored_models(profiles)
     if not found:
         places = [f"{SOURCE_LABELS[source]} ({root})" for source, root in store_roots().items()]
         err_console.print(f"no GGUF models in {', '.join(places[:-1])} or {places[-1]}", highlight=False)
+    kinds = [_traits(m) for m in found]
+    rows = [{**m.as_json(), "architecture": (t.arch or None) if t else None, **(t.as_json() if t else UNKNOWN_TRAITS)}
+            for m, t in zip(found, kinds)]
     if as_json:
-        return _print([m.as_json() for m in found], True, [])
-    rows = [{**m.as_json(), "path": str(m.path) if m.usable else f"not usable: {m.problem or 'split parts missing'}"}
-            for m in found]
-    _print(rows, False, ["source", "alias", "name", "family", "quant", "size", "path"])
+        return _print(rows, True, [])
+    for row, m, t in zip(rows, found, kinds):
+        row["path"] = str(m.path) if m.usable else f"not usable: {m.problem or 'split parts missing'}"
+        row["notes"] = t.short if t else None
+    _print(rows, False, ["source", "alias", "name", "family", "quant", "size", "notes", "path"])
+
+
+UNKNOWN_TRAITS = {"mtp": None, "mtp_layers": None, "hybrid": None, "rolls_back": None}
+
+
+def _traits(model: StoredModel) -> Traits | None:
+    """What the file is for drafting (its MTP heads, a recurrent state), from its header; None where
+    the file is not usable or its header cannot be read."""
+    if not model.usable:
+        return None
+    try:
+        keys = read_keys(model.path)  # type: ignore[arg-type]
+    except SpecrunError:
+        return None  # the listing still shows the file; only what it is stays unknown
+    return header_traits(keys.meta, keys.tensor_names)
 
 
 def _print(rows: list[dict], as_json: bool, columns: list[str]) -> None:
@@ -60,7 +85,7 @@ def _print(rows: list[dict], as_json: bool, columns: list[str]) -> None:
 
 
 def _cell(column: str, value: object) -> str:
-    if value is None:
+    if value is None or value == "":
         return "-"
     if column == "size":
         return format_bytes(int(value))  # type: ignore[arg-type]

@@ -45,7 +45,7 @@ Target = Annotated[
     typer.Option("--target", "-m", help=f"Target model: {MODEL_FORMS} (default: the embedded Gemma 3 270M)."),
 ]
 Draft = Annotated[
-    Optional[str], typer.Option("--draft", "-md", help=f"Draft model: {MODEL_FORMS}; one with another vocabulary drafts translated through text (default: none).")
+    Optional[str], typer.Option("--draft", "-md", help=f"Draft model: {MODEL_FORMS}; one with another vocabulary drafts translated through text; mtp: the target's own MTP layers (default: none).")
 ]
 DraftTranslation = Annotated[
     str, typer.Option("--draft-translation", help="How a draft with another vocabulary reaches the target: 'text' (its text tokenized by the target) or 'tokens' (only tokens both vocabularies have, exact p/q sampling).")

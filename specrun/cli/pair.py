@@ -12,7 +12,9 @@ from specrun.backend import rpc
 from specrun.cli.app import app, err_console
 from specrun.pair.check import DEFAULT_CTX, check_models
 from specrun.pair.make import make_draft
-from specrun.pair.report import auto_lines, check_lines, derive_lines, suggest_lines
+from specrun.pair.mtp import MTP_SPEC, check_mtp
+from specrun.pair.report import auto_lines, check_lines, derive_lines, mtp_check_lines, suggest_lines
+from specrun.pair.suggest import known_traits
 from specrun.pair.suggest import suggest as find_drafts
 
 pair_app = typer.Typer(help="Check, find and derive draft models for a target.",
@@ -34,17 +36,26 @@ def _report(line: str) -> None:
 @pair_app.command("check")
 def check(
     target: Annotated[str, typer.Argument(help="Target: a .gguf path, alias, owner/repo, owner/repo/file.gguf or ollama:NAME.")],
-    draft: Annotated[str, typer.Argument(help="Draft: a .gguf path, alias, owner/repo, owner/repo/file.gguf or ollama:NAME.")],
+    draft: Annotated[str, typer.Argument(help="Draft: a .gguf path, alias, owner/repo, owner/repo/file.gguf, ollama:NAME, or mtp (the target's own MTP layers).")],
     json_out: JsonOpt = False,
     offline: OfflineOpt = False,
     ctx: CtxOpt = DEFAULT_CTX,
     acceptance: AcceptOpt = None,
+    k: Annotated[str, typer.Option(
+        "--k", help="The --k you would run with: a hybrid target keeps a copy of its recurrent state for each token of the longest draft it grants (16 for auto and llama.cpp).")] = "auto",
     rpc_servers: Annotated[Optional[str], typer.Option(
         "--rpc", help="rpc-servers that would take layers, HOST:PORT[,...]: their free memory counts (default: none).")] = None,
 ) -> None:
     """Would DRAFT work with TARGET in llama.cpp, could it be faster, and does it fit? Reads headers only."""
     endpoints = rpc.parse_endpoints(rpc_servers, "--rpc")
-    result = check_models(target, draft, ctx=ctx, acceptance=acceptance, offline=offline, rpc=endpoints)
+    options = dict(ctx=ctx, acceptance=acceptance, offline=offline, rpc=endpoints, k=k)
+    if draft == MTP_SPEC:
+        own = check_mtp(target, **options)
+        typer.echo(json.dumps(own.as_json(), indent=2) if json_out else "\n".join(mtp_check_lines(own)))
+        if not own.can_draft:
+            raise typer.Exit(code=1)
+        return
+    result = check_models(target, draft, **options)
     if json_out:
         typer.echo(json.dumps(result.as_json(), indent=2))
     else:
@@ -81,14 +92,15 @@ def suggest(
     offline: OfflineOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Drafts for TARGET, best first: from profiles, files on disk (another vocabulary: translated), then the hub."""
-    known, found = find_drafts(target, offline, top, report=_report)
+    """Drafts for TARGET, best first: its own MTP layers, then from profiles, files on disk (another vocabulary: translated), then the hub."""
+    known, own, found = find_drafts(target, offline, top, report=_report)
     if json_out:
         typer.echo(json.dumps({
             "target": known.facts.source if known.facts else known.spec,
             "target_evidence": known.evidence,
             "target_on_disk": str(known.path) if known.path else None,
-            "drafts": [s.as_json() for s in found],
+            "target_traits": known_traits(known).as_json(),
+            "drafts": ([own.as_json()] if own else []) + [s.as_json() for s in found],
         }, indent=2))
     else:
-        typer.echo("\n".join(suggest_lines(known, found)))
+        typer.echo("\n".join(suggest_lines(known, own, found)))

@@ -82,6 +82,7 @@ def auto_parallel(config: SessionConfig, ctx_size: int) -> int:
 def describe(config: SessionConfig, session: Session) -> str:
     drafting = [name for name, on in (("prompt lookup", config.lookup), (f"store of {config.store_tokens} tokens", session.store is not None),
                                       (config.draft.name if config.draft else "", config.draft)) if on]
+    drafting += [f"{name} drafts" for name in config.sources]  # registered sources: mtp, the target's own MTP layers
     how = " + ".join(drafting) + f", k {config.k}" if drafting else "plain decoding"
     return f"{config.target.name} ({how}; {config.parallel} slot(s) of {session.target.n_ctx} tokens of context)"
 

@@ -18,6 +18,9 @@ from typing import Literal, Protocol, Sequence
 from specrun.settings import SettingError, check
 
 LLAMA_CPP_DRAFT_MAX = 16  # llama.cpp's --draft-max default, for --k llama.cpp
+# Under --k auto a recurrent or hybrid target keeps snapshots to roll back this many drafted
+# tokens: each is one more copy of its recurrent state (`specrun pair check` reports their memory).
+AUTO_ROLLBACK = 16
 PRIOR = 0.7  # acceptance per position assumed of a draft source before any is measured
 K_ALLOWED = "an integer >= 1, 'auto' or 'llama.cpp'"
 
@@ -25,6 +28,12 @@ Decision = Literal["grant", "first", "probe", "decline", "none"]
 """How a budget came about, for auto's bookkeeping once the step is verified: a grant on what was
 measured, the first grant to a source, a probe of a source that plain decoding beats, a decline
 (k = 0: plain is faster for now), or none (nothing could be drafted: nothing to learn)."""
+
+
+def rollback_tokens(k: int | str) -> int:
+    """How many drafted tokens a recurrent or hybrid target keeps snapshots for under a k: the
+    longest draft it grants."""
+    return k if isinstance(k, int) else LLAMA_CPP_DRAFT_MAX if k == "llama.cpp" else AUTO_ROLLBACK
 
 
 def parse_k(value: int | str) -> int | str:

@@ -1,4 +1,5 @@
-"""Model families as YAML data: aliases, their GGUF repositories, drafts and default k.
+"""Model families as YAML data: aliases, their GGUF repositories, drafts and default k, and what
+each model is (active parameters of a mixture of experts, MTP heads, a recurrent state).
 
 Built-in profiles ship with specrun; files in the user's config directory add aliases
 or replace built-in ones with the same name. Every file is validated on load, and an
@@ -23,8 +24,10 @@ from specrun.hub.spec import is_repo_id
 
 PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([MB])", re.IGNORECASE)
 FAMILY_KEYS = {"family": True, "tokenizer": False, "default_k": True, "models": True}  # key -> required
-MODEL_KEYS = {"repo": True, "file": True, "params": True, "drafts": False, "k": False}
+MODEL_KEYS = {"repo": True, "file": True, "params": True, "active": False, "drafts": False, "k": False,
+              "mtp": False, "hybrid": False}
 MAX_K = 64
+MTP_HEADS, MTP_SEPARATE = "heads", "separate"  # `mtp: true`, `mtp: separate`
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,16 @@ class ModelProfile:
     # Models with the same tokenizer label pass llama.cpp's vocabulary check together;
     # a family shares one unless its file says otherwise.
     tokenizer: str = ""
+    active: int = 0  # parameters read per token (a mixture of experts' routed share); 0: all of params
+    # MTP_HEADS: MTP (NextN) layers in its own weights, which draft for it (--draft mtp) where its GGUF
+    # holds them; MTP_SEPARATE: its MTP drafter is a model of its own (Gemma 4's gemma4-assistant),
+    # which specrun cannot run yet; "": none.
+    mtp: str = ""
+    hybrid: bool = False  # keeps a recurrent state (Qwen3.5, Nemotron-H, LFM2), which a verify must roll back
+
+    @property
+    def active_params(self) -> int:
+        return self.active or self.params
 
 
 class _Mapping(dict):
@@ -175,16 +188,24 @@ def _model_profile(
     if not isinstance(drafts, list) or not all(isinstance(d, str) for d in drafts):
         raise _ProfileError(entry.key_lines.get("drafts", line), prefix + "drafts", "must be a list of aliases")
     k = _k(entry, "k", prefix) if "k" in entry else default_k
+    params = _params(entry, "params", prefix)
+    active = _params(entry, "active", prefix) if "active" in entry else 0
+    if active > params:
+        raise _ProfileError(entry.key_lines["active"], prefix + "active",
+                            f"must be at most params ({entry['params']}), got {entry['active']!r}")
     return ModelProfile(
         alias=alias,
         family=family,
         repo=repo,
         file_pattern=file_pattern,
-        params=_params(entry, prefix),
+        params=params,
         drafts=tuple(d.lower() for d in drafts),
         k=k,
         source=path,
         tokenizer=tokenizer,
+        active=active,
+        mtp=_mtp(entry, prefix),
+        hybrid=_flag(entry, "hybrid", prefix),
     )
 
 
@@ -212,18 +233,35 @@ def _k(mapping: _Mapping, key: str, prefix: str) -> int:
     return value
 
 
-def _params(mapping: _Mapping, prefix: str) -> int:
+def _params(mapping: _Mapping, key: str, prefix: str) -> int:
     """'1.24B', '270M' or a plain count."""
-    value = mapping["params"]
+    value = mapping[key]
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     match = PARAMS_RE.fullmatch(str(value).strip())
     if not match:
         raise _ProfileError(
-            mapping.key_lines["params"], prefix + "params", f"must be a count such as 8.03B or 270M, got {value!r}"
+            mapping.key_lines[key], prefix + key, f"must be a count such as 8.03B or 270M, got {value!r}"
         )
     scale = 1e9 if match.group(2).upper() == "B" else 1e6
     return int(float(match.group(1)) * scale)
+
+
+def _flag(mapping: _Mapping, key: str, prefix: str) -> bool:
+    value = mapping.get(key, False)
+    if not isinstance(value, bool):
+        raise _ProfileError(mapping.key_lines[key], prefix + key, f"must be true or false, got {value!r}")
+    return value
+
+
+def _mtp(mapping: _Mapping, prefix: str) -> str:
+    """`mtp: true` (heads in its own weights), `mtp: separate` (a drafter model of its own), or false."""
+    value = mapping.get("mtp", False)
+    if value is True or value == MTP_SEPARATE:
+        return MTP_HEADS if value is True else MTP_SEPARATE
+    if value is False:
+        return ""
+    raise _ProfileError(mapping.key_lines["mtp"], prefix + "mtp", f"must be true, false or separate, got {value!r}")
 
 
 def _check_drafts(profiles: dict[str, ModelProfile]) -> None:

@@ -8,7 +8,9 @@ from typing import Any
 
 from specrun import settings
 from specrun.backend.compat import CompatReport, check_vocab
+from specrun.core.policy import AUTO_ROLLBACK, parse_k, rollback_tokens
 from specrun.hub.memory import MemoryBudget, memory_budget
+from specrun.pair.arch import DRAFTER, Traits, header_traits, state_bytes
 from specrun.pair.cost import (
     MODEL_ASSUMPTIONS,
     DecodeCost,
@@ -48,6 +50,7 @@ class PairCheck:
     n_ctx: int
     budget: MemoryBudget | None = None  # the memory the pair would run in, RPC servers included
     translation: TranslatedPair | None = None  # two vocabularies, both files on disk: how they line up
+    rollback: int = AUTO_ROLLBACK  # drafted tokens a recurrent target keeps snapshots for: the k's longest draft
 
     @property
     def translated(self) -> bool:
@@ -55,8 +58,19 @@ class PairCheck:
         return not self.compat.ok
 
     @property
+    def target_traits(self) -> Traits:
+        return traits_of(self.target)
+
+    @property
+    def draft_traits(self) -> Traits:
+        return traits_of(self.draft)
+
+    @property
     def can_draft(self) -> bool:
-        """False only for vocabularies known to share almost nothing."""
+        """False for a target whose recurrent state llama.cpp cannot roll back, for a separate MTP
+        drafter, and for vocabularies known to share almost nothing."""
+        if not self.target_traits.speculates or self.draft_traits.mtp == DRAFTER:
+            return False
         return not self.translated or self.translation is None or self.translation.overlap.usable
 
     @property
@@ -82,12 +96,23 @@ class PairCheck:
         return self.draft.file_size / self.target.file_size
 
     @property
-    def memory_bytes(self) -> int | None:
-        """Both files' weights plus both f16 KV caches at n_ctx (compute buffers extra)."""
-        caches = [kv_cache_bytes(m, self.n_ctx) for m in (self.target, self.draft)]
-        if None in caches or not self.has_weights:
+    def state_memory_bytes(self) -> int | None:
+        """The recurrent states (0 for transformers): the target's own copy and one snapshot per token
+        a draft may lose, and a draft's own copy and the checkpoint specrun keeps of it before it drafts;
+        None where specrun does not know a state's size."""
+        target, draft = state_bytes(self.target.meta), state_bytes(self.draft.meta)
+        if target is None or draft is None:
             return None
-        return self.target.file_size + self.draft.file_size + sum(caches)  # type: ignore[arg-type]
+        return target * snapshot_copies(self.target_traits, self.rollback) + draft * 2
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """Both files' weights, both f16 KV caches at n_ctx and the recurrent states (compute buffers extra)."""
+        caches = [kv_cache_bytes(m, self.n_ctx) for m in (self.target, self.draft)]
+        states = self.state_memory_bytes
+        if None in caches or states is None or not self.has_weights:
+            return None
+        return self.target.file_size + self.draft.file_size + sum(caches) + states  # type: ignore[arg-type]
 
     @property
     def fits(self) -> bool | None:
@@ -98,6 +123,12 @@ class PairCheck:
 
     @property
     def verdict(self) -> str:
+        if not self.target_traits.speculates:
+            return (f"cannot draft: llama.cpp cannot roll back the target's recurrent state ({self.target.arch}), "
+                    "so no draft can be verified on it; run it plainly")
+        if self.draft_traits.mtp == DRAFTER:
+            return ("cannot draft: the draft is a separate MTP drafter (a gemma4-assistant, or MTP layers alone), "
+                    "which specrun cannot run yet; a target with MTP layers of its own drafts with --draft mtp")
         if not self.can_draft:
             o = self.translation.overlap  # type: ignore[union-attr]
             return (f"cannot draft: the vocabularies share almost nothing ({o.shared} byte strings, "
@@ -143,6 +174,8 @@ class PairCheck:
             "cost_ratio": self.cost_ratio,
             "memory_bytes": self.memory_bytes,
             "memory_ctx": self.n_ctx,
+            "rollback": self.rollback,
+            "state_memory_bytes": self.state_memory_bytes,
             "memory_available": self.budget.bytes if self.budget else None,
             "memory_available_in": self.budget.where if self.budget else None,
             "fits": self.fits,
@@ -157,13 +190,25 @@ class PairCheck:
 
 
 def check_models(target: str, draft: str, *, ctx: int = DEFAULT_CTX, acceptance: float | None = None,
-                 offline: bool = False, rpc: tuple[str, ...] = ()) -> PairCheck:
+                 offline: bool = False, rpc: tuple[str, ...] = (), k: int | str = "auto") -> PairCheck:
     """`pair check` of two model specs: their headers (from disk, else the hub's by range
-    requests) and the memory they would run in, the `rpc` servers' free memory included."""
+    requests) and the memory they would run in at draft length `k`, the `rpc` servers' free
+    memory included."""
     settings.check(ctx=ctx, acceptance=acceptance)
+    rollback = rollback_tokens(parse_k(k))
     known = locate(target, offline), locate(draft, offline)
     result = check_pair(known[0].facts, known[1].facts, ctx, acceptance, budget=memory_budget(rpc=rpc))
-    return with_translation(result, known[0].path, known[1].path)
+    return with_translation(replace(result, rollback=rollback), known[0].path, known[1].path)
+
+
+def traits_of(model: ModelFacts) -> Traits:
+    return header_traits(model.meta, (t.name for t in model.tensors))
+
+
+def snapshot_copies(traits: Traits, rollback: int) -> int:
+    """Copies llama.cpp keeps of a target's recurrent state: its own, and one per token a draft may
+    lose where it rolls back."""
+    return 1 + rollback if traits.rolls_back else 1
 
 
 def with_translation(result: PairCheck, target: Path | None, draft: Path | None) -> PairCheck:
@@ -224,4 +269,6 @@ def model_json(model: ModelFacts, cost: DecodeCost) -> dict[str, Any]:
         "bytes_per_token": cost.per_token_bytes,
         "head_bytes": cost.head_bytes,
         "head_tied": cost.head_tied,
+        **traits_of(model).as_json(),
+        "state_bytes": state_bytes(model.meta),  # one copy of its recurrent state; 0 without one
     }

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrun.pair.header import LOOKUP_TENSORS, ModelFacts
+from specrun.pair.arch import RECURRENT_ARCHS, layer_index, layer_split, recurrent_layers
+from specrun.pair.header import LOOKUP_TENSORS, ModelFacts, TensorInfo
 
 MAX_K = 16
+# Tensors of an MTP (NextN) layer: its own token embedding (looked up) and its own output head.
+NEXTN_EMBEDDING, NEXTN_HEAD = "nextn.embed_tokens.weight", "nextn.shared_head_head.weight"
 KV_BYTES_PER_VALUE = 2  # llama.cpp's default KV cache type is f16
 MODEL_ASSUMPTIONS = (
     "per-token cost = bytes of layer tensors + output head (embedding rows are free); "
@@ -42,15 +45,35 @@ class DecodeCost:
 
 
 def decode_cost(model: ModelFacts) -> DecodeCost:
+    """What a decode of the model reads per token; its MTP layers, which only drafting runs, left out."""
+    return _cost(model, [t for t in model.tensors if not _in_mtp_layer(model, t.name)], "output.weight")
+
+
+def mtp_cost(model: ModelFacts) -> DecodeCost:
+    """What one draft token of the model's MTP (NextN) layers reads: those layers, and the output
+    head they share with the model unless they bring their own."""
+    mtp = [t for t in model.tensors if _in_mtp_layer(model, t.name)
+           and not t.name.endswith(NEXTN_EMBEDDING)]  # its own token embedding: rows looked up
+    own_head = next((t.name for t in mtp if t.name.endswith(NEXTN_HEAD)), None)
+    return _cost(model, mtp, own_head or "output.weight")
+
+
+def _in_mtp_layer(model: ModelFacts, tensor_name: str) -> bool:
+    trunk, nextn = layer_split(model.meta)
+    layer = layer_index(tensor_name)
+    return bool(nextn) and layer is not None and layer >= trunk
+
+
+def _cost(model: ModelFacts, tensors: list[TensorInfo], head_name: str) -> DecodeCost:
     by_name = {t.name: t for t in model.tensors}
-    head = by_name.get("output.weight")
+    head = by_name.get(head_name)
     tied = head is None
     if tied:
         head = by_name.get("token_embd.weight")
     layer_bytes = 0.0
     expert_fraction = _active_expert_fraction(model)
-    for t in model.tensors:
-        if t.name in LOOKUP_TENSORS or t.name == "output.weight":
+    for t in tensors:
+        if t.name in LOOKUP_TENSORS or t.name == head_name:
             continue
         # Mixture-of-experts tensors: only the routed experts' rows are read.
         layer_bytes += t.n_bytes * (expert_fraction if "_exps." in t.name else 1.0)
@@ -72,8 +95,12 @@ def cost_ratio(target: ModelFacts, draft: ModelFacts) -> float:
     return decode_cost(draft).per_token_bytes / decode_cost(target).per_token_bytes
 
 
-def kv_cache_bytes(model: ModelFacts, n_ctx: int) -> int | None:
-    """f16 K and V for n_ctx tokens in every layer; None when the header lacks the shape."""
+def kv_cache_bytes(model: ModelFacts, n_ctx: int, mtp: bool = False) -> int | None:
+    """f16 K and V for n_ctx tokens in each layer that attends: the model's own layers, as its context
+    keeps them (not those with a recurrent state instead, not its MTP layers), or with `mtp` its MTP
+    layers, which an MTP head's context keeps. None when the header lacks the attention shape."""
+    if model.arch in RECURRENT_ARCHS:
+        return 0  # no layer attends: llama.cpp gives it a recurrent memory alone
     n_layers = model.n_layers
     n_embd = model.key("embedding_length")
     n_head = model.key("attention.head_count")
@@ -84,11 +111,15 @@ def kv_cache_bytes(model: ModelFacts, n_ctx: int) -> int | None:
     head_dim = int(_scalar(n_embd)) // int(_scalar(n_head))
     k_len = int(model.key("attention.key_length", head_dim))
     v_len = int(model.key("attention.value_length", head_dim))
-    return sum(h * (k_len + v_len) for h in heads) * n_ctx * KV_BYTES_PER_VALUE
+    trunk = layer_split(model.meta)[0]
+    recurrent = set(recurrent_layers(model.meta) or ())
+    layers = range(trunk, n_layers) if mtp else [i for i in range(trunk) if i not in recurrent]
+    return sum(heads[i] * (k_len + v_len) for i in layers) * n_ctx * KV_BYTES_PER_VALUE
 
 
 def _per_layer(value: int | list[int], n_layers: int) -> list[int]:
-    return [int(v) for v in value] if isinstance(value, list) else [int(value)] * n_layers
+    values = [int(v) for v in value] if isinstance(value, list) else [int(value)] * n_layers
+    return values + [0] * (n_layers - len(values))
 
 
 def _scalar(value: int | list[int]) -> int:

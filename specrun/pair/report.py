@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from specrun.core.policy import AUTO_ROLLBACK
 from specrun.hub.memory import format_bytes
 from specrun.hub.stores.base import SOURCE_LABELS
-from specrun.pair.check import DEFAULT_CTX, PairCheck
-from specrun.pair.cost import MODEL_ASSUMPTIONS, DecodeCost
+from specrun.pair.arch import HEADS, Traits, state_bytes
+from specrun.pair.check import DEFAULT_CTX, PairCheck, snapshot_copies, traits_of
+from specrun.pair.cost import MODEL_ASSUMPTIONS, DecodeCost, decode_cost, mtp_cost
 from specrun.pair.derive import DerivedDraft, describe_layers
 from specrun.pair.header import ModelFacts
 from specrun.pair.make import MEASURED
+from specrun.pair.mtp import MTP_SPEC, UNMEASURED, MtpCheck, OwnHeads
 from specrun.pair.sources import Known
-from specrun.pair.suggest import Suggestion
+from specrun.pair.suggest import Suggestion, known_traits
 
 
 def human_bytes(n: float) -> str:
@@ -43,8 +46,14 @@ def cost_line(role: str, cost: DecodeCost) -> str:
             f"{human_bytes(cost.layer_bytes)} + output head {human_bytes(cost.head_bytes)}{tied}")
 
 
+def trait_lines(traits: Traits) -> list[str]:
+    """What a model is for drafting (its MTP heads, its recurrent state), under its model line."""
+    return [f"        {note}" for note in traits.notes()]
+
+
 def check_lines(result: PairCheck) -> list[str]:
-    lines = [model_line("target", result.target), model_line("draft", result.draft), ""]
+    lines = [model_line("target", result.target), *trait_lines(result.target_traits),
+             model_line("draft", result.draft), *trait_lines(result.draft_traits), ""]
     if result.compat.ok:
         lines.append("compatible: yes (llama.cpp's rule: vocab type, bos/eos, sizes within 128, "
                      "token text from id 5)")
@@ -94,17 +103,56 @@ def ratio_lines(result: PairCheck) -> list[str]:
     ]
 
 
-def memory_line(result: PairCheck) -> str:
+def memory_line(result: PairCheck | MtpCheck) -> str:
     total = result.memory_bytes
+    if total is None and result.state_memory_bytes is None:
+        return f"memory     unknown: {unknown_state(result)}"
     if total is None:
         return "memory     unknown (the headers lack the attention shape for the KV cache)"
-    weights = result.target.file_size + result.draft.file_size
+    weights = result.target.file_size + (result.draft.file_size if isinstance(result, PairCheck) else 0)
+    states = result.state_memory_bytes or 0
+    state = f" + recurrent state {human_bytes(states)} ({state_copies(result)})" if states else ""
     return (f"memory     {human_bytes(total)} together: weights {human_bytes(weights)} + f16 KV "
-            f"caches at {result.n_ctx} tokens {human_bytes(total - weights)} "
+            f"caches at {result.n_ctx} tokens {human_bytes(total - weights - states)}{state} "
             "(plus compute buffers)")
 
 
-def fit_lines(result: PairCheck) -> list[str]:
+def unknown_state(result: PairCheck | MtpCheck) -> str:
+    models = [result.target] + ([result.draft] if isinstance(result, PairCheck) else [])
+    unknown = ", ".join(sorted({m.arch for m in models if state_bytes(m.meta) is None}))
+    return f"specrun does not know the size of the recurrent state of {unknown} models"
+
+
+def state_copies(result: PairCheck | MtpCheck) -> str:
+    """Which copies of the recurrent states the memory counts, and their size."""
+    parts = []
+    target = state_bytes(result.target.meta)
+    if target:
+        copies = snapshot_copies(traits_of(result.target), result.rollback)
+        snapshots = f": one, and a snapshot for each of {result.rollback} drafted tokens" if copies > 1 else ""
+        parts.append(f"target {copies} x {human_bytes(target)}{snapshots}")
+    draft = state_bytes(result.draft.meta) if isinstance(result, PairCheck) else 0
+    if draft:
+        parts.append(f"draft 2 x {human_bytes(draft)}: one, and specrun's checkpoint")
+    return "; ".join(parts)
+
+
+def mtp_check_lines(result: MtpCheck) -> list[str]:
+    """`pair check TARGET mtp`: the target, what its MTP layers cost, the memory, the verdict."""
+    cost = result.cost_ratio
+    lines = [model_line("target", result.target), *trait_lines(traits_of(result.target)),
+             "draft   mtp: the target's own MTP layers (--draft mtp), no second model", ""]
+    if cost is not None:
+        lines += [f"cost       MTP/target {cost:.2f} (bytes of weights read per token drafted)",
+                  cost_line("target", decode_cost(result.target)), cost_line("MTP", mtp_cost(result.target)),
+                  memory_line(result), *fit_lines(result)]
+    if result.acceptance is not None:
+        lines.append(f"acceptance {result.acceptance:.0%} given")
+    lines += [f"verdict    {result.verdict}", f"cost model {MODEL_ASSUMPTIONS}"]
+    return lines
+
+
+def fit_lines(result: PairCheck | MtpCheck) -> list[str]:
     if result.fits is None or result.budget is None:
         return []
     free = f"{format_bytes(result.budget.bytes)} free in {result.budget.where}"
@@ -133,26 +181,35 @@ def derive_lines(derived: DerivedDraft, result: PairCheck) -> list[str]:
 
 
 def target_lines(target: Known) -> list[str]:
-    """The target as far as it is known, and from where."""
+    """The target as far as it is known, and from where, and what it is for drafting."""
     where = f", on disk in {SOURCE_LABELS[target.store]}" if target.store else ""
+    traits = trait_lines(known_traits(target))
     if target.facts is not None:
-        return [model_line("target", target.facts), f"        known from its {target.evidence}{where}"]
+        unconverted = (["        its profile lists MTP heads, but this GGUF has none: it was converted without them"]
+                       if target.profile and target.profile.mtp == HEADS and known_traits(target).mtp != HEADS else [])
+        return [model_line("target", target.facts), f"        known from its {target.evidence}{where}",
+                *traits, *unconverted]
     profile = target.profile
     assert profile is not None  # locate answers with a header or a profile
     return [f"target  {target.spec}",
             f"        known from its profile: {profile.family} family, {human_count(profile.params)} params, "
-            f"tokenizer {profile.tokenizer}; no file on disk and no header read"]
+            f"tokenizer {profile.tokenizer}; no file on disk and no header read", *traits]
 
 
-def suggest_lines(target: Known, found: list[Suggestion]) -> list[str]:
+def suggest_lines(target: Known, own: OwnHeads | None, found: list[Suggestion]) -> list[str]:
     lines = [*target_lines(target), ""]
-    if not found:
+    if not known_traits(target).speculates:
+        lines.append("no draft can work for it: llama.cpp cannot roll its recurrent state back")
+        return lines
+    if not found and own is None:
         lines.append("no draft cheaper than the target was found "
                      "(try without --offline, or `specrun pair derive` for a layer subset)")
         return lines
     lines.append(f"{'#':>2}  {'speed-up':>8}  {'k':>2}  {'cost':>5}  {'accept':>6}  "
                  f"{'memory':>10}  {'evidence':<13}  {'on disk':<9}  draft (origin)")
-    for rank, s in enumerate(found, 1):
+    if own is not None:
+        lines.append(own_heads_row(own))
+    for rank, s in enumerate(found, 1 + (own is not None)):
         k, speedup = s.best or (0, 0.0)
         memory = s.memory_bytes
         on_disk = s.draft.store or ("file" if s.draft.path else "-")
@@ -161,10 +218,22 @@ def suggest_lines(target: Known, found: list[Suggestion]) -> list[str]:
                      f"{s.evidence:<13}  {on_disk:<9}  {s.spec} ({s.origin}{', translated' if s.translated else ''})")
         lines += [f"      {w}" for w in (s.check.warnings() if s.check else [])]
     lines += ["", "speed-up is predicted, not measured: cost = draft/target bytes read per token (from "
-              "the headers) or parameters (evidence: profile, no file read), accept = assumed acceptance by "
-              f"family, memory = both models + f16 KV caches at {DEFAULT_CTX} tokens",
+              "the headers) or parameters read per token (evidence: profile, no file read), accept = assumed "
+              f"acceptance by family, memory = both models + f16 KV caches at {DEFAULT_CTX} tokens + recurrent "
+              f"states, a hybrid target's with a snapshot per token of the longest draft --k auto grants ({AUTO_ROLLBACK})",
               f"cost model {MODEL_ASSUMPTIONS}"]
+    if own is not None:
+        lines.append(f"mtp: the target's own MTP layers draft (--draft mtp); {UNMEASURED}")
     return lines
+
+
+def own_heads_row(own: OwnHeads) -> str:
+    check = own.check
+    cost = f"{check.cost_ratio:>5.2f}" if check and check.cost_ratio is not None else f"{'?':>5}"
+    memory = check.memory_bytes if check else None
+    on_disk = own.target.store or ("file" if own.target.path else "-")
+    return (f"{1:>2}  {'-':>8}  {'-':>2}  {cost}  {'-':>6}  {human_bytes(memory) if memory else '?':>10}  "
+            f"{own.target.evidence:<13}  {on_disk:<9}  {MTP_SPEC} (the target's own MTP layers)")
 
 
 def auto_lines(measured: list) -> list[str]:

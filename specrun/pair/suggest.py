@@ -5,8 +5,9 @@ its family), the files already on disk (the Hugging Face cache, Ollama, LM Studi
 llama.cpp, specrun's cache) and, online, a hub search for the target's family; a file on
 disk with another vocabulary is offered as a translated draft. Local knowledge comes first:
 a file on disk is judged by its header, a hub file by its remote header, and with neither
-(offline) a profile model by its profile: the same tokenizer and the parameter counts. Each
-suggestion says which.
+(offline) a profile model by its profile: the same tokenizer and the parameters each reads per
+token. Each suggestion says which. A target with MTP layers of its own has them listed first
+(`--draft mtp`); one whose recurrent state llama.cpp cannot roll back gets no drafts at all.
 """
 
 from __future__ import annotations
@@ -22,8 +23,18 @@ from specrun.hub.embedded import cache_dir
 from specrun.hub.profiles import load_profiles
 from specrun.hub.quants import RepoFile, group_quants
 from specrun.hub.stores import stored_models
-from specrun.pair.check import PRIOR_OTHER_FAMILY, PRIOR_SAME_FAMILY, PairCheck, Prior, check_pair, with_translation
+from specrun.pair.arch import HEADS, Traits, profile_traits
+from specrun.pair.check import (
+    PRIOR_OTHER_FAMILY,
+    PRIOR_SAME_FAMILY,
+    PairCheck,
+    Prior,
+    check_pair,
+    traits_of,
+    with_translation,
+)
 from specrun.pair.cost import best_k, verdict
+from specrun.pair.mtp import MtpCheck, OwnHeads
 from specrun.pair.sources import PROFILE, Known, locate
 
 PREFERRED_QUANTS = ("Q4_K_M", "Q8_0", "Q4_0", "Q5_K_M", "Q6_K")
@@ -43,7 +54,7 @@ class ProfileEstimate:
     """A pair judged from profiles: vocabulary by the shared tokenizer, cost by parameter counts."""
 
     tokenizer: str
-    cost_ratio: float  # draft/target parameters, as if both had the same quant
+    cost_ratio: float  # draft/target parameters read per token, as if both had the same quant
     prior: Prior
 
     @property
@@ -191,8 +202,9 @@ def hub_candidates(target: Known, limit: int = HUB_HEADERS_MAX) -> list[Candidat
 
 
 def suggest(target_spec: str, offline: bool, top: int,
-            report: Callable[[str], None] = lambda line: None) -> tuple[Known, list[Suggestion]]:
-    """The target as known, and the `top` drafts that fit it best, best first."""
+            report: Callable[[str], None] = lambda line: None) -> tuple[Known, OwnHeads | None, list[Suggestion]]:
+    """The target as known; its own MTP layers, when it has them, which come first; and the drafts
+    that fit it best, best first, `top` in all. None for a target llama.cpp cannot roll back."""
     from specrun.hub.download import NetworkUnavailable, offline_mode  # huggingface_hub, as in hub_candidates
 
     settings.check(top=top)
@@ -200,6 +212,10 @@ def suggest(target_spec: str, offline: bool, top: int,
     target = locate(target_spec, offline, profile_fallback=True)
     if target.note and not offline:  # offline, the profile is the expected answer
         report(f"target judged from its profile: {target.note}")
+    traits = known_traits(target)
+    if not traits.speculates:
+        return target, None, []
+    own = OwnHeads(target, MtpCheck(target.facts) if target.facts else None) if traits.mtp == HEADS else None
     candidates = profile_candidates(target) + stored_candidates(target, report)
     if not offline and target.facts is not None:
         try:
@@ -208,7 +224,15 @@ def suggest(target_spec: str, offline: bool, top: int,
             report(f"hub search skipped: {exc}")
     suggestions = judged(target, dedupe(candidates), offline, report)
     suggestions.sort(key=lambda s: (-s.speedup, s.cost_ratio))
-    return target, suggestions[:top]
+    return target, own, suggestions[:top - (own is not None)]
+
+
+def known_traits(model: Known) -> Traits:
+    """What the model is for drafting: from its header, else its profile."""
+    if model.facts is not None:
+        return traits_of(model.facts)
+    assert model.profile is not None  # locate answers with a header or a profile
+    return profile_traits(model.profile.mtp, model.profile.hybrid)
 
 
 def dedupe(candidates: Iterable[Candidate]) -> list[Candidate]:
@@ -262,14 +286,13 @@ def judge(target: Known, draft: Known, candidate: Candidate) -> Suggestion | Non
 
 
 def profile_estimate(target: Known, draft: Known) -> ProfileEstimate | None:
-    """Both profiles known and sharing a tokenizer: cost from the parameter counts."""
+    """Both profiles known and sharing a tokenizer: cost from the parameters each reads per token
+    (a mixture of experts' active ones, which its header's total would overstate)."""
     t, d = target.profile, draft.profile
     if t is None or d is None or t.alias == d.alias or t.tokenizer != d.tokenizer:
         return None
-    target_params = target.facts.n_params if has_weights(target) else t.params  # type: ignore[union-attr]
-    draft_params = draft.facts.n_params if has_weights(draft) else d.params  # type: ignore[union-attr]
-    ratio = draft_params / target_params
-    if ratio >= 1:
+    ratio = d.active_params / t.active_params
+    if ratio >= 1 or d.params >= t.params:  # a larger model is no draft, however few parameters it reads a token
         return None
     if t.family == d.family:
         prior = Prior(PRIOR_SAME_FAMILY, f"same family ({t.family}), per the profiles")
