@@ -145,10 +145,13 @@ class Worker:
         if self.state == "ready":
             return None
         if self.state == "lost":  # the RPC servers' layers are gone: every request would fail
-            return ApiError(503, str(self.error), code="rpc_lost", kind="unavailable_error")
+            return self._lost()
         message = {"loading": "Loading model", "stopping": "the server is shutting down"}.get(self.state, "the model failed to load")
         return ApiError(503, message, code="unavailable", kind="unavailable_error",
                         headers={"Retry-After": "1"} if self.state == "loading" else None)
+
+    def _lost(self) -> ApiError:
+        return ApiError(503, str(self.error), code="rpc_lost", kind="unavailable_error")
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
         refusal = self.unavailable()
@@ -183,13 +186,13 @@ class Worker:
     # --- the model thread -------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self.session = self._open_session()
-            self._chat_format = choose_format(self.session.target_model, self._chat_format_name)
+            self.session = session = self._open_session()
+            self._chat_format = choose_format(session.target_model, self._chat_format_name)
             self._tool_style = tool_style(self._chat_format)
-            self._transcript = Transcript(self.session.target_model)
-            self._sampler = self.session.config.sampler  # the server's defaults; requests override them
-            if self.session.drafter is not None:
-                self.session.policy(self.session.config.k)  # auto measures verify costs now, not in the first request
+            self._transcript = Transcript(session.target_model)
+            self._sampler = session.config.sampler  # the server's defaults; requests override them
+            if session.drafter is not None:
+                session.policy(session.config.k)  # auto measures verify costs now, not in the first request
         except BaseException as exc:  # noqa: BLE001 - reported to the command, which exits with it
             self.state, self.error = "failed", exc
             if self.session is not None:
@@ -198,53 +201,53 @@ class Worker:
             return
         if self.state == "loading":
             self.state = "ready"
-            self._on_ready(self.session)
+            self._on_ready(session)
         try:
             while (job := self._jobs.get()) is not None:
                 self.running = job
                 try:
-                    self._serve(job)
+                    self._serve(job, session)
                 except RpcLost as exc:
                     self.state, self.error = "lost", exc
-                    job.report(Failed(self.unavailable()))
+                    job.report(Failed(self._lost()))
                 except Exception as exc:  # a bug must not take the server down
                     traceback.print_exc(file=sys.stderr)
                     job.report(Failed(ApiError(500, f"internal error: {exc}", code="internal_error", kind="server_error")))
                 finally:
                     self.running = None
         finally:
-            self.session.close()
+            session.close()
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job, session: Session) -> None:
         if job.cancelled:
             job.report(Failed(ApiError(503, "the request was cancelled before it started", code="cancelled",
                                        kind="unavailable_error")))
             return
         started = time.perf_counter()
         try:
-            prompt = self._prompt(job.request)
-            generator = self._generator(job.request)
+            prompt = self._prompt(job.request, session)
+            generator = self._generator(job.request, session)
         except ApiError as error:
             self.metrics.reject("invalid")
             job.report(Failed(error))
             return
         job.report(Started(len(prompt.tokens)))
-        max_tokens = job.request.max_tokens or self.max_tokens or self.session.target.n_ctx
+        max_tokens = job.request.max_tokens or self.max_tokens or session.target.n_ctx
         reader = CallReader(self._tool_style.form) if job.request.tools else None
         view = _Reporter(job, self.metrics, reader)
         reply = stream_reply(generator, prompt.tokens, max_tokens, prompt.stops, view, started, cancelled=lambda: job.cancelled)
         view.finish()
         if job.request.chat:
             self._transcript.record(prompt.tokens, prompt.text, reply.tokens)
-        self.session.remember(prompt.tokens + reply.tokens)
+        session.remember(prompt.tokens + reply.tokens)
         outcome = view.outcome(reply, len(prompt.tokens))
         self.metrics.finish(outcome.finish_reason, outcome.prompt_tokens,
                             outcome.prompt_tokens - reply.stats.prefilled_tokens, reply.stats)
         self._request_s = 0.8 * self._request_s + 0.2 * (time.perf_counter() - started)
         job.report(Finished(outcome))
 
-    def _prompt(self, request: GenerationRequest) -> Prompt:
-        if request.chat:
+    def _prompt(self, request: GenerationRequest, session: Session) -> Prompt:
+        if request.messages is not None:  # a chat request
             messages, tools = prompt_messages(self._tool_style, request.messages, request.tools)
             try:
                 rendered = self._chat_format.render(messages, tools)
@@ -253,8 +256,10 @@ class Worker:
             tokens, text, _ = self._transcript.prompt(rendered.text)
             prompt = Prompt(tokens, text, rendered.stops + request.stops)
         else:
-            prompt = Prompt(self.session.tokenize(request.prompt), request.prompt, request.stops)
-        n_ctx = self.session.target.n_ctx
+            if request.prompt is None:
+                raise ValueError("a request carries either messages or a prompt")
+            prompt = Prompt(session.tokenize(request.prompt), request.prompt, request.stops)
+        n_ctx = session.target.n_ctx
         if not prompt.tokens:
             raise ApiError(400, "the prompt is empty: give some text to continue", "prompt", "invalid_value")
         if len(prompt.tokens) >= n_ctx:
@@ -263,14 +268,14 @@ class Worker:
                            "messages" if request.chat else "prompt", "context_length_exceeded")
         return prompt
 
-    def _generator(self, request: GenerationRequest) -> Generator:
+    def _generator(self, request: GenerationRequest, session: Session) -> Generator:
         try:
             settings = replace(self._sampler, **request.sampling)
         except SettingError as exc:  # the API checked each field already: a backstop
             raise setting_error(exc) from None
         if request.seed is not None:
             settings = replace(settings, seed=request.seed if request.seed >= 0 else None)
-        longest = self.session.target.n_batch - 1
+        longest = session.target.n_batch - 1
         asked = request.speculative.n_max if request.speculative else request.k
         if isinstance(asked, int) and asked > longest:
             param = "speculative.n_max" if request.speculative else "k"
@@ -278,7 +283,7 @@ class Worker:
         policy = SpeculativeRule(request.speculative) if request.speculative else request.k
         grammar = tool_grammar(self._tool_style.form, request.tools) if request.tools else request.grammar
         try:
-            return self.session.generator(policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts)
+            return session.generator(policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts)
         except SpecrunError as exc:  # llama.cpp refused the request's GBNF (the tools' grammar is ours: a bug)
             if request.grammar_param is None:
                 raise
