@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -29,13 +29,13 @@ def rpc_server_build(version: str) -> str:
             "cmake --build rpc-build --target ggml-rpc-server -j && rpc-build/bin/ggml-rpc-server -H 0.0.0.0 -p 50052")
 
 
-def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, object]:
+def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, Any]:
     from specrun import backend, cost_cache
     from specrun.hub.stores import foreign_stores
 
     backends, devices = backend.compiled_devices()
     info = backend.system_info()
-    report: dict[str, object] = {
+    report: dict[str, Any] = {  # a JSON object: each key holds its own kind of value
         "specrun": __import__("specrun").__version__,
         "llama_cpp_python": info["llama_cpp_python"],
         "llama_cpp_libraries": info["libraries"],
@@ -86,7 +86,7 @@ def doctor(
 ) -> None:
     """Show versions, compiled backends, GPU offload, RPC, CPU features and cache locations."""
     report = diagnose(rpc.parse_endpoints(rpc_servers, "--rpc"))
-    failed = any("error" in server for server in report.get("rpc_servers", []))  # type: ignore[union-attr]
+    failed = any("error" in server for server in report.get("rpc_servers", []))
     if as_json:
         print(json.dumps(report))
     else:
@@ -95,16 +95,16 @@ def doctor(
         raise typer.Exit(code=1)
 
 
-def _print_report(report: dict[str, object]) -> None:
+def _print_report(report: dict[str, Any]) -> None:
     for key, value in report.items():
         if key == "devices":
-            for dev in value:  # type: ignore[union-attr]
+            for dev in value:
                 mem = f", {dev['memory_total'] / 2**30:.1f} GiB" if dev["memory_total"] else ""
                 print(f"device: {dev['name']} ({dev['description']}{mem})")
         elif key == "llama_cpp_libraries":
-            print(f"llama.cpp libraries: {', '.join(value) or 'unknown'}")  # type: ignore[arg-type]
+            print(f"llama.cpp libraries: {', '.join(value) or 'unknown'}")
         elif key == "backends":
-            print(f"backends: {', '.join(value)}")  # type: ignore[arg-type]
+            print(f"backends: {', '.join(value)}")
         elif key == "gpu_build_hint":
             print(f"GPU offload is not compiled in; for NVIDIA: {value}")
         elif key == "gpu_build_hint_other":
@@ -116,7 +116,7 @@ def _print_report(report: dict[str, object]) -> None:
         elif key == "rpc_server_build":
             print(f"rpc-server for the other machines (same llama.cpp as here): {value}")
         elif key == "rpc_servers":
-            for server in value:  # type: ignore[union-attr]
+            for server in value:
                 print(_server_line(server))
         else:
             print(f"{key.replace('_', ' ')}: {value}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -46,7 +46,7 @@ def generate(
         spec = session.generator(grammar=grammar).run(tokens, max_tokens, _echo if not as_json else None)
         if not as_json:
             sys.stdout.write("\n")
-        result = {"text": session.detokenize(spec.tokens), "tokens": spec.tokens, "stats": spec.stats.to_dict()}
+        result: dict[str, Any] = {"text": session.detokenize(spec.tokens), "tokens": spec.tokens, "stats": spec.stats.to_dict()}
         if compare_plain:
             plain = session.generator(plain=True, grammar=grammar).run(tokens, max_tokens)
             result["plain"] = {
