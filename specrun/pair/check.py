@@ -162,7 +162,9 @@ def check_models(target: str, draft: str, *, ctx: int = DEFAULT_CTX, acceptance:
     requests) and the memory they would run in, the `rpc` servers' free memory included."""
     settings.check(ctx=ctx, acceptance=acceptance)
     known = locate(target, offline), locate(draft, offline)
-    result = check_pair(known[0].facts, known[1].facts, ctx, acceptance, budget=memory_budget(rpc=rpc))
+    target_facts, draft_facts = known[0].facts, known[1].facts
+    assert target_facts is not None and draft_facts is not None  # without profile_fallback, locate reads a header or raises
+    result = check_pair(target_facts, draft_facts, ctx, acceptance, budget=memory_budget(rpc=rpc))
     return with_translation(result, known[0].path, known[1].path)
 
 
