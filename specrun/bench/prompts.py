@@ -53,7 +53,7 @@ def load_builtin(names: Sequence[str] = DEFAULT_SETS) -> list[Prompt]:
         if name not in BUILTIN_SETS:
             raise SpecrunError(f"--set: unknown prompt set {name!r} (built-in: {', '.join(BUILTIN_SETS)})")
         suffix = ".jsonl" if name == "structured" else ".txt"
-        text = resources.files("specrun").joinpath("prompts", name + suffix).read_text(encoding="utf-8")
+        text = resources.files("specrun").joinpath("prompts").joinpath(name + suffix).read_text(encoding="utf-8")
         parsed = _parse_jsonl(text, name + suffix) if suffix == ".jsonl" else parse_txt(text, name + suffix)
         prompts += [replace(p, group=name) for p in parsed]
     return prompts

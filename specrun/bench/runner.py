@@ -10,7 +10,7 @@ from __future__ import annotations
 import resource
 import sys
 from dataclasses import dataclass, replace
-from typing import Iterator, Sequence
+from typing import Generator, Sequence
 
 from specrun.bench.methods import METHODS, PLAIN, Variant
 from specrun.core.events import Stats
@@ -60,7 +60,7 @@ def measure(
     repeat: int = 1,
     warmup: int = 0,
     grammars: Sequence[Grammar | None] | None = None,
-) -> Iterator[Run]:
+) -> Generator[Run, None, None]:
     """Warm up on the first prompt (untimed), then for each prompt and repeat run every
     variant in order (A B C A B C ...) so slow drift hits all of them alike.
 
@@ -82,6 +82,8 @@ def measure(
                     plain_tokens = tokens
                 match = tokens == plain_tokens if settings.greedy and variant.method != PLAIN else None
                 yield Run(index, rep, variant, stats, match, peak_rss_mb())
+        if plain_tokens is None:  # plan_variants puts plain first in every bench
+            raise ValueError("measure() needs the plain variant: the store keeps each prompt's plain output")
         session.remember(prompt + plain_tokens)
 
 

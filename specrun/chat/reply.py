@@ -40,11 +40,11 @@ class StopScanner:
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
         self.text = ""
-        self.sources: list[str] = []  # one source per character of text
+        self.sources: list[TokenSource] = []  # one source per character of text
         self.released = 0  # characters handed to the view
         self.stop_at: int | None = None  # where the first stop string begins
 
-    def feed(self, text: str, source: str) -> list[Piece]:
+    def feed(self, text: str, source: TokenSource) -> list[Piece]:
         """Add a token's text; return the newly final text."""
         start = max(0, len(self.text) - max((len(s) for s in self.stops), default=0))
         self.text += text
@@ -76,7 +76,7 @@ class StopScanner:
         return pieces
 
 
-def split_by_source(text: str, sources: list[str]) -> list[Piece]:
+def split_by_source(text: str, sources: list[TokenSource]) -> list[Piece]:
     pieces: list[Piece] = []
     for char, source in zip(text, sources):
         if pieces and pieces[-1][1] == source:

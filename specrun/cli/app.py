@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, Protocol
 
 import typer
 from rich.console import Console
@@ -11,6 +12,9 @@ from typer.core import TyperGroup
 
 from specrun.errors import SpecrunError
 from specrun.settings import SettingError
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # in typing from Python 3.13; mypy ships typing_extensions
 
 # The order a new user needs the commands in: run a model, serve it, measure, pick a draft, get models, check the install.
 COMMAND_ORDER = ("generate", "chat", "serve", "bench", "pair", "pull", "models", "doctor")
@@ -59,11 +63,12 @@ def run_app(argv: list[str] | None = None) -> int:
             raise  # a bug: the traceback is what helps
         if os.environ.get("SPECRUN_DEBUG"):
             raise
-        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `specrun` or `specrun pair`
+        if type(exc).__name__ == "NoArgsIsHelpError" and _is_click_error(exc):  # a bare `specrun` or `specrun pair`
             print(exc.format_message(), file=sys.stderr)
             return 2
         print(f"error: {one_line(exc, argv)}", file=sys.stderr)
-        return exc.exit_code if isinstance(getattr(exc, "exit_code", None), int) else 2
+        exit_code = getattr(exc, "exit_code", None)  # click's, or SpecrunError's
+        return exit_code if isinstance(exit_code, int) else 2
     if result == INTERRUPTED:  # typer turns Ctrl-C inside a command into this exit code
         print("interrupted", file=sys.stderr)
     return result if isinstance(result, int) else 0
@@ -78,7 +83,13 @@ def _register_commands() -> None:
     from specrun.cli import bench, chat, doctor, generate, models, pair, pull, serve  # noqa: F401
 
 
-def _is_click_error(exc: Exception) -> bool:
+class _ClickError(Protocol):
+    exit_code: int
+
+    def format_message(self) -> str: ...
+
+
+def _is_click_error(exc: object) -> TypeIs[_ClickError]:
     """click's usage errors. Typer 0.2x ships its own copy of click, so they are known by shape."""
     return isinstance(getattr(exc, "exit_code", None), int) and callable(getattr(exc, "format_message", None))
 
@@ -112,7 +123,7 @@ def _usage_line(exc, argv: list[str]) -> str:
     """click's message in one line; a value it could not convert is shown as given."""
     param, ctx = getattr(exc, "param", None), getattr(exc, "ctx", None)
     hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-    opts = getattr(param, "opts", None)
+    opts: list[str] = getattr(param, "opts", None) or []
     given = _given_value(argv, opts) if opts and getattr(param, "param_type_name", "") == "option" else None
     if given is not None:
         detail = str(getattr(exc, "message", "") or exc.format_message())

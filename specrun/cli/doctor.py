@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -30,13 +30,13 @@ def rpc_server_build(version: str) -> str:
             "cmake --build rpc-build --target ggml-rpc-server -j && rpc-build/bin/ggml-rpc-server -H 0.0.0.0 -p 50052")
 
 
-def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, object]:
+def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, Any]:
     from specrun import backend, cost_cache
     from specrun.hub.stores import foreign_stores
 
     backends, devices = backend.compiled_devices()
     info = backend.system_info()
-    report: dict[str, object] = {
+    report: dict[str, Any] = {  # a JSON object: each key holds its own kind of value
         "specrun": __import__("specrun").__version__,
         "llama_cpp_python": info["llama_cpp_python"],
         "llama_cpp_libraries": info["libraries"],
@@ -90,7 +90,7 @@ def doctor(
 ) -> None:
     """Show versions, compiled backends, GPU offload, RPC, CPU features and cache locations."""
     report = diagnose(rpc.parse_endpoints(rpc_servers, "--rpc"))
-    failed = any("error" in server for server in report.get("rpc_servers", []))  # type: ignore[union-attr]
+    failed = any("error" in server for server in report.get("rpc_servers", []))
     if as_json:
         print(json.dumps(report))
     else:
@@ -99,16 +99,16 @@ def doctor(
         raise typer.Exit(code=1)
 
 
-def _print_report(report: dict[str, object]) -> None:
+def _print_report(report: dict[str, Any]) -> None:
     for key, value in report.items():
         if key == "devices":
-            for dev in value:  # type: ignore[union-attr]
+            for dev in value:
                 mem = f", {dev['memory_total'] / 2**30:.1f} GiB" if dev["memory_total"] else ""
                 print(f"device: {dev['name']} ({dev['description']}{mem})")
         elif key == "llama_cpp_libraries":
-            print(f"llama.cpp libraries: {', '.join(value) or 'unknown'}")  # type: ignore[arg-type]
+            print(f"llama.cpp libraries: {', '.join(value) or 'unknown'}")
         elif key == "backends":
-            print(f"backends: {', '.join(value)}")  # type: ignore[arg-type]
+            print(f"backends: {', '.join(value)}")
         elif key == "gpu_build_hint":
             print(f"GPU offload is not compiled in; for NVIDIA: {value}")
         elif key == "gpu_build_hint_other":
@@ -125,7 +125,7 @@ def _print_report(report: dict[str, object]) -> None:
                   f"of it for each token of the longest draft: k with --k N, {auto} with --k auto, {llama_cpp} with "
                   "--k llama.cpp; `specrun pair check` gives a model's bytes")
         elif key == "rpc_servers":
-            for server in value:  # type: ignore[union-attr]
+            for server in value:
                 print(_server_line(server))
         else:
             print(f"{key.replace('_', ' ')}: {value}")

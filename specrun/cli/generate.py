@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -55,7 +55,7 @@ def generate(
         spec = session.generator(grammar=grammar).run(tokens, max_tokens, _echo if not as_json else None)
         if not as_json:
             sys.stdout.write("\n")
-        result = {"text": session.detokenize(spec.tokens), "tokens": spec.tokens, "stats": spec.stats.to_dict()}
+        result: dict[str, Any] = {"text": session.detokenize(spec.tokens), "tokens": spec.tokens, "stats": spec.stats.to_dict()}
         if compare_plain:
             plain = session.generator(plain=True, grammar=grammar).run(tokens, max_tokens)
             result["plain"] = {

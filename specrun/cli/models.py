@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -84,13 +85,13 @@ def _print(rows: list[dict], as_json: bool, columns: list[str]) -> None:
     typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
-def _cell(column: str, value: object) -> str:
+def _cell(column: str, value: Any) -> str:  # a row's JSON value
     if value is None or value == "":
         return "-"
     if column == "size":
-        return format_bytes(int(value))  # type: ignore[arg-type]
+        return format_bytes(int(value))
     if column == "params":
-        return f"{int(value) / 1e9:.2f}B"  # type: ignore[arg-type]
+        return f"{int(value) / 1e9:.2f}B"
     if isinstance(value, list):
         return ", ".join(value) or "-"
     return str(value)

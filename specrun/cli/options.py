@@ -26,7 +26,7 @@ from specrun.settings import BATCH
 
 def option_name(param: typer.CallbackParam) -> str:
     """The option as users write it: its longest spelling (--max-tokens, not -n)."""
-    return max(param.opts, key=len) if param.opts else param.human_readable_name
+    return max(param.opts, key=len) if param.opts else (param.name or "")  # (an option always has opts)
 
 
 def checked_endpoints(param: typer.CallbackParam, value: str | None) -> str | None:
@@ -170,8 +170,10 @@ def model_options(command: Callable) -> Callable:
         shared = {p.name: values.pop(p.name) for p in _SHARED}
         return command(model=ModelOptions(**shared), **values)
 
-    run.__signature__ = inspect.Signature(own + _SHARED)
-    run.__annotations__ = {p.name: p.annotation for p in run.__signature__.parameters.values()}
+    signature = inspect.Signature(own + _SHARED)
+    # What Typer reads, through inspect.signature(); typeshed gives functions no __signature__ attribute.
+    run.__signature__ = signature  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
     return run
 
 

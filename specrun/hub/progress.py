@@ -52,7 +52,7 @@ def download_progress(enabled: bool = True, console: Console | None = None) -> I
 
 def _rich_bar(progress: Progress, label: str) -> type:
     class RichBar:
-        def __init__(self, *_: Any, total: float | None = None, initial: float = 0, **__: Any) -> None:
+        def __init__(self, *_: Any, total: float | None = None, initial: int = 0, **__: Any) -> None:
             self._task = progress.add_task(label, total=total, completed=initial)
 
         def update(self, n: float = 1) -> None:

@@ -197,7 +197,9 @@ def check_models(target: str, draft: str, *, ctx: int = DEFAULT_CTX, acceptance:
     settings.check(ctx=ctx, acceptance=acceptance)
     rollback = rollback_tokens(parse_k(k))
     known = locate(target, offline), locate(draft, offline)
-    result = check_pair(known[0].facts, known[1].facts, ctx, acceptance, budget=memory_budget(rpc=rpc))
+    target_facts, draft_facts = known[0].facts, known[1].facts
+    assert target_facts is not None and draft_facts is not None  # without profile_fallback, locate reads a header or raises
+    result = check_pair(target_facts, draft_facts, ctx, acceptance, budget=memory_budget(rpc=rpc))
     return with_translation(replace(result, rollback=rollback), known[0].path, known[1].path)
 
 

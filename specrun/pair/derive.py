@@ -87,10 +87,10 @@ def write_subset(reader: GGUFReader, arch: str, n_layers: int, layers: list[int]
     renamed = {old: new for new, old in enumerate(layers)}
     kept = []
     for tensor in reader.tensors:
-        name = renamed_tensor(tensor.name, renamed)
-        if name is not None:
+        new_name = renamed_tensor(tensor.name, renamed)
+        if new_name is not None:
             kept.append(tensor)
-            writer.add_tensor_info(name, tensor.data.shape, tensor.data.dtype,
+            writer.add_tensor_info(new_name, tensor.data.shape, tensor.data.dtype,
                                    tensor.data.nbytes, tensor.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -165,7 +165,7 @@ class PlainArrayReader(GGUFReader):
             return 12 + int(values.nbytes), parts, list(range(2, 2 + count)), types
         if itype != GGUFValueType.STRING:
             return super()._get_field_parts(orig_offs, raw_type)
-        buffer, indexes = memoryview(self.data), []
+        buffer, indexes = self.data.data, []  # the array's memoryview, without a copy
         for _ in range(count):
             (length,) = struct.unpack_from("<Q", buffer, offs)
             parts += [self.data[offs:offs + 8].view(np.uint64), self.data[offs + 8:offs + 8 + length]]

@@ -156,7 +156,7 @@ def stored_candidates(target: Known, report: Callable[[str], None]) -> list[Cand
     """Single-file GGUFs already on disk, smaller than the target (a larger file is no cheaper draft)."""
     models = [m for m in stored_models(load_profiles()) if m.usable and len(m.parts) == 1]
     files = [(m.path, m.size, f"ollama:{m.name}" if m.source == "ollama" else str(m.path),
-              STORE_ORIGINS[m.source]) for m in models]
+              STORE_ORIGINS[m.source]) for m in models if m.path is not None]  # all of them: usable ones have a path
     folder = cache_dir()
     if folder.is_dir():
         files += [(p, p.stat().st_size, str(p), "cache") for p in sorted(folder.glob("*.gguf"))]

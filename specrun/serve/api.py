@@ -14,7 +14,7 @@ turn those errors into OpenAI's error object. Builders turn a finished generatio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import (
     BaseModel,
@@ -58,7 +58,7 @@ class ApiError(Exception):
     """An error answered with an HTTP status and OpenAI's error object."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None):
+                 kind: str = "invalid_request_error", headers: Mapping[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers or {}
@@ -339,7 +339,8 @@ def _refuse_unsupported(body: Body) -> None:
 def _output_grammar(body: Body) -> tuple[Grammar | None, str | None]:
     """The grammar the output is held to and the field it came from: response_format, or
     llama-server's json_schema (a schema) or grammar (GBNF); at most one of them."""
-    kind = body.response_format.type if body.response_format else "text"
+    response_format = body.response_format
+    kind = response_format.type if response_format else "text"
     asked = {"response_format": kind != "text", "json_schema": body.json_schema is not None, "grammar": body.grammar is not None}
     given = [name for name, on in asked.items() if on]
     if len(given) > 1:
@@ -349,11 +350,14 @@ def _output_grammar(body: Body) -> tuple[Grammar | None, str | None]:
         return None, None
     param = "response_format.json_schema.schema" if kind == "json_schema" else given[0]
     try:
-        if kind != "text":
-            schema = body.response_format.json_schema.schema_ if kind == "json_schema" else None
+        if response_format is not None and kind != "text":
+            # json_schema's validator makes it present with that type; json_object holds to any JSON object
+            described = response_format.json_schema if kind == "json_schema" else None
+            schema = None if described is None else described.schema_
             return (json_object_grammar() if schema is None else grammar_from_json_schema(schema)), param
         if body.json_schema is not None:
             return grammar_from_json_schema(body.json_schema), param
+        assert body.grammar is not None  # given names exactly one field, and it is this one
         return grammar_from_gbnf(body.grammar), param
     except SpecrunError as error:  # SchemaError names the schema feature, a GBNF error what is missing
         raise invalid_value(param, f"{error}.") from None
@@ -370,7 +374,9 @@ def _tools(body: ChatBody) -> ToolRequest | None:
         return None
     functions = [tool.function.as_dict() for tool in body.tools]
     _check_names(functions)
-    named = body.tool_choice.function.name if choice == "function" else None
+    # ToolChoice's validator makes the function present with the "function" type
+    chosen_function = body.tool_choice.function if body.tool_choice and choice == "function" else None
+    named = chosen_function.name if chosen_function else None
     chosen = [function for function in functions if named in (None, function["name"])]
     call = _call_grammar(functions, chosen)
     if call is None:

@@ -35,6 +35,10 @@ LOCAL_ORIGINS = (r"(?i)https?://(" + "|".join(map(re.escape, LOCAL_NAMES))
                  + r"|[\w.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?")
 
 
+# The errors a request can meet that are answered with OpenAI's error object (error_object).
+REQUEST_ERRORS = (ApiError, ValidationError, SettingError, HTTPException)
+
+
 class ClientGone(Exception):
     """The client closed the connection while its request waited or ran."""
 
@@ -48,7 +52,7 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
                        allow_methods=["GET", "POST"], allow_headers=["*"], max_age=3600)
     if local_hosts_only:
         app.add_middleware(LocalHostsOnly, metrics=metrics)
-    for kind in (ApiError, ValidationError, SettingError, HTTPException):
+    for kind in REQUEST_ERRORS:
         app.add_exception_handler(kind, error_object)
 
     @app.get("/health")  # unkeyed: load balancers and supervisors ask it
@@ -134,8 +138,10 @@ async def generate(request: Request, parse, shape: Shape, worker: Worker, metric
         watch.cancel()
 
 
-async def error_object(request: Request, error: ApiError | ValidationError | SettingError | HTTPException) -> JSONResponse:
+async def error_object(request: Request, error: Exception) -> JSONResponse:
     """The one handler of every error a request meets: OpenAI's error object, with its status."""
+    if not isinstance(error, REQUEST_ERRORS):  # Starlette calls it only for those it is registered for
+        raise error
     return error_response(as_api_error(request, error))
 
 

@@ -56,8 +56,9 @@ class Metrics:
             self.drafts += 1
             self.draft_tokens += event.drafted
             self.accepted_tokens += event.accepted
-            self.draft_tokens_by_source[event.draft_source] += event.drafted
-            self.accepted_by_source[event.draft_source] += event.accepted
+            if event.draft_source is not None:  # always, for a step that drafted: a draft is granted under a name
+                self.draft_tokens_by_source[event.draft_source] += event.drafted
+                self.accepted_by_source[event.draft_source] += event.accepted
             grow = event.accepted - len(self.accepted_by_position)
             self.accepted_by_position += [0] * max(grow, 0)
             for position in range(event.accepted):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from specrun.core.events import Stats
 from specrun.drafts.translated import TranslationStats
@@ -112,7 +113,7 @@ class ChatShape(Shape):
     object_name, chunk_name, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
     def whole(self, outcome: Outcome) -> dict:
-        message = {"role": "assistant", "content": outcome.text}
+        message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
         if outcome.tool_calls:
             message["tool_calls"] = [{"id": call.id, "type": "function",
                                       "function": {"name": call.name, "arguments": call.arguments}}

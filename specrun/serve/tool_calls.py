@@ -117,7 +117,7 @@ class CallReader:
         pieces: list[str | CallPiece] = []
         while self.read < len(self.text):
             if self._arguments is not None:
-                pieces.append(self._read_arguments())
+                pieces.append(self._read_arguments(self._arguments))
             elif self.calls:  # past a call's arguments: its "}", the separator, then the next call's head
                 after = "}" + self.form.separator
                 if not self.text.startswith(after, self.read) or not self._read_head(self.read + len(after), pieces):
@@ -136,11 +136,11 @@ class CallReader:
         self.read, self._arguments = head.end(), JsonEnd()
         return True
 
-    def _read_arguments(self) -> CallPiece:
-        end = self._arguments.scan(self.text, self.read)
+    def _read_arguments(self, arguments: JsonEnd) -> CallPiece:
+        end = arguments.scan(self.text, self.read)
         piece, self.read = self.text[self.read : end], end
         self.calls[-1] = replace(self.calls[-1], arguments=self.calls[-1].arguments + piece)
-        if self._arguments.done:
+        if arguments.done:
             self._arguments = None
         return CallPiece(len(self.calls) - 1, piece)
 
