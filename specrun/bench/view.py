@@ -89,19 +89,46 @@ def acceptance_chart(document: dict) -> Group:
         if k_order(row["k"]) >= k_order(largest.get(row["method"], {"k": 0})["k"]):
             largest[row["method"]] = row
     for method, row in largest.items():
-        lines.append(Text(f"{method} k{row['k']}"))
-        for position, rate in enumerate(row["acceptance_by_position"], 1):
-            lines.append(_bar(f"  pos {position:>2}", rate, 1.0, f"{100 * rate:.0f}%", "cyan"))
+        lines.append(Text(f"{method} k={row['k']}"))
+        drafted, accepted = row["drafted_by_position"], row["accepted_by_position"]
+        for first, last in position_groups(len(drafted)):
+            # Every draft that reached a position reached the one before: no group's count is 0.
+            rate = sum(accepted[first - 1 : last]) / sum(drafted[first - 1 : last])
+            label = f"{first}" if first == last else f"{first}-{last}"
+            reached = drafted[first - 1]
+            shown = f"{100 * rate:.0f}% of {reached} draft{'s' * (reached != 1)}"
+            lines.append(_bar(f"  pos {label:<6}", rate, 1.0, shown, "cyan"))
+    lines.append(Text("of N drafts: how many drafts reached the position (of a range, its first)", style="dim"))
     return Group(*lines)
+
+
+def position_groups(positions: int) -> list[tuple[int, int]]:
+    """Chart rows as (first, last) positions: 1 to 8 one by one, then 9-16, 17-32, and 33 on.
+
+    Auto drafts for as long as the text keeps matching (dozens of positions, up to hundreds),
+    and few drafts reach the far ones: ranges keep a method's chart to 12 lines with its name.
+    """
+    groups, first = [], 1
+    while first <= positions:
+        if first <= 8:
+            last = first
+        elif first <= 32:
+            last = min(2 * (first - 1), positions)  # 9-16, 17-32
+        else:
+            last = positions
+        groups.append((first, last))
+        first = last + 1
+    return groups
 
 
 def speedup_chart(document: dict) -> Group:
     lines = [Text("Speed-up vs k (1.00x = plain)", style="bold")]
     rows = list(document["summary"].values())
     scale = max([1.0, *(row["speedup"] for row in rows)])
-    for row in rows:
+    labels = [f"{row['method']:>6} k={row['k']}" for row in rows]
+    for row, label in zip(rows, labels):
         style = "green" if row["speedup"] >= 1 else "red"
-        lines.append(_bar(f"{row['method']:>8} k{row['k']:<3}", row["speedup"], scale, f"{row['speedup']:.2f}x", style))
+        lines.append(_bar(f"{label:<{max(map(len, labels))}}", row["speedup"], scale, f"{row['speedup']:.2f}x", style))
     return Group(*lines)
 
 
