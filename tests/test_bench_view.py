@@ -1,7 +1,9 @@
-"""What `specrun bench` prints, on hand-made results: the acceptance chart stays short however long the drafts."""
+"""What `specrun bench` prints, on hand-made results: it fits 80 columns, the acceptance chart
+stays short however long the drafts, and output that differs from plain decoding is explained."""
 
 import io
 import re
+from pathlib import Path
 
 from rich.console import Console
 
@@ -12,6 +14,7 @@ from specrun.bench.results import Results
 from specrun.bench.runner import Run
 from specrun.core.events import Stats
 
+ROOT = Path(__file__).resolve().parent.parent
 KS = (4, 8, "auto", "llama.cpp")
 
 
@@ -36,7 +39,7 @@ def document(matches=True, longest=45, methods=("lookup", "draft", "hybrid"), ks
 
 def printed(doc, width=80) -> list[str]:
     out = io.StringIO()
-    Console(file=out, width=width, color_system=None).print(view.acceptance_chart(doc))
+    view.show(doc, Console(file=out, width=width, color_system=None))
     return out.getvalue().splitlines()
 
 
@@ -52,6 +55,29 @@ def chart(lines: list[str]) -> dict[str, list[str]]:
         else:
             methods[line] = []
     raise AssertionError("the chart has no closing line")
+
+
+def test_at_80_columns_every_line_fits_and_no_header_is_cut():
+    lines = printed(document())
+    assert max(map(len, lines)) <= 80
+    assert not [line for line in lines if "…" in line]
+    text = "\n".join(lines)
+    for header in ("same as", "plain", "draft /", "verify", "speed-up", "tok/step", "k=llama.cpp"):
+        assert header in text, header
+    # Twelve speculative columns cannot share one 80-column table: each method gets its own (or more).
+    assert per_prompt_tables(lines) >= 3
+    assert sum(line.strip().startswith("Per prompt:") for line in lines) == 1
+
+
+def per_prompt_tables(lines: list[str]) -> int:
+    return sum(line.startswith("┏") for line in lines[: lines.index(next(line for line in lines if line.strip() == "Summary"))])
+
+
+def test_the_per_prompt_table_is_one_table_where_it_fits():
+    lines = printed(document(methods=("lookup",), ks=(4, 8, "auto")))
+    assert per_prompt_tables(lines) == 1
+    assert max(map(len, lines)) <= 80 and not [line for line in lines if "…" in line]
+    assert per_prompt_tables(printed(document(), width=250)) == 1
 
 
 def test_the_acceptance_chart_keeps_to_twelve_lines_a_method_however_long_the_drafts():
@@ -79,3 +105,20 @@ def test_position_groups():
     assert view.position_groups(12)[8:] == [(9, 12)]
     assert view.position_groups(40)[8:] == [(9, 16), (17, 32), (33, 40)]
     assert view.position_groups(511)[8:] == [(9, 16), (17, 32), (33, 511)]
+
+
+def test_output_that_differs_from_plain_decoding_is_explained_under_the_summary():
+    assert not [line for line in printed(document(matches=True)) if "same as plain below" in line]
+    lines = printed(document(matches=False))
+    start = next(i for i, line in enumerate(lines) if line.startswith("same as plain below 100%"))
+    note = " ".join(" ".join(lines[start : start + 5]).split())
+    for words in ("round differently", "near-tie", "not a change of distribution", "--ubatch-size 6", view.EXACTNESS_DOC):
+        assert words in note, words
+    assert lines.index(next(line for line in lines if line.startswith("same as plain below"))) > \
+        lines.index(next(line for line in lines if line.strip() == "Summary"))
+
+
+def test_the_exactness_note_points_at_a_heading_of_the_troubleshooting_page():
+    file, anchor = view.EXACTNESS_DOC.split("#")
+    headings = re.findall(r"^#+ (.+)$", (ROOT / file).read_text(), flags=re.M)
+    assert anchor in {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
