@@ -63,6 +63,7 @@ def test_summary_is_total_tokens_over_total_time_at_median_speeds():
     assert row["method"] == "lookup" and row["k"] == 4
     assert row["acceptance_rate"] == 18 / 28
     assert row["acceptance_by_position"] == [9 / 16, 6 / 6, 3 / 3, 0.0]
+    assert row["drafted_by_position"] == [16, 6, 3, 3] and row["accepted_by_position"] == [9, 6, 3, 0]
     assert results.peak_rss_mb == 101.0
 
 

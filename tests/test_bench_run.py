@@ -3,6 +3,7 @@ consistent numbers, and errors that leave no file behind."""
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -24,8 +25,9 @@ PROMPTS = [
 GREEDY = SamplerSettings()
 
 
-def specrun(*args):
-    return subprocess.run([sys.executable, "-m", "specrun", *map(str, args)], capture_output=True, text=True, timeout=300)
+def specrun(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "specrun", *map(str, args)], capture_output=True, text=True, timeout=300,
+                          env=env)
 
 
 @pytest.fixture
@@ -114,6 +116,22 @@ def test_json_csv_and_plot_from_a_tiny_run(tiny, prompts_file, tmp_path):
         assert float(r["tokens_per_s"]) == pytest.approx(source["tokens_per_s"])
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_an_80_column_terminal_gets_whole_headers_and_a_short_chart(tiny, prompts_file):
+    # Two methods at four k: too many columns for one per-prompt table (tests/test_bench_view.py has long drafts).
+    result = specrun("bench", prompts_file, "--target", tiny["target"], "--draft", tiny["same"], "--k", "2,4,8,auto",
+                     "-n", 24, "--warmup", 0, "--ctx-size", 256, env={**os.environ, "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and not [line for line in lines if "…" in line]
+    chart = lines[lines.index("Acceptance by draft position (each method at its largest k)") + 1 :]
+    chart = chart[: next(i for i, line in enumerate(chart) if line.startswith("of N drafts"))]
+    heads = [i for i, line in enumerate(chart) if not line.startswith("  pos ")]
+    assert [chart[i] for i in heads] == ["lookup k=auto", "draft k=auto"]
+    assert all(end - start <= 12 for start, end in zip(heads, [*heads[1:], len(chart)]))
+    summary = lines.index(next(line for line in lines if line.strip() == "Summary"))
+    assert sum(line.startswith("┏") for line in lines[:summary]) >= 2  # per-prompt tables: one or more per method
 
 
 def check_document(document, n_prompts, keys, repeat):

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from specrun.cli.chat import INSTRUCT_EXAMPLE
+from specrun.hub.profiles import builtin_profiles_dir, load_profiles
+
 ROOT = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 PROMPT = "you> "
@@ -38,8 +41,15 @@ def test_piped_two_messages_two_replies_and_exit_0(tiny, tmp_path):
     assert result.stdout == "".join(t["assistant"].lstrip() + "\n" for t in turns)
     stat_lines = [line for line in result.stderr.splitlines() if "stop:" in line]
     assert len(stat_lines) == 2 and all("prefilled" in line for line in stat_lines)
-    assert "has no chat template" in result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert "has no chat template, so it is likely a base model" in notes[0]
+    assert notes[1].startswith(f"note: to chat, give an instruct model: --target {INSTRUCT_EXAMPLE} ")
     assert re.search(r"^session: 2 replies", result.stderr, re.M)
+
+
+def test_the_model_the_base_model_note_suggests_is_an_instruct_alias():
+    profile = load_profiles([builtin_profiles_dir()])[INSTRUCT_EXAMPLE]
+    assert "instruct" in profile.repo.lower()
 
 
 def test_piped_multi_line_message(tiny, tmp_path):
@@ -146,6 +156,26 @@ def test_ctrl_c_stops_a_long_reply_and_keeps_it(gemma, tmp_path):
     turn = json.loads(saved.read_text())["turns"][0]
     assert turn["stop_reason"] == "interrupted"
     assert 0 < turn["stats"]["tokens"] < 2000 and "15, 16," in turn["assistant"]
+    child.sendline("/quit")
+    child.read()
+    child.close()
+    assert child.exitstatus == 0
+
+
+@pytest.mark.gemma
+def test_a_base_model_reply_ends_at_the_next_turn_marker(gemma, tmp_path):
+    # Gemma 3 270M (base) answers a question in the plain transcript by repeating it on "Assistant:" lines
+    # (without the stop, until -n): the first new turn marker ends the reply.
+    child = spawn("--lookup", "-n", 300, "--threads", 1)
+    assert "likely a base model" in ANSI.sub("", child.before)  # the notes before the first prompt
+    child.sendline("Write a Python function that returns the n-th Fibonacci number.")
+    assert "stop string (next turn)" in until_prompt(child)
+    saved = tmp_path / "chat.json"
+    child.sendline(f"/save {saved}")
+    until_prompt(child)
+    turn = json.loads(saved.read_text())["turns"][0]
+    assert turn["stop_reason"] == "stop_string" and turn["stats"]["tokens"] < 300
+    assert turn["assistant"].strip() and "Assistant:" not in turn["assistant"]
     child.sendline("/quit")
     child.read()
     child.close()

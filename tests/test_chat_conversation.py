@@ -58,7 +58,7 @@ def test_plain_transcript_turns_extend_the_previous_tokens_exactly(model):
     assert second.new_tokens == len(new)
     # no SentencePiece start-of-text space crept in between the turns
     assert model.render(new) == "\nUser: and the dog\nAssistant:"
-    assert second.stops == ("\nUser:",)
+    assert second.stops == ("\nUser:", "\nAssistant:")
 
 
 def test_gguf_template_is_used_and_a_trimmed_reply_keeps_what_the_model_saw(templated):

@@ -1,5 +1,6 @@
 """Streaming a reply: stop strings held back and trimmed, Ctrl-C keeps what was written."""
 
+from specrun.chat.formats import plain_transcript
 from specrun.chat.reply import StopScanner, stream_reply
 from specrun.core.engine import Generator
 from specrun.core.events import Done, Stats, StepEvent, TokenEvent
@@ -106,3 +107,14 @@ def test_the_end_of_generation_token_is_not_kept():
     reply = stream_reply(ScriptedGenerator(script), [7], 50, [], RecordingView(), started=0.0)
     assert reply.stop_reason == "eog" and reply.tokens == [1] and reply.text == "Done"
     assert reply.ttft_s is not None and reply.ttft_s > 0
+
+
+def test_in_the_plain_transcript_a_reply_ends_at_either_turn_marker_starting_a_line():
+    """A base model writes its own next turn as readily as the user's: both end the reply."""
+    stops = plain_transcript([{"role": "user", "content": "Hi?"}]).stop
+    for marker in ("User:", "Assistant:"):
+        script = [(1, " Hi", "target"), (2, ", Assistant: hi.", "draft"), (3, "\n", "target"), (4, marker, "draft"),
+                  (5, " Hi?", "target")]
+        reply = stream_reply(ScriptedGenerator(script), [7], 50, stops, RecordingView(), started=0.0)
+        assert reply.stop_reason == "stop_string", marker
+        assert reply.text == " Hi, Assistant: hi." and reply.tokens == [1, 2]  # mid-line, the marker is text

@@ -62,6 +62,8 @@ class Totals(Stats):
             "drafts": self.drafts,
             "drafted": self.drafted,
             "accepted": self.accepted,
+            "drafted_by_position": self.drafted_by_position,  # drafts that reached each position: the rates' weights
+            "accepted_by_position": self.accepted_by_position,
         }
 
 

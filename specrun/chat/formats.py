@@ -45,8 +45,14 @@ class ChatFormat:
         return Rendered(result.prompt, tuple(s for s in stops if s))
 
 
+# A base model continues the transcript with whichever turn it guesses comes next, its own
+# included: a reply that went on to a new "Assistant:" line would answer itself until
+# --max-tokens. Either marker at the start of a line ends the reply.
+PLAIN_STOPS = ("\nUser:", "\nAssistant:")
+
+
 def plain_transcript(messages: list[Message], **_: object) -> lcf.ChatFormatterResponse:
-    """A completion-style transcript any base model can continue; the next "User:" ends a reply."""
+    """A completion-style transcript any base model can continue; a turn marker starting a line ends a reply."""
     parts = []
     for message in messages:
         role, content = message["role"], message["content"]
@@ -56,7 +62,7 @@ def plain_transcript(messages: list[Message], **_: object) -> lcf.ChatFormatterR
             parts.append(f"User: {content}\nAssistant:")
         else:
             parts.append(f"{content}\n")
-    return lcf.ChatFormatterResponse(prompt="".join(parts), stop=["\nUser:"])
+    return lcf.ChatFormatterResponse(prompt="".join(parts), stop=list(PLAIN_STOPS))
 
 
 def registered_formats() -> dict[str, Formatter]:

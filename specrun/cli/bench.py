@@ -110,7 +110,7 @@ def bench(
     meta = [{"source": p.source, "group": p.group, "prompt_tokens": len(t)} for p, t in zip(loaded, token_lists)]
     settings = _config_record(config, method_names, ks, max_tokens, repeat, warmup, source_name, len(loaded))
     document = export.build_document(results, settings, meta)
-    _show(document)
+    view.show(document, Console())
     _write_outputs(document, json_out, csv_out, plot_out)
 
 
@@ -179,19 +179,6 @@ def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name,
         "specrun": __version__,
         "llama_cpp_python": system_info()["llama_cpp_python"],
     }
-
-
-def _show(document: dict) -> None:
-    out = Console()
-    out.print(view.prompt_table(document))
-    out.print(view.summary_table(document))
-    translated = view.translation_table(document)
-    if translated is not None:
-        out.print(translated)
-    if document["summary"]:
-        out.print(view.acceptance_chart(document))
-        out.print(view.speedup_chart(document))
-    out.print(f"recommendation: {document['recommendation']}")
 
 
 def _write_outputs(document: dict, json_out: Path | None, csv_out: Path | None, plot_out: Path | None) -> None:

@@ -36,6 +36,7 @@ Ctrl-C stops the reply being written and keeps what it wrote. Start a message wi
 to send text that begins with /."""
 
 PROMPT, MORE = "you> ", "...> "
+INSTRUCT_EXAMPLE = "qwen2.5-0.5b"  # an instruct alias (profiles/qwen2.5.yaml) small enough to fetch and run on any CPU
 BLOCK = '"""'
 QUIT = object()
 
@@ -61,8 +62,7 @@ def chat(
     with Session(config) as session:
         fmt = choose_format(session.target_model, chat_format)
         if fmt.source == "no chat template in the model":
-            note(f"note: {config.target.name} has no chat template: using a plain User:/Assistant: transcript "
-                 "(--chat-format picks another)")
+            base_model_notes(config.target.name)
         plain_rate = PlainRate.calibrate(session) if session.drafter is not None else None
         runner = ChatRunner(session, fmt, max_tokens, system, plain_rate)
         if plain_rate is not None:
@@ -72,6 +72,16 @@ def chat(
         shell = InteractiveShell(runner, Console(), _title(config)) if interactive else PipedShell(runner)
         shell.run()
         note(summary_line(runner.totals, runner), style="")
+
+
+def base_model_notes(name: str) -> None:
+    """A model without a chat template is most likely a base model: it continues text, so a
+    newcomer asking it a question gets the question back. Say so, and how to chat instead."""
+    note(f"note: {name} has no chat template, so it is likely a base model, which continues text rather than "
+         "answering (it may repeat your message): using a plain User:/Assistant: transcript, where a reply ends "
+         "at a line starting User: or Assistant:")
+    note(f"note: to chat, give an instruct model: --target {INSTRUCT_EXAMPLE} (an alias, fetched once; "
+         "`specrun models --aliases` lists the others) or --target PATH.gguf; --chat-format picks another format")
 
 
 def note(text: str, style: str = "dim") -> None:
