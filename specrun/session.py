@@ -370,7 +370,7 @@ class Session:
         streams' rows go through one target decode per step, and a prompt takes the next free
         stream (the one whose cache shares most of it). `grammar`: one for all, or one per prompt.
         Returned in the prompts' order."""
-        grammars = list(grammar) if isinstance(grammar, (list, tuple)) else [grammar] * len(prompts)
+        grammars = [grammar] * len(prompts) if grammar is None or isinstance(grammar, Grammar) else list(grammar)
         if len(grammars) != len(prompts):
             raise SpecrunError(f"{len(grammars)} grammars for {len(prompts)} prompts: give one for all, or one per prompt")
         prepared = [self._prepared(prompt, max_tokens, plain, k, seed, sampler, None)[1] for prompt in prompts]

@@ -120,7 +120,7 @@ def _print_report(report: dict[str, Any]) -> None:
         elif key == "rpc_server_build":
             print(f"rpc-server for the other machines (same llama.cpp as here): {value}")
         elif key == "recurrent_snapshots":
-            auto, llama_cpp = value["auto"], value["llama.cpp"]  # type: ignore[index]
+            auto, llama_cpp = value["auto"], value["llama.cpp"]
             print(f"hybrid targets (Qwen3.5, Nemotron-H, LFM2, ...): llama.cpp keeps their recurrent state and a copy "
                   f"of it for each token of the longest draft: k with --k N, {auto} with --k auto, {llama_cpp} with "
                   "--k llama.cpp; `specrun pair check` gives a model's bytes")

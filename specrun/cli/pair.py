@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -48,7 +48,7 @@ def check(
 ) -> None:
     """Would DRAFT work with TARGET in llama.cpp, could it be faster, and does it fit? Reads headers only."""
     endpoints = rpc.parse_endpoints(rpc_servers, "--rpc")
-    options = dict(ctx=ctx, acceptance=acceptance, offline=offline, rpc=endpoints, k=k)
+    options: dict[str, Any] = dict(ctx=ctx, acceptance=acceptance, offline=offline, rpc=endpoints, k=k)
     if draft == MTP_SPEC:
         own = check_mtp(target, **options)
         typer.echo(json.dumps(own.as_json(), indent=2) if json_out else "\n".join(mtp_check_lines(own)))

@@ -76,7 +76,7 @@ class Verified:
 
 
 EventStream = PyGenerator[Event, None, None]
-Steps = PyGenerator["Event | Decode", "Verified | None", None]
+Steps = PyGenerator["Event | Decode", Verified, None]
 OnToken = Callable[[TokenEvent], "StopReason | None"]
 OnStep = Callable[[StepEvent, Stats], "StopReason | None"]
 NO_DRAFT = Draft()

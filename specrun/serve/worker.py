@@ -153,10 +153,13 @@ class Worker:
         if self.state == "ready":
             return None
         if self.state == "lost":  # the RPC servers' layers are gone: every request would fail
-            return ApiError(503, str(self.error), code="rpc_lost", kind="unavailable_error")
+            return self._lost()
         message = {"loading": "Loading model", "stopping": "the server is shutting down"}.get(self.state, "the model failed to load")
         return ApiError(503, message, code="unavailable", kind="unavailable_error",
                         headers={"Retry-After": "1"} if self.state == "loading" else None)
+
+    def _lost(self) -> ApiError:
+        return ApiError(503, str(self.error), code="rpc_lost", kind="unavailable_error")
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> Job:
         refusal = self.unavailable()
@@ -189,6 +192,12 @@ class Worker:
             self._thread.join()
 
     # --- the model thread -------------------------------------------------------------
+    @property
+    def _loaded(self) -> Session:
+        """The session, for the methods below `_run`, which run only once it has loaded."""
+        assert self.session is not None
+        return self.session
+
     def _run(self) -> None:
         try:
             self.session = self._open_session()
@@ -230,9 +239,10 @@ class Worker:
 
     def _step(self) -> None:
         """One decode for every running request; a failure ends them all."""
-        assert self._batch is not None
-        self._guarded(lambda *jobs: self._batch.step(), *self.running.values())
-        self.metrics.decoded(self._batch.rows)
+        batch = self._batch
+        assert batch is not None
+        self._guarded(lambda *jobs: batch.step(), *self.running.values())
+        self.metrics.decoded(batch.rows)
 
     def _guarded(self, work: Callable[..., None], *jobs: Job) -> None:
         """work(*jobs); where it fails, every job it was for, and every running one, fails with it
@@ -243,14 +253,14 @@ class Worker:
         except Exception as exc:
             if isinstance(exc, RpcLost):
                 self.state, self.error = "lost", exc
-                error = self.unavailable()
+                error = self._lost()
             else:
                 traceback.print_exc(file=sys.stderr)
                 error = ApiError(500, f"internal error: {exc}", code="internal_error", kind="server_error")
             for job in {*jobs, *self.running.values()}:
                 job.report(Failed(error))
             self.running.clear()
-            self._batch = Batch(self.session.target)
+            self._batch = Batch(self._loaded.target)
 
     def _start(self, job: Job) -> None:
         """Put the job's generation on the free slot that has most of its prompt cached."""
@@ -262,14 +272,14 @@ class Worker:
         free = [slot for slot in range(self.slots) if slot not in self.running]
         try:
             prompt = self._prompt(job.request)
-            slot = self.session.best_slot(prompt.tokens, free)
+            slot = self._loaded.best_slot(prompt.tokens, free)
             generator = self._generator(job.request, slot)
         except ApiError as error:
             self.metrics.reject("invalid")
             job.report(Failed(error))
             return
         job.report(Started(len(prompt.tokens)))
-        max_tokens = job.request.max_tokens or self.max_tokens or self.session.target.n_ctx
+        max_tokens = job.request.max_tokens or self.max_tokens or self._loaded.target.n_ctx
         reader = CallReader(self._tool_style.form) if job.request.tools else None
         view = _Reporter(job, self.metrics, reader)
         reply = ReplyStream(prompt.stops, view, started, cancelled=lambda: job.cancelled)
@@ -286,7 +296,7 @@ class Worker:
         view.finish()
         if job.request.chat:
             self._transcript.record(prompt.tokens, prompt.text, reply.tokens)
-        self.session.remember(prompt.tokens + reply.tokens)
+        self._loaded.remember(prompt.tokens + reply.tokens)
         outcome = view.outcome(reply, len(prompt.tokens))
         self.metrics.finish(outcome.finish_reason, outcome.prompt_tokens,
                             outcome.prompt_tokens - reply.stats.prefilled_tokens, reply.stats)
@@ -294,7 +304,7 @@ class Worker:
         job.report(Finished(outcome))
 
     def _prompt(self, request: GenerationRequest) -> Prompt:
-        if request.chat:
+        if request.messages is not None:  # a chat request
             messages, tools = prompt_messages(self._tool_style, request.messages, request.tools)
             try:
                 rendered = self._chat_format.render(messages, tools)
@@ -303,8 +313,10 @@ class Worker:
             tokens, text, _ = self._transcript.prompt(rendered.text)
             prompt = Prompt(tokens, text, rendered.stops + request.stops)
         else:
-            prompt = Prompt(self.session.tokenize(request.prompt), request.prompt, request.stops)
-        n_ctx = self.session.target.n_ctx
+            if request.prompt is None:
+                raise ValueError("a request carries either messages or a prompt")
+            prompt = Prompt(self._loaded.tokenize(request.prompt), request.prompt, request.stops)
+        n_ctx = self._loaded.target.n_ctx
         if not prompt.tokens:
             raise ApiError(400, "the prompt is empty: give some text to continue", "prompt", "invalid_value")
         if len(prompt.tokens) >= n_ctx:
@@ -320,7 +332,7 @@ class Worker:
             raise setting_error(exc) from None
         if request.seed is not None:
             settings = replace(settings, seed=request.seed if request.seed >= 0 else None)
-        longest = self.session.target.n_batch - 1
+        longest = self._loaded.target.n_batch - 1
         asked = request.speculative.n_max if request.speculative else request.k
         if isinstance(asked, int) and asked > longest:
             param = "speculative.n_max" if request.speculative else "k"
@@ -328,7 +340,7 @@ class Worker:
         policy = SpeculativeRule(request.speculative) if request.speculative else request.k
         grammar = tool_grammar(self._tool_style.form, request.tools) if request.tools else request.grammar
         try:
-            return self.session.generator(policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts,
+            return self._loaded.generator(policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts,
                                           slot=slot)
         except SpecrunError as exc:  # llama.cpp refused the request's GBNF (the tools' grammar is ours: a bug)
             if request.grammar_param is None:
