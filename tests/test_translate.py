@@ -162,6 +162,9 @@ def test_a_draft_far_behind_reads_its_start_token_and_a_window_where_the_policy_
     context = Context(draft, ContextOptions(n_ctx=2048, n_threads=1))
     try:
         drafter = TranslatingDraft(context, VocabBridge(target, draft))
+        # Costs as on two CPU cores, set rather than timed: a busy machine can time a one-token
+        # decode slow enough that the window spans the whole history.
+        drafter.feed.one_s, drafter.feed.batched_s = 1.0, 0.5  # far above a tiny model's timings, which ema in
         history = target.tokenize(" ".join([PROMPT] * 8))
         assert len(history) > 2 * MIN_WINDOW
         drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY, "window"))
