@@ -103,6 +103,10 @@ class SessionConfig:
         if options.get("translation", "text") not in TRANSLATIONS:
             raise SettingError("translation", "'text' or 'tokens'", options["translation"])
         check(**{name: options[name] for name in CHECKED_FIELDS if name in options})
+        parallel, n_ctx = options.get("parallel", 1), options.get("n_ctx", SessionConfig.n_ctx)
+        if parallel > 1 and n_ctx // parallel < MIN_SLOT_CTX:
+            raise SpecrunError(f"--parallel {parallel} gives each stream {n_ctx // parallel} tokens of context, "
+                               f"fewer than the {MIN_SLOT_CTX} a stream needs: raise --ctx-size")
 
 
 def refuse_mtp_drafter(model: Model) -> None:
@@ -180,9 +184,6 @@ class Session:
 
     def _context_options(self) -> ContextOptions:
         c = self.config
-        if c.parallel > 1 and c.n_ctx // c.parallel < MIN_SLOT_CTX:
-            raise SpecrunError(f"--parallel {c.parallel} leaves each stream {c.n_ctx // c.parallel} tokens of --ctx-size "
-                               f"{c.n_ctx} (at least {MIN_SLOT_CTX} are needed): raise --ctx-size or lower --parallel")
         return ContextOptions(n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn,
                               sequences=c.parallel)
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tinyhybrid import write_tiny_qwen35
+from tinyhybrid import write_tiny_mamba, write_tiny_qwen35
 from tinymodels import write_tiny_llama
 
 from specrun.cli.app import run_app
@@ -64,7 +64,8 @@ def shared_rows():
 
 
 # Command lines with {tiny} (the tiny target), {dir}, {missing}, {binary}, {empty}, {cut},
-# {noarch}, {vocab_only}, {alien}, {minimum}, {schema_prompts} and {mtp_only} filled in by the `inputs` fixture.
+# {noarch}, {vocab_only}, {alien}, {minimum}, {schema_prompts}, {prompts}, {mtp_only}, {mamba}, {qwen35}
+# and {qwen35_mtp} filled in by the `inputs` fixture.
 COMMAND_ROWS = [
     # prompts
     (["generate", "", "-m", "{tiny}", "--lookup"], ["no prompt", "PROMPT is empty"]),
@@ -86,6 +87,17 @@ COMMAND_ROWS = [
     (["generate", "hi", "-m", "{tiny}", "--draft", "{alien}"], ["alien.gguf shares almost no tokens with target", "0 of its 400"]),
     (["generate", "hi", "-m", "{tiny}", "--draft", "mtp"], ["target model", "has no MTP (NextN) layers, so it cannot draft for itself"]),
     (["generate", "hi", "-m", "{tiny}", "--draft", "{mtp_only}"], ["draft model mtp-qwen35.gguf is an MTP drafter", "specrun cannot run yet"]),
+    # targets with a recurrent state, and their own MTP heads
+    (["generate", "hi", "-m", "{mamba}", "--lookup"], ["(mamba) keeps a recurrent state that llama.cpp cannot roll back"]),
+    (["generate", "hi", "-m", "{qwen35}", "--lookup", "--k", "8", "--ubatch-size", "6"],
+     ["can roll back only 4 tokens with --ubatch-size 6"]),
+    (["generate", "--batch", "{prompts}", "-m", "{qwen35_mtp}", "--draft", "mtp", "--parallel", "2", "-c", "512"],
+     ["--draft mtp drafts for one stream at a time", "--parallel 1"]),
+    # several streams
+    (["generate", "--batch", "{prompts}", "-m", "{tiny}", "--parallel", "0"], ["--parallel has to be an integer from 1 to 256, but is 0"]),
+    (["generate", "--batch", "{prompts}", "-m", "{tiny}", "--parallel", "4", "-c", "128"],
+     ["--parallel 4 gives each stream 128 tokens of context", "raise --ctx-size"]),
+    (["bench", "--parallel", "2", "-c", "64", "-m", "{tiny}"], ["--parallel 2 gives each stream 64 tokens of context"]),
     # structured output
     (["generate", "hi", "-m", "{tiny}", "--json-schema", "{empty}"], ["--json-schema", "empty.txt", "not JSON"]),
     (["generate", "hi", "-m", "{tiny}", "--json-schema", "{minimum}"], ["--json-schema", "unsupported JSON schema feature 'minimum'"]),
@@ -98,6 +110,8 @@ COMMAND_ROWS = [
     # serve
     (["serve", "-m", "{tiny}", "--port", "70000"], ["--port", "70000", "0 to 65535"]),
     (["serve", "-m", "{tiny}", "--queue", "0"], ["--queue", "but is 0"]),
+    (["serve", "-m", "{tiny}", "--parallel", "0"], ["--parallel has to be an integer from 1 to 256, but is 0"]),
+    (["serve", "-m", "{tiny}", "--parallel", "2", "-c", "100"], ["--parallel 2 gives each stream 100 tokens of context"]),
     (["serve", "-m", "{tiny}", "--store-tokens", "-1"], ["--store-tokens", "-1"]),
     (["serve", "-m", "{tiny}", "--api-key", " "], ["--api-key is empty"]),
     (["serve", "-m", "{tiny}", "--chat-format", "nope"], ["--chat-format", "'nope'"]),
@@ -140,8 +154,17 @@ COMMAND_ROWS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def recurrent(tmp_path_factory):
+    """Tiny GGUFs of targets with a recurrent state: a Mamba llama.cpp cannot roll back, a
+    qwen35 it rolls back, and that qwen35 with an MTP (NextN) block."""
+    root = tmp_path_factory.mktemp("recurrent")
+    return {"mamba": str(write_tiny_mamba(root / "mamba.gguf")), "qwen35": str(write_tiny_qwen35(root / "qwen35.gguf")),
+            "qwen35_mtp": str(write_tiny_qwen35(root / "qwen35-mtp.gguf", nextn=True))}
+
+
 @pytest.fixture
-def inputs(tmp_path, tiny, monkeypatch, record_property):
+def inputs(tmp_path, tiny, recurrent, monkeypatch, record_property):
     """Bad inputs in a folder; the test runs there and checks nothing new appears.
 
     Each refusal's line is recorded for the report (`pytest --junitxml`, docs/errors.md)."""
@@ -156,6 +179,7 @@ def inputs(tmp_path, tiny, monkeypatch, record_property):
     )
     write_tiny_llama(folder / "tokenizer.gguf", vocab="gpt2", vocab_only=True)
     (folder / "minimum.json").write_text('{"type": "integer", "minimum": 3}')
+    (folder / "prompts.txt").write_text("the cat\nthe dog\n")
     (folder / "prompts.jsonl").write_text('{"prompt": "x", "schema": {"not": {"type": "null"}}}\n')
     # Config and caches live beside the folder: matplotlib keeps its font list there.
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
@@ -166,7 +190,7 @@ def inputs(tmp_path, tiny, monkeypatch, record_property):
         "missing_dir": str(folder / "no" / "such"), "binary": str(folder / "binary.txt"),
         "empty": str(folder / "empty.txt"), "cut": str(folder / "cut.gguf"), "noarch": str(folder / "noarch.gguf"),
         "vocab_only": str(folder / "tokenizer.gguf"), "alien": str(tiny["alien"]), "minimum": str(folder / "minimum.json"),
-        "schema_prompts": str(folder / "prompts.jsonl"),
+        "schema_prompts": str(folder / "prompts.jsonl"), "prompts": str(folder / "prompts.txt"), **recurrent,
         "mtp_only": str(write_tiny_qwen35(tmp_path / "mtp-qwen35.gguf", mtp_only=True)),
         "root": folder, "record": record_property,
     }

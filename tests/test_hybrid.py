@@ -157,17 +157,6 @@ def test_serve_names_mtp_drafts(hybrid):
         assert "(mtp drafts, k 3;" in describe(settings, session)
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--target", "{mamba}", "--lookup"], "(mamba) keeps a recurrent state that llama.cpp cannot roll back"),
-    (["--target", "{target}", "--draft", "mtp"], "has no MTP (NextN) layers, so it cannot draft for itself"),
-    (["--target", "{target}", "--lookup", "--k", "8", "--ubatch-size", "6"], "can roll back only 4 tokens with --ubatch-size 6"),
-])
-def test_what_a_recurrent_target_cannot_do_is_one_line(hybrid, args, says):
-    result = specrun_cli("generate", PROMPT, *[a.format(**{k: str(v) for k, v in hybrid.items()}) for a in args],
-                         "-n", "4", "-t", "1", "-c", "256")
-    assert result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
-
-
 def test_a_mamba_target_still_decodes_plainly(hybrid):
     with Session(SessionConfig(target=hybrid["mamba"], n_ctx=256, threads=1)) as session:
         tokens = [e.token for e in session.stream(PROMPT, 8) if isinstance(e, TokenEvent)]

@@ -30,7 +30,7 @@ from specrun.drafts.store import DEFAULT_LIMIT
 from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic
 from specrun.grammar.schemas import grammar_from_json_schema
-from specrun.session import Session
+from specrun.session import Session, SessionConfig
 from specrun.settings import check
 
 
@@ -73,6 +73,7 @@ def bench(
     max_tokens = defaults.max_tokens if max_tokens is None else max_tokens
     repeat = defaults.repeat if repeat is None else repeat
     check(max_tokens=max_tokens, repeat=repeat, warmup=warmup, store_tokens=store_tokens, parallel=parallel)
+    SessionConfig.check_settings({"parallel": parallel, "n_ctx": model.ctx_size * parallel})  # before any note
     if parallel > 1 and (csv_out or plot_out or repeat > 1):
         raise SpecrunError("--parallel reports one pass of all prompts per method: leave out --csv, --plot and --repeat")
     ks = parse_k_values(k or defaults.k)

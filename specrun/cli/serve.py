@@ -17,6 +17,7 @@ from specrun.hub.memory import ram_available_bytes
 from specrun.pair.cost import kv_cache_bytes
 from specrun.pair.header import read_local
 from specrun.session import Session, SessionConfig
+from specrun.settings import check
 
 PARALLEL = 4  # requests served at once by default, where memory holds their caches
 
@@ -62,7 +63,9 @@ def serve(
     options = ServeOptions(host=host, port=port, api_key=api_key, queue=queue, max_tokens=max_tokens, chat_format=chat_format,
                            cors_origins=tuple(cors_origin or ()), grammar_drafts=grammar_drafts)
     config = model.session_config(lookup, k, store_tokens)
-    slots = parallel or auto_parallel(config, model.ctx_size)
+    if parallel is not None:
+        check(parallel=parallel)  # before minutes of model loading; 0 is not "choose for me"
+    slots = auto_parallel(config, model.ctx_size) if parallel is None else parallel
     config = replace(config, parallel=slots, n_ctx=model.ctx_size * slots)  # each request gets --ctx-size
     server = Server(config, options, on_ready=lambda session: note(f"ready: {describe(config, session)}"))
     note(f"specrun serve: listening on {server.url} (loading {config.target.name}; /health answers 503 until ready)")
