@@ -11,9 +11,11 @@ import typer
 
 from specrun.backend import rpc
 from specrun.cli.app import app
+from specrun.cli.serve import PARALLEL
 from specrun.core.policy import AUTO_ROLLBACK, LLAMA_CPP_DRAFT_MAX
 from specrun.errors import SpecrunError
 from specrun.hub.embedded import cache_dir
+from specrun.hub.memory import ram_available_bytes
 
 GPU_BUILDS = {
     "Darwin": 'CMAKE_ARGS="-DGGML_METAL=on" pip install --force-reinstall --no-cache-dir "llama-cpp-python>=0.3.36,<0.4"',
@@ -52,6 +54,8 @@ def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, Any]:
         # How a hybrid target's recurrent-state snapshots are sized (a copy each); their bytes depend on
         # the model, which only its header tells (`specrun pair check`), so none is given here.
         "recurrent_snapshots": {"fixed_k": "k", "auto": AUTO_ROLLBACK, "llama.cpp": LLAMA_CPP_DRAFT_MAX},
+        # How serve picks its slots when --parallel is not given: the KV cache per slot depends on the model.
+        "serve_slots": {"most": PARALLEL, "memory_available": ram_available_bytes()},
         "hf_cache": os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface",
         # Other tools' stores, read where they lie (`specrun models` lists them).
         **{f"{store.source}_models": str(store.root) for store in foreign_stores()},
@@ -124,6 +128,11 @@ def _print_report(report: dict[str, Any]) -> None:
             print(f"hybrid targets (Qwen3.5, Nemotron-H, LFM2, ...): llama.cpp keeps their recurrent state and a copy "
                   f"of it for each token of the longest draft: k with --k N, {auto} with --k auto, {llama_cpp} with "
                   "--k llama.cpp; `specrun pair check` gives a model's bytes")
+        elif key == "serve_slots":
+            free = value["memory_available"]
+            room = f"the {free / 2**30:.1f} GiB available" if free else "memory (unknown here, so 1)"
+            print(f"serve slots without --parallel: up to {value['most']}, as many KV caches of --ctx-size tokens as "
+                  f"fit beside the weights in {room}; 1 with --draft mtp")
         elif key == "rpc_servers":
             for server in value:
                 print(_server_line(server))
