@@ -418,7 +418,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="times each workload is replayed")
     parser.add_argument("--prompts", type=Path, default=HERE / "prompts" / "copy_heavy.txt")
     parser.add_argument("--copy-prompts", type=int, help="use only the first N copy-heavy prompts")
-    parser.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "llbuild")
+    parser.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "llama-tools")
     parser.add_argument("--memory", action="store_true", help="measure resident memory instead of speed")
     parser.add_argument("--requests", type=int, default=1000, help="requests in the --memory run")
     parser.add_argument("--memory-tokens", type=int, default=32, help="max tokens per --memory request")

@@ -63,7 +63,10 @@ class _LlamaContext:
         params.n_batch = options.n_batch
         params.n_ubatch = options.n_ubatch or options.n_batch
         params.n_seq_max = options.sequences
-        params.kv_unified = False  # each sequence its own share of the cache: one stream cannot crowd out another
+        # One cache for every sequence: llama.cpp splits a batch over per-sequence caches into
+        # micro-batches of equal tokens per sequence, so uneven drafts would cost a forward pass
+        # per row of the widest. Each sequence's share of n_ctx is enforced here (`free_slots`).
+        params.kv_unified = True
         self.n_threads = options.n_threads or os.cpu_count() or 1
         params.n_threads = params.n_threads_batch = self.n_threads
         params.flash_attn_type = options.flash_attn
