@@ -5,7 +5,7 @@ with 2 threads by default, after a prompt, rounds of each of these, interleaved:
 
 - plain step: one token decoded, as plain decoding does;
 - verify + rollback: the last token and k drafts in one decode, then all k drafts dropped
-  again through llama.cpp's snapshots (the worst case: nothing accepted);
+  again through llama.cpp's snapshots (16, as `--k auto` keeps; the worst case: nothing accepted);
 - the same verify in a context without snapshots (n_rs_seq 0), which cannot roll back: what
   keeping the snapshots adds to a decode;
 - a draft model's way back: a checkpoint of the state, k one-token decodes, then back to the
@@ -21,6 +21,7 @@ the state; tests/test_pair_hybrid.py checks the count against llama.cpp's own).
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import time
 from pathlib import Path
@@ -47,14 +48,16 @@ def context(model: Model, rollback: int, threads: int) -> Context:
 
 def one_round(snap: Context, bare: Context, tokens: list[int], at: int, k: int) -> dict[str, float]:
     """Each measurement once, from `at` tokens held; both contexts end holding `at` + 2."""
-    drafts = tokens[at + 1:at + 2 + k]
-    ms = {"plain step": timed(lambda: snap.eval(tokens[at:at + 1], 1)),
-          "verify": timed(lambda: snap.eval(drafts, k + 1)),
-          "rollback": timed(lambda: snap.truncate(at + 2))}
-    bare.eval(tokens[at:at + 1], 1)  # it cannot drop the drafts again: it keeps them, which costs the same
+    drafts = tokens[at + 1 : at + 2 + k]
+    ms = {
+        "plain step": timed(lambda: snap.eval(tokens[at : at + 1], 1)),
+        "verify": timed(lambda: snap.eval(drafts, k + 1)),
+        "rollback": timed(lambda: snap.truncate(at + 2)),
+    }
+    bare.eval(tokens[at : at + 1], 1)  # it cannot drop the drafts again: it keeps them, which costs the same
     ms["verify, no snapshots"] = timed(lambda: bare.eval(drafts, k + 1))
     ms["checkpoint"] = timed(snap.checkpoint)
-    ms["k one-token decodes"] = timed(lambda: [snap.eval([t], 1) for t in tokens[at + 2:at + 2 + k]])
+    ms["k one-token decodes"] = timed(lambda: [snap.eval([t], 1) for t in tokens[at + 2 : at + 2 + k]])
     ms["back to checkpoint"] = timed(lambda: snap.truncate(at + 2))
     return ms
 
@@ -75,8 +78,7 @@ def main() -> None:
     for ctx in (snap, bare):
         ctx.eval(tokens[:PROMPT_TOKENS], 1)
     at = PROMPT_TOKENS
-    times: dict[str, list[float]] = {name: [] for name in ("plain step", "verify", "rollback", "verify, no snapshots",
-                                                           "checkpoint", "k one-token decodes", "back to checkpoint")}
+    times: dict[str, list[float]] = collections.defaultdict(list)  # in one_round's order
     for _ in range(args.rounds):
         for name, seconds in one_round(snap, bare, tokens, at, k).items():
             times[name].append(seconds)
@@ -87,12 +89,16 @@ def main() -> None:
     for name, value in median.items():
         print(f"  {name:24} {value:9.3f}  ({value / step:.2f} plain steps)")
     both = median["verify"] + median["rollback"]
-    print(f"  verify + rollback        {both:9.3f}  ({both / step:.2f} plain steps; "
-          f"{median['verify'] / median['verify, no snapshots']:.3f}x the verify without snapshots)")
+    print(
+        f"  verify + rollback        {both:9.3f}  ({both / step:.2f} plain steps; "
+        f"{median['verify'] / median['verify, no snapshots']:.3f}x the verify without snapshots)"
+    )
     copy = state_bytes(read_keys(args.model).meta)
     if copy is not None:
-        print(f"recurrent state, one copy per sequence: {copy / 2**20:.2f} MiB; with n_rs_seq snapshots, "
-              + ", ".join(f"{n}: {copy * (1 + n) / 2**20:.1f} MiB" for n in (0, k, 16)))
+        print(
+            f"recurrent state, one copy per sequence: {copy / 2**20:.2f} MiB; with n_rs_seq snapshots, "
+            + ", ".join(f"{n}: {copy * (1 + n) / 2**20:.1f} MiB" for n in (0, k, 16))
+        )
 
 
 if __name__ == "__main__":

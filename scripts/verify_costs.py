@@ -1,6 +1,6 @@
 """The verify-cost curve: one target decode with logits for w rows, per width (benchmark, not CI).
 
-Times the same decodes `--k auto` measures at start-up (specrun.policy.time_decodes), at
+Times the same decodes `--k auto` measures at start-up (specrun.core.costs.time_decodes), at
 every width up to 17 and then at a few wider ones, and prints ms per decode and per row:
 the curve that decides how long a draft can pay. `--ubatch-size` shows what smaller
 micro-batches cost; `--plot` draws the curve (needs the plot extra). `--head` also times
@@ -26,8 +26,9 @@ from specrun.core.costs import time_decodes  # noqa: E402
 WIDTHS = [*range(1, 18), 24, 32, 48, 64, 96, 128, 256]
 
 
-def measure(model_path: Path, threads: int, ubatches: list[int], repeats: int,
-            every_row: bool = True) -> dict[int, dict[int, float]]:
+def measure(
+    model_path: Path, threads: int, ubatches: list[int], repeats: int, every_row: bool = True
+) -> dict[int, dict[int, float]]:
     """ms per decode, per n_ubatch (0 = n_batch) and width; logits for every row or the last."""
     model = Model(model_path, ModelOptions(n_gpu_layers=0))
     try:
@@ -81,8 +82,10 @@ def main() -> None:
     curves = measure(args.model, args.threads, ubatches, args.repeats)
     headless = measure(args.model, args.threads, ubatches, args.repeats, every_row=False) if args.head else {}
     for ubatch, curve in curves.items():
-        print(f"n_ubatch {ubatch or 512}, {args.threads} threads: width, ms per decode, ms per row"
-              + (", ms per row with logits for the last row only, the output head's share" if headless else ""))
+        print(
+            f"n_ubatch {ubatch or 512}, {args.threads} threads: width, ms per decode, ms per row"
+            + (", ms per row with logits for the last row only, the output head's share" if headless else "")
+        )
         for width, ms in curve.items():
             line = f"  {width:4} {ms:7.1f} {ms / width:6.2f}"
             if headless:
@@ -90,8 +93,10 @@ def main() -> None:
                 line += f" {bare / width:6.2f} {1 - bare / ms:6.0%}"
             print(line)
         best = max(curve, key=lambda width: width * curve[1] / curve[width])
-        print(f"  ceiling: a draft accepted whole runs at most {best * curve[1] / curve[best]:.2f}x plain "
-              f"(verified {best} rows at a time)")
+        print(
+            f"  ceiling: a draft accepted whole runs at most {best * curve[1] / curve[best]:.2f}x plain "
+            f"(verified {best} rows at a time)"
+        )
     if args.plot:
         plot(curves, args.plot)
 
