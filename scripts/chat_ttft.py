@@ -15,8 +15,9 @@ from pathlib import Path
 
 from specrun.chat.formats import choose_format
 from specrun.chat.runner import ChatRunner
+from specrun.config import SessionConfig
 from specrun.hub.embedded import embedded_model_path
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 # A long first message, so the history is a few hundred tokens before the later turns.
 CONTEXT = (
@@ -33,9 +34,18 @@ CONTEXT = (
     "people put candles in their windows. "
 )
 MESSAGES = [
-    CONTEXT + "Tell me about the city of Lyon.", "What is it famous for?", "And its food?", "Name a famous dish.",
-    "How is it cooked?", "What wine goes with it?", "Where is that wine made?", "Is the region old?",
-    "Who founded it?", "Summarize what we discussed.", "Anything else?", "Thanks, goodbye.",
+    CONTEXT + "Tell me about the city of Lyon.",
+    "What is it famous for?",
+    "And its food?",
+    "Name a famous dish.",
+    "How is it cooked?",
+    "What wine goes with it?",
+    "Where is that wine made?",
+    "Is the region old?",
+    "Who founded it?",
+    "Summarize what we discussed.",
+    "Anything else?",
+    "Thanks, goodbye.",
 ]
 
 

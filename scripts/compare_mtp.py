@@ -25,8 +25,9 @@ from pathlib import Path
 from compare_llama_cpp import build_tools
 from compare_llama_server import free_port, post
 
+from specrun.config import SessionConfig
 from specrun.drafts.mtp import MtpDraft
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
@@ -40,8 +41,29 @@ CALL = re.compile(rb"called impl draft-mtp")
 def llama_drafts(bin_dir: Path, model: Path, k: int, tokens: int, log: Path) -> tuple[list[list[int]], list[int]]:
     """llama-server's draft calls (each call's drafted tokens, in order) and its generated tokens."""
     port = free_port()
-    cmd = [bin_dir / "llama-server", "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", "1", "-c", "1024",
-           "-np", "1", "--no-webui", "--no-repack", "--spec-type", "draft-mtp", "--spec-draft-n-max", str(k), "-lv", "5"]
+    cmd = [
+        bin_dir / "llama-server",
+        "-m",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        "1",
+        "-c",
+        "1024",
+        "-np",
+        "1",
+        "--no-webui",
+        "--no-repack",
+        "--spec-type",
+        "draft-mtp",
+        "--spec-draft-n-max",
+        str(k),
+        "-lv",
+        "5",
+    ]
     with log.open("wb") as out:
         process = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -56,8 +78,10 @@ def llama_drafts(bin_dir: Path, model: Path, k: int, tokens: int, log: Path) -> 
             except OSError:
                 time.sleep(0.1)
         start = log.stat().st_size
-        reply = post(f"{url}/completion", {"prompt": PROMPT, "n_predict": tokens, "temperature": 0, "top_k": 1,
-                                           "cache_prompt": False, "return_tokens": True})
+        reply = post(
+            f"{url}/completion",
+            {"prompt": PROMPT, "n_predict": tokens, "temperature": 0, "top_k": 1, "cache_prompt": False, "return_tokens": True},
+        )
         time.sleep(1)  # its log is written asynchronously
     finally:
         process.terminate()
@@ -106,9 +130,11 @@ def main() -> None:
             ours, our_tokens = specrun_drafts(model, k, args.tokens)
             # Near the end both cut a draft to what can still be emitted; llama.cpp logs it whole.
             same = sum(mine == full[: len(mine)] for mine, full in zip(ours, theirs))
-            print(f"k {k}: draft calls specrun {len(ours)}, llama.cpp {len(theirs)}; identical {same} of "
-                  f"{min(len(ours), len(theirs))}; generated tokens identical: {our_tokens == their_tokens[: len(our_tokens)]}"
-                  f" ({len(our_tokens)} tokens)")
+            print(
+                f"k {k}: draft calls specrun {len(ours)}, llama.cpp {len(theirs)}; identical {same} of "
+                f"{min(len(ours), len(theirs))}; generated tokens identical: {our_tokens == their_tokens[: len(our_tokens)]}"
+                f" ({len(our_tokens)} tokens)"
+            )
 
 
 if __name__ == "__main__":

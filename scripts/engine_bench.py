@@ -18,9 +18,10 @@ from pathlib import Path
 
 from compare_llama_cpp import read_prompts
 
+from specrun.config import SessionConfig
 from specrun.core.events import Stats
 from specrun.hub.embedded import embedded_model_path
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 HERE = Path(__file__).parent
 
@@ -85,7 +86,9 @@ def main() -> None:
         report, costs_ms = measure(model, prompts, args.max_tokens, int(fa[2:]), rp == "rp1", args.threads)
         results[setting] = {"methods": report, "verify_costs_ms": costs_ms}
         print(f"\n== flash_attn={fa[2:]} repack={rp == 'rp1'}  ({len(prompts)} prompts, {args.max_tokens} tokens)")
-        print(f"{'method':14} {'tok/s':>7} {'x plain':>8} {'accept':>7} {'tok/step':>8} {'ovh ms':>7} {'check ms':>8} {'=plain':>7} {'prefill t/s':>11}")
+        print(
+            f"{'method':14} {'tok/s':>7} {'x plain':>8} {'accept':>7} {'tok/step':>8} {'ovh ms':>7} {'check ms':>8} {'=plain':>7} {'prefill t/s':>11}"
+        )
         for name, r in report.items():
             print(
                 f"{name:14} {r['tokens_per_s']:7.1f} {r['speedup']:8.2f} {r['acceptance_rate']:7.2f} "
@@ -95,7 +98,10 @@ def main() -> None:
         print("verify cost per batch width 1..N, ms:", " ".join(f"{c:.0f}" for c in costs_ms))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-    print("\nmedian plain tok/s over settings:", round(statistics.median(r["methods"]["plain"]["tokens_per_s"] for r in results.values()), 1))
+    print(
+        "\nmedian plain tok/s over settings:",
+        round(statistics.median(r["methods"]["plain"]["tokens_per_s"] for r in results.values()), 1),
+    )
 
 
 if __name__ == "__main__":

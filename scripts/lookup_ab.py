@@ -29,24 +29,26 @@ from pathlib import Path
 from compare_llama_cpp import read_prompts
 
 from specrun.bench.prompts import load_builtin
+from specrun.config import SessionConfig
 from specrun.core import auto, policy
 from specrun.core.engine import Generator
 from specrun.core.events import Stats, StepEvent
 from specrun.core.sampling import Sampler
 from specrun.drafts import lookup
 from specrun.hub.embedded import embedded_model_path
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 HERE = Path(__file__).parent
 
 
 def module_at(revision: str, name: str, tmp: Path):
     """specrun/NAME.py as it was at `revision`, loaded as a module of its own."""
-    shown = subprocess.run(["git", "show", f"{revision}:specrun/{name}.py"], cwd=HERE.parent,
-                           capture_output=True, text=True)
+    shown = subprocess.run(["git", "show", f"{revision}:specrun/{name}.py"], cwd=HERE.parent, capture_output=True, text=True)
     if shown.returncode != 0:
-        sys.exit(f"lookup_ab: no specrun/{name}.py at revision {revision!r} (give a commit of this repository "
-                 "from the drafts/ and core/ layout on)")
+        sys.exit(
+            f"lookup_ab: no specrun/{name}.py at revision {revision!r} (give a commit of this repository "
+            "from the drafts/ and core/ layout on)"
+        )
     name = name.replace("/", "_")
     path = tmp / f"baseline_{name}.py"
     path.write_text(shown.stdout)
@@ -85,8 +87,10 @@ def main() -> None:
         prompts = [("prompts", text) for text in read_prompts(args.prompts)]
     ks = [int(k) if k.isdigit() else k for k in args.k.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        baseline = (module_at(args.baseline, "drafts/lookup", Path(tmp)),
-                    (module_at(args.baseline, "core/policy", Path(tmp)), module_at(args.baseline, "core/auto", Path(tmp))))
+        baseline = (
+            module_at(args.baseline, "drafts/lookup", Path(tmp)),
+            (module_at(args.baseline, "core/policy", Path(tmp)), module_at(args.baseline, "core/auto", Path(tmp))),
+        )
         versions = {"now": (lookup, (policy, auto)), args.baseline: baseline}
         runs = [("plain", None, 1)] + [(name, modules, k) for name, modules in versions.items() for k in ks]
         speed = collections.defaultdict(list)  # (name, k) -> (prompt index, tokens, seconds)

@@ -20,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specrun.config import SessionConfig  # noqa: E402
 from specrun.core.sampling import SamplerSettings  # noqa: E402
 from specrun.errors import SpecrunError  # noqa: E402
-from specrun.session import Session, SessionConfig  # noqa: E402
+from specrun.session import Session  # noqa: E402
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
@@ -51,8 +52,10 @@ def report(name: str, readings: list[tuple[int, float]]) -> None:
     first, last = readings[0][1], readings[-1][1]
     peak = max(value for _, value in readings)
     growth = 100 * (last - first) / first
-    print(f"{name}: {first:.1f} MiB after warm-up (#{readings[0][0]}), {last:.1f} MiB at #{readings[-1][0]}, "
-          f"peak {peak:.1f} MiB, growth {growth:+.2f}% ({'flat' if abs(growth) <= 5 else 'NOT flat'} within 5%)")
+    print(
+        f"{name}: {first:.1f} MiB after warm-up (#{readings[0][0]}), {last:.1f} MiB at #{readings[-1][0]}, "
+        f"peak {peak:.1f} MiB, growth {growth:+.2f}% ({'flat' if abs(growth) <= 5 else 'NOT flat'} within 5%)"
+    )
     print("  readings: " + ", ".join(f"#{i} {value:.1f}" for i, value in readings))
 
 
@@ -72,11 +75,19 @@ def main() -> int:
         from specrun.hub.embedded import embedded_model_path
 
         args.target = embedded_model_path()
-    config = SessionConfig(target=args.target, draft=args.draft, lookup=args.lookup, k=4, n_ctx=512,
-                           threads=args.threads, sampler=SamplerSettings(temperature=args.temp))
+    config = SessionConfig(
+        target=args.target,
+        draft=args.draft,
+        lookup=args.lookup,
+        k=4,
+        n_ctx=512,
+        threads=args.threads,
+        sampler=SamplerSettings(temperature=args.temp),
+    )
     what = " + ".join(filter(None, [args.draft.name if args.draft else "", "lookup" if args.lookup else ""]))
-    print(f"target {args.target.name}, drafting {what or 'none'}, {args.max_tokens} tokens per generation, "
-          f"temperature {args.temp}")
+    print(
+        f"target {args.target.name}, drafting {what or 'none'}, {args.max_tokens} tokens per generation, temperature {args.temp}"
+    )
 
     every = max(args.generations // 10, 1)
     with Session(config) as session:

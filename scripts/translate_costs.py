@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specrun.config import SessionConfig  # noqa: E402
 from specrun.hub.embedded import embedded_model_path  # noqa: E402
-from specrun.session import Session, SessionConfig  # noqa: E402
+from specrun.session import Session  # noqa: E402
 
 PARAGRAPH = (
     "The history of the city begins with a small settlement on the river, where traders met to exchange grain, "
@@ -63,10 +64,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--translation", default="text", choices=("text", "tokens"))
     args = parser.parse_args()
-    config = SessionConfig(target=args.target or embedded_model_path(), draft=args.draft, k=args.k, n_ctx=4096,
-                           threads=args.threads, translation=args.translation)
-    print(f"{'context':>8} {'drafted':>8} {'translate/token':>16} {'draft decode/token':>19} {'share':>6} "
-          f"{'per step':>10} {'whole history':>14} {'x cheaper':>10}")
+    config = SessionConfig(
+        target=args.target or embedded_model_path(),
+        draft=args.draft,
+        k=args.k,
+        n_ctx=4096,
+        threads=args.threads,
+        translation=args.translation,
+    )
+    print(
+        f"{'context':>8} {'drafted':>8} {'translate/token':>16} {'draft decode/token':>19} {'share':>6} "
+        f"{'per step':>10} {'whole history':>14} {'x cheaper':>10}"
+    )
     with Session(config) as session:
         for length in (int(n) for n in args.contexts.split(",")):
             history = history_of(session, length)
@@ -76,8 +85,10 @@ def main() -> None:
             decode = (stats.draft_s - stats.translate_s) / stats.drafted
             per_step = stats.translate_s / stats.steps
             baseline = whole_history_s(session, history)
-            print(f"{length:8} {stats.drafted:8} {1e6 * translate:13.0f} us {1e3 * decode:16.2f} ms {translate / decode:6.1%} "
-                  f"{1e6 * per_step:7.0f} us {1e6 * baseline:11.0f} us {baseline / per_step:9.1f}x")
+            print(
+                f"{length:8} {stats.drafted:8} {1e6 * translate:13.0f} us {1e3 * decode:16.2f} ms {translate / decode:6.1%} "
+                f"{1e6 * per_step:7.0f} us {1e6 * baseline:11.0f} us {baseline / per_step:9.1f}x"
+            )
 
 
 if __name__ == "__main__":

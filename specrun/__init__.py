@@ -28,7 +28,7 @@ _LAZY = {
     "resolve": "specrun.api",
     "Chat": "specrun.api",
     "Session": "specrun.session",
-    "SessionConfig": "specrun.session",
+    "SessionConfig": "specrun.config",
     "Generation": "specrun.session",
     "SamplerSettings": "specrun.core.sampling",
     "TokenEvent": "specrun.core.events",

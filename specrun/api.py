@@ -15,9 +15,10 @@ from specrun.backend import rpc
 from specrun.chat.formats import Message, choose_format
 from specrun.chat.reply import Piece, Reply
 from specrun.chat.runner import ChatRunner
+from specrun.config import SessionConfig
 from specrun.core.events import Stats, StepEvent
 from specrun.hub import resolve_pair
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 ModelRef = Union[str, Path]  # a GGUF path, alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf or ollama:NAME[:TAG]
 
@@ -49,8 +50,9 @@ def load(
     Raises `SpecrunError` (one line saying what to do) for a bad name, a failed
     download, a draft whose vocabulary does not match the target's, or a bad setting.
     """
-    return Session(resolve(target, draft, quant=quant, draft_quant=draft_quant, offline=offline,
-                           on_resolve=on_resolve, **options))
+    return Session(
+        resolve(target, draft, quant=quant, draft_quant=draft_quant, offline=offline, on_resolve=on_resolve, **options)
+    )
 
 
 def resolve(
@@ -77,8 +79,12 @@ def resolve(
         options["sources"] = (*options.get("sources", ()), "mtp")
         draft = None
     target_model, draft_model = resolve_pair(
-        None if target is None else str(target), None if draft is None else str(draft),
-        quant=quant, draft_quant=draft_quant, offline=offline, report=on_resolve or (lambda line: None),
+        None if target is None else str(target),
+        None if draft is None else str(draft),
+        quant=quant,
+        draft_quant=draft_quant,
+        offline=offline,
+        report=on_resolve or (lambda line: None),
         rpc=options.get("rpc", ()),
     )
     return SessionConfig(target=target_model.path, draft=draft_model.path if draft_model else None, **options)
@@ -95,8 +101,7 @@ class Chat:
     exchanges are left out.
     """
 
-    def __init__(self, session: Session, system: str | None = None, *, chat_format: str | None = None,
-                 max_tokens: int = 512):
+    def __init__(self, session: Session, system: str | None = None, *, chat_format: str | None = None, max_tokens: int = 512):
         self.session = session
         self._runner = ChatRunner(session, choose_format(session.target_model, chat_format), max_tokens, system)
 

@@ -6,13 +6,14 @@ reused across prompts, not recreated, so hundreds of prompts cost no reloads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from specrun import cost_cache
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.backend.compat import check_vocab
+from specrun.config import SessionConfig
 from specrun.core.auto import AutoK
 from specrun.core.batch import Batch
 from specrun.core.costs import measure_verify_costs, verify_costs_hold
@@ -26,18 +27,13 @@ from specrun.drafts.base import CatchUp, DraftSource, chained, leaves
 from specrun.drafts.bridge import VocabBridge
 from specrun.drafts.grammar import GrammarDraft, GrammarFirst
 from specrun.drafts.model import DraftModel
-from specrun.drafts.mtp import MtpDraft
+from specrun.drafts.mtp import MtpDraft, refuse_mtp_drafter
 from specrun.drafts.store import NgramStore
-from specrun.drafts.translated import TRANSLATIONS, Mode, TranslatingDraft
+from specrun.drafts.translated import TranslatingDraft
 from specrun.errors import SpecrunError
 from specrun.grammar.constraint import Constraint
 from specrun.grammar.schemas import Grammar
-from specrun.pair.arch import DRAFTER, SEPARATE_DRAFTERS, header_traits
-from specrun.pair.header import read_keys
-from specrun.settings import BATCH, SettingError, check
-
-CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens", "parallel")
-MIN_SLOT_CTX = 256  # the fewest tokens a stream's share of the context may hold
+from specrun.settings import BATCH, check
 
 
 @dataclass(frozen=True)
@@ -52,74 +48,6 @@ class Generation:
     def stop_reason(self) -> str:
         """'eog' (the model ended), 'max_tokens' or 'context_full'."""
         return self.stats.stop_reason
-
-
-@dataclass(frozen=True)
-class SessionConfig:
-    """Which models a `Session` loads and how it drafts, samples and runs them.
-
-    `target` and `draft` are GGUF files; `specrun.load` resolves aliases, hub repos and
-    `ollama:` names to them.
-    """
-
-    target: Path
-    draft: Path | None = None  # a draft GGUF; None with lookup=False means plain only
-    lookup: bool = False  # prompt-lookup drafting; with a draft too, hybrid (lookup first)
-    k: int | str = "auto"  # tokens drafted per step, "auto" (cost-aware) or "llama.cpp" (p-min rule)
-    sampler: SamplerSettings = field(default_factory=SamplerSettings)
-    draft_sampling: bool = True  # at temperature > 0, sample drafts and verify with p/q
-    translation: Mode = "text"  # a draft with another vocabulary: its text re-encoded for the target, or "tokens" (TLI)
-    lookup_ngram: tuple[int, int] = (2, 4)  # n-gram sizes prompt lookup matches, longest first
-    store_tokens: int = 0  # > 0: also draft from up to this many tokens of earlier prompts and outputs
-    sources: tuple[str, ...] = ()  # further draft sources by registered name (specrun.drafts.registry), after lookup and store
-    n_ctx: int = 4096  # context size in tokens, for target and draft alike, split evenly between the streams
-    parallel: int = 1  # streams run at once (generate_many, serve's slots), each on its own sequence
-    threads: int = 0  # 0 = all cores
-    n_gpu_layers: int = -1  # target layers offloaded to GPUs or RPC servers; -1 = all, 0 = none
-    draft_n_gpu_layers: int = -1  # the draft's
-    flash_attn: int = -1  # -1 auto, 0 off, 1 on
-    repack: bool = False  # CPU weight repacking: off keeps batched verification closest to one-token decoding
-    n_ubatch: int = 0  # rows llama.cpp computes at once (0: all BATCH); 6 makes CPU verification bit-exact, at a cost
-    rpc: tuple[str, ...] = ()  # HOST:PORT of llama.cpp rpc-servers for the target's layers
-    draft_rpc: tuple[str, ...] = ()  # the draft's; empty keeps the draft local
-    tensor_split: tuple[float, ...] = ()  # the target's layers per device, RPC devices first
-    rpc_timeout: float = 300.0  # seconds a decode may wait for the RPC servers before giving up
-
-    def __post_init__(self) -> None:
-        # Paths given as strings are paths all the same.
-        object.__setattr__(self, "target", Path(self.target))
-        if self.draft is not None:
-            object.__setattr__(self, "draft", Path(self.draft))
-        for name in ("rpc", "draft_rpc", "tensor_split", "sources"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-        self.check_settings({f.name: getattr(self, f.name) for f in fields(self)})
-
-    @staticmethod
-    def check_settings(options: dict[str, Any]) -> None:
-        """Check the settings among `options` (SessionConfig's field names) before anything is
-        resolved or loaded: a SettingError names the first one that is out of range."""
-        if "k" in options:
-            parse_k(options["k"])
-        if options.get("translation", "text") not in TRANSLATIONS:
-            raise SettingError("translation", "'text' or 'tokens'", options["translation"])
-        check(**{name: options[name] for name in CHECKED_FIELDS if name in options})
-        parallel, n_ctx = options.get("parallel", 1), options.get("n_ctx", SessionConfig.n_ctx)
-        if parallel > 1 and n_ctx // parallel < MIN_SLOT_CTX:
-            raise SpecrunError(f"--parallel {parallel} gives each stream {n_ctx // parallel} tokens of context, "
-                               f"fewer than the {MIN_SLOT_CTX} a stream needs: raise --ctx-size")
-
-
-def refuse_mtp_drafter(model: Model) -> None:
-    """A separate MTP drafter (a gemma4-assistant, or NextN layers alone) loads, but llama.cpp crashes
-    decoding it as a model of its own: one line instead. Only a model with MTP layers or of a drafter's
-    architecture has its header read for it."""
-    if not model.n_nextn and model.architecture not in SEPARATE_DRAFTERS.values():
-        return
-    keys = read_keys(model.path)
-    if header_traits(keys.meta, keys.tensor_names).mtp == DRAFTER:
-        raise SpecrunError(f"the {model.role} model {model.path.name} is an MTP drafter ({model.architecture}: MTP layers "
-                           "without the model they draft for), which specrun cannot run yet (llama.cpp's draft-mtp can); "
-                           "a target with MTP layers of its own drafts with --draft mtp")
 
 
 class Session:
@@ -149,8 +77,10 @@ class Session:
             if speculative:
                 self._check_rollback()
             if "mtp" in self.source_names and config.parallel > 1:
-                raise SpecrunError(f"--draft mtp drafts for one stream at a time for now, not --parallel {config.parallel}: "
-                                   "run it with --parallel 1, or draft with --lookup or a draft model")
+                raise SpecrunError(
+                    f"--draft mtp drafts for one stream at a time for now, not --parallel {config.parallel}: "
+                    "run it with --parallel 1, or draft with --lookup or a draft model"
+                )
             self.costs_key = self._costs_key()  # taken now: the file may change or go while we run
             self._draft_context = self._load_draft(config.draft) if config.draft is not None else None
             self._drafters: dict[int, DraftSource | None] = {}
@@ -166,26 +96,37 @@ class Session:
             raise SpecrunError(
                 f"the target model {name} ({target.model.architecture}) keeps a recurrent state that llama.cpp cannot roll "
                 "back, so no draft can be verified on it: run it plainly (without --draft, --lookup or --store-tokens), "
-                "or pick a target whose architecture llama.cpp rolls back (Qwen3.5, Nemotron-H, LFM2, ...)")
+                "or pick a target whose architecture llama.cpp rolls back (Qwen3.5, Nemotron-H, LFM2, ...)"
+            )
         k = self.config.k
         if isinstance(k, int) and k > target.rollback_limit:
-            raise SpecrunError(f"k = {k}, but the {target.model.architecture} target {name} can roll back only "
-                               f"{target.rollback_limit} tokens with --ubatch-size {self.config.n_ubatch}: lower --k or "
-                               "raise --ubatch-size (it has to exceed k + 1)")
+            raise SpecrunError(
+                f"k = {k}, but the {target.model.architecture} target {name} can roll back only "
+                f"{target.rollback_limit} tokens with --ubatch-size {self.config.n_ubatch}: lower --k or "
+                "raise --ubatch-size (it has to exceed k + 1)"
+            )
 
     def _own(self, resource):
         self._closers.append(resource)
         return resource
 
-    def _model_options(self, n_gpu_layers: int, rpc_servers: tuple[str, ...], tensor_split: tuple[float, ...] = ()) -> ModelOptions:
+    def _model_options(
+        self, n_gpu_layers: int, rpc_servers: tuple[str, ...], tensor_split: tuple[float, ...] = ()
+    ) -> ModelOptions:
         c = self.config
-        return ModelOptions(n_gpu_layers=n_gpu_layers, repack=c.repack, rpc_servers=rpc_servers,
-                            tensor_split=tensor_split, rpc_timeout=c.rpc_timeout)
+        return ModelOptions(
+            n_gpu_layers=n_gpu_layers,
+            repack=c.repack,
+            rpc_servers=rpc_servers,
+            tensor_split=tensor_split,
+            rpc_timeout=c.rpc_timeout,
+        )
 
     def _context_options(self) -> ContextOptions:
         c = self.config
-        return ContextOptions(n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn,
-                              sequences=c.parallel)
+        return ContextOptions(
+            n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn, sequences=c.parallel
+        )
 
     def drafter_for(self, slot: int) -> DraftSource | None:
         """Stream `slot`'s chain of the sources the settings ask for: copies first (this request's
@@ -257,9 +198,17 @@ class Session:
         """The text of the target's `tokens` (control tokens such as end-of-turn render empty)."""
         return self.target_model.detokenize(tokens)
 
-    def generator(self, *, plain: bool = False, policy: DraftPolicy | int | str | None = None,
-                  sampler: SamplerSettings | None = None, drafter: DraftSource | None = None,
-                  grammar: Grammar | None = None, grammar_drafts: bool = True, slot: int = 0) -> Generator:
+    def generator(
+        self,
+        *,
+        plain: bool = False,
+        policy: DraftPolicy | int | str | None = None,
+        sampler: SamplerSettings | None = None,
+        drafter: DraftSource | None = None,
+        grammar: Grammar | None = None,
+        grammar_drafts: bool = True,
+        slot: int = 0,
+    ) -> Generator:
         """A fresh generator over the session's target, with this call's settings.
 
         `plain` decodes without drafting; `policy` is a draft length, "auto" or "llama.cpp"
@@ -283,8 +232,7 @@ class Session:
             return Generator(target, None, Sampler.seeded(settings), constraint=constraint)
         if policy is None or isinstance(policy, (int, str)):
             policy = self.policy(self.config.k if policy is None else policy)
-        return Generator(target, drafter, Sampler.seeded(settings), policy, constraint=constraint,
-                         catch_up=self.catch_up(policy))
+        return Generator(target, drafter, Sampler.seeded(settings), policy, constraint=constraint, catch_up=self.catch_up(policy))
 
     def _follow_with_mtp(self, drafter: DraftSource | None) -> None:
         """The target's MTP head follows its decodes while a generation drafts with it, and rests
@@ -330,13 +278,27 @@ class Session:
         placement: dict[str, str | int] = {"rpc": ",".join(c.rpc)} if c.rpc else {}
         placement |= {"tensor_split": ",".join(map(str, c.tensor_split))} if c.tensor_split else {}
         placement |= {"n_ubatch": c.n_ubatch} if c.n_ubatch else {}  # smaller micro-batches verify at other costs
-        return cost_cache.setup_key(c.target, threads=self.target.n_threads, n_gpu_layers=c.n_gpu_layers,
-                                    flash_attn=c.flash_attn, repack=c.repack, n_batch=self.target.n_batch,
-                                    n_ctx=self.target.n_ctx, **placement)  # a small context caps the widths measured
+        return cost_cache.setup_key(
+            c.target,
+            threads=self.target.n_threads,
+            n_gpu_layers=c.n_gpu_layers,
+            flash_attn=c.flash_attn,
+            repack=c.repack,
+            n_batch=self.target.n_batch,
+            n_ctx=self.target.n_ctx,
+            **placement,
+        )  # a small context caps the widths measured
 
-    def stream(self, prompt: str | Sequence[int], max_tokens: int = 256, plain: bool = False,
-               k: int | str | None = None, seed: int | None = None,
-               sampler: SamplerSettings | None = None, grammar: Grammar | None = None) -> EventStream:
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 256,
+        plain: bool = False,
+        k: int | str | None = None,
+        seed: int | None = None,
+        sampler: SamplerSettings | None = None,
+        grammar: Grammar | None = None,
+    ) -> EventStream:
         """Generate a continuation of `prompt` (text, or token ids), event by event.
 
         Yields a `StepEvent` per draft-and-verify round, a `TokenEvent` per emitted token
@@ -352,9 +314,16 @@ class Session:
         generator, tokens = self._prepared(prompt, max_tokens, plain, k, seed, sampler, grammar)
         return generator.generate(tokens, max_tokens)
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 256, plain: bool = False,
-                 k: int | str | None = None, seed: int | None = None,
-                 sampler: SamplerSettings | None = None, grammar: Grammar | None = None) -> Generation:
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 256,
+        plain: bool = False,
+        k: int | str | None = None,
+        seed: int | None = None,
+        sampler: SamplerSettings | None = None,
+        grammar: Grammar | None = None,
+    ) -> Generation:
         """Generate a continuation of `prompt` in one call: its text, token ids and stats.
 
         The arguments are `stream`'s. The text is decoded from all the tokens at once, so a
@@ -364,9 +333,16 @@ class Session:
         run = generator.run(tokens, max_tokens)
         return Generation(self.detokenize(run.tokens), run.tokens, run.stats)
 
-    def generate_many(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 256, plain: bool = False,
-                      k: int | str | None = None, seed: int | None = None, sampler: SamplerSettings | None = None,
-                      grammar: Grammar | Sequence[Grammar | None] | None = None) -> list[Generation]:
+    def generate_many(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_tokens: int = 256,
+        plain: bool = False,
+        k: int | str | None = None,
+        seed: int | None = None,
+        sampler: SamplerSettings | None = None,
+        grammar: Grammar | Sequence[Grammar | None] | None = None,
+    ) -> list[Generation]:
         """Each prompt's continuation, as `generate` gives it, `parallel` at a time: the running
         streams' rows go through one target decode per step, and a prompt takes the next free
         stream (the one whose cache shares most of it). `grammar`: one for all, or one per prompt.
@@ -397,9 +373,17 @@ class Session:
         llama-server picks a slot), so the least is prefilled."""
         return max(free, key=lambda slot: common_prefix(self.target.sequence(slot).tokens, tokens))
 
-    def _prepared(self, prompt: str | Sequence[int], max_tokens: int, plain: bool, k: int | str | None,
-                  seed: int | None, sampler: SamplerSettings | None, grammar: Grammar | None,
-                  slot: int = 0) -> tuple[Generator, list[int]]:
+    def _prepared(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int,
+        plain: bool,
+        k: int | str | None,
+        seed: int | None,
+        sampler: SamplerSettings | None,
+        grammar: Grammar | None,
+        slot: int = 0,
+    ) -> tuple[Generator, list[int]]:
         check(max_tokens=max_tokens)
         if isinstance(prompt, str) and not prompt.strip():
             raise SpecrunError("the prompt is empty: give some text to continue")  # not "continue the start token"

@@ -13,8 +13,9 @@ import time
 import httpx
 from openai import OpenAI
 
+from specrun.config import SessionConfig
 from specrun.serve.server import ServeOptions, Server
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 
 class Pace:

@@ -14,12 +14,13 @@ from test_exactness import MIN_P, exact_pairs, first_layer_draft  # noqa: F401  
 from test_hybrid import hybrid  # noqa: F401  (the fixture)
 
 from specrun.backend import Context, ContextOptions, Model
+from specrun.config import SessionConfig
 from specrun.core.batch import Batch
 from specrun.core.engine import Generator
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts.lookup import PromptLookup
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 PROMPTS = ["the cat sat on the mat and the cat sat on the", "hello world and hello world", "I see the water",
            "what was it that the dog saw", "the cat was there", "and then the dog was"]

@@ -13,8 +13,9 @@ import pytest
 from specrun.bench.methods import METHODS, plan_variants
 from specrun.bench.runner import measure, run_variant
 from specrun.cli.app import run_app
+from specrun.config import SessionConfig
 from specrun.core.sampling import SamplerSettings
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 PROMPTS = [
     "the cat sat on the mat and the cat sat on the",
@@ -26,8 +27,9 @@ GREEDY = SamplerSettings()
 
 
 def specrun(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "specrun", *map(str, args)], capture_output=True, text=True, timeout=300,
-                          env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "specrun", *map(str, args)], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 @pytest.fixture
@@ -67,8 +69,7 @@ def generated(session, variant, prompt, settings=GREEDY, seed=0):
     """The tokens one run of `variant` produces, from a generator made here, not by the bench."""
     drafter = METHODS[variant.method](session)
     session.target.truncate(0)
-    generator = session.generator(plain=drafter is None, policy=variant.k, sampler=replace(settings, seed=seed),
-                                  drafter=drafter)
+    generator = session.generator(plain=drafter is None, policy=variant.k, sampler=replace(settings, seed=seed), drafter=drafter)
     return generator.run(prompt, 10).tokens
 
 
@@ -96,9 +97,28 @@ def test_json_csv_and_plot_from_a_tiny_run(tiny, prompts_file, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib (in specrun's test extra)")
     out = {kind: tmp_path / f"out.{kind}" for kind in ("json", "csv", "png")}
     result = specrun(
-        "bench", prompts_file, "--target", tiny["target"], "--draft", tiny["same"], "--k", "2,auto",
-        "-n", 10, "--repeat", 2, "--warmup", 0, "--ctx-size", 256,
-        "--json", out["json"], "--csv", out["csv"], "--plot", out["png"],
+        "bench",
+        prompts_file,
+        "--target",
+        tiny["target"],
+        "--draft",
+        tiny["same"],
+        "--k",
+        "2,auto",
+        "-n",
+        10,
+        "--repeat",
+        2,
+        "--warmup",
+        0,
+        "--ctx-size",
+        256,
+        "--json",
+        out["json"],
+        "--csv",
+        out["csv"],
+        "--plot",
+        out["png"],
     )
     assert result.returncode == 0, result.stderr
     assert "recommendation:" in result.stdout and "Summary" in result.stdout
@@ -108,7 +128,9 @@ def test_json_csv_and_plot_from_a_tiny_run(tiny, prompts_file, tmp_path):
     rows = list(csv.DictReader(out["csv"].open()))
     assert len(rows) == 3 * 5
     assert {(r["prompt"], r["method"], r["k"]) for r in rows} == {
-        (str(p), m, str(k)) for p in range(3) for m, k in [("plain", 0), ("lookup", 2), ("lookup", "auto"), ("draft", 2), ("draft", "auto")]
+        (str(p), m, str(k))
+        for p in range(3)
+        for m, k in [("plain", 0), ("lookup", 2), ("lookup", "auto"), ("draft", 2), ("draft", "auto")]
     }
     for r in rows:
         prompt = document["prompts"][int(r["prompt"])]
@@ -120,8 +142,23 @@ def test_json_csv_and_plot_from_a_tiny_run(tiny, prompts_file, tmp_path):
 
 def test_an_80_column_terminal_gets_whole_headers_and_a_short_chart(tiny, prompts_file):
     # Two methods at four k: too many columns for one per-prompt table (tests/test_bench_view.py has long drafts).
-    result = specrun("bench", prompts_file, "--target", tiny["target"], "--draft", tiny["same"], "--k", "2,4,8,auto",
-                     "-n", 24, "--warmup", 0, "--ctx-size", 256, env={**os.environ, "COLUMNS": "80"})
+    result = specrun(
+        "bench",
+        prompts_file,
+        "--target",
+        tiny["target"],
+        "--draft",
+        tiny["same"],
+        "--k",
+        "2,4,8,auto",
+        "-n",
+        24,
+        "--warmup",
+        0,
+        "--ctx-size",
+        256,
+        env={**os.environ, "COLUMNS": "80"},
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert max(map(len, lines)) <= 80 and not [line for line in lines if "…" in line]
@@ -140,7 +177,15 @@ def check_document(document, n_prompts, keys, repeat):
     assert document["plain"]["tokens_per_s"] > 0
     for key, row in document["summary"].items():
         assert key == f"{row['method']}_k{str(row['k']).replace('.', '')}"
-        assert set(row) >= {"method", "k", "tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_length", "acceptance_by_position"}
+        assert set(row) >= {
+            "method",
+            "k",
+            "tokens_per_s",
+            "speedup",
+            "acceptance_rate",
+            "mean_accepted_length",
+            "acceptance_by_position",
+        }
         assert row["speedup"] == pytest.approx(row["tokens_per_s"] / document["plain"]["tokens_per_s"])
         check_counts(row, row["k"])
     assert len(document["prompts"]) == n_prompts
@@ -182,7 +227,9 @@ def test_draft_method_asked_for_without_a_draft_model(tiny, prompts_file):
 
 def test_default_methods_skip_draft_with_a_notice(tiny, prompts_file, tmp_path):
     out = tmp_path / "r.json"
-    result = specrun("bench", prompts_file, "--target", tiny["target"], "--k", 3, "-n", 6, "--warmup", 0, "--ctx-size", 256, "--json", out)
+    result = specrun(
+        "bench", prompts_file, "--target", tiny["target"], "--k", 3, "-n", 6, "--warmup", 0, "--ctx-size", 256, "--json", out
+    )
     assert result.returncode == 0, result.stderr
     assert "no --draft: skipping the draft method" in result.stderr
     assert list(json.loads(out.read_text())["summary"]) == ["lookup_k3"]
@@ -219,7 +266,18 @@ def test_interrupt_leaves_no_output_file(tiny, prompts_file, tmp_path, monkeypat
 
     monkeypatch.setattr(bench_cli, "measure", interrupted)
     before = set(tmp_path.iterdir())
-    code = run_app(["bench", str(prompts_file), "--target", str(tiny["target"]), "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv")])
+    code = run_app(
+        [
+            "bench",
+            str(prompts_file),
+            "--target",
+            str(tiny["target"]),
+            "--json",
+            str(tmp_path / "r.json"),
+            "--csv",
+            str(tmp_path / "r.csv"),
+        ]
+    )
     assert code == 130
     assert set(tmp_path.iterdir()) == before
 

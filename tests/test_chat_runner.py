@@ -7,8 +7,9 @@ import pytest
 from specrun.chat.formats import choose_format
 from specrun.chat.reply import Piece
 from specrun.chat.runner import ChatRunner
+from specrun.config import SessionConfig
 from specrun.errors import SpecrunError
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 
 class Quiet:

@@ -6,9 +6,10 @@ from types import SimpleNamespace
 import pytest
 from test_engine import PROMPT
 
+from specrun.config import SessionConfig
 from specrun.core.costs import verify_costs_hold
 from specrun.core.events import TokenEvent
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 WIDEST = 64  # the widest width the fake measurement times
 
@@ -90,8 +91,7 @@ def test_what_auto_refines_while_running_is_kept(tiny, measured, verify_cost_cac
     assert [entry["costs"] for entry in kept.values()] == [refined]
 
 
-def test_a_changed_model_file_is_measured_again_and_a_deleted_one_forgotten(tiny, measured, tmp_path,
-                                                                           verify_cost_cache):
+def test_a_changed_model_file_is_measured_again_and_a_deleted_one_forgotten(tiny, measured, tmp_path, verify_cost_cache):
     model = tmp_path / "model.gguf"
     model.write_bytes(tiny["target"].read_bytes())
     with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
@@ -109,8 +109,14 @@ def test_a_changed_model_file_is_measured_again_and_a_deleted_one_forgotten(tiny
     assert [entry["model"] for entry in kept.values()] == [str(tiny["target"].resolve())]
 
 
-DAMAGED = ["{not json", "[1, 2]", '{"KEY": [0, 0.1]}', '{"KEY": {"costs": [0]}}', '{"KEY": {"costs": [0, 0.1, "x"]}}',
-           '{"KEY": {"costs": [0' + ', -1' * WIDEST + "]}}"]
+DAMAGED = [
+    "{not json",
+    "[1, 2]",
+    '{"KEY": [0, 0.1]}',
+    '{"KEY": {"costs": [0]}}',
+    '{"KEY": {"costs": [0, 0.1, "x"]}}',
+    '{"KEY": {"costs": [0' + ", -1" * WIDEST + "]}}",
+]
 
 
 @pytest.mark.parametrize("content", DAMAGED)

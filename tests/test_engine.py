@@ -6,6 +6,7 @@ import pytest
 from reference import GEMMA_ATOL, TINY_ATOL, FreshContexts, assert_greedy_choice, assert_reads_match, record_reads
 
 from specrun.backend import Context, ContextOptions, Model
+from specrun.config import SessionConfig
 from specrun.core.engine import Generator
 from specrun.core.events import Done, StepEvent, TokenEvent
 from specrun.core.policy import FixedK
@@ -14,7 +15,7 @@ from specrun.drafts.base import Chain, DraftRequest, model_part
 from specrun.drafts.lookup import PromptLookup
 from specrun.drafts.model import MIN_WINDOW, DraftModel, FeedCost
 from specrun.errors import SpecrunError
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 PROMPT = "the cat sat on the mat and the dog sat on the log , the cat sat on the"
 
@@ -97,7 +98,7 @@ def test_after_drafts_rejections_and_rollbacks_both_caches_read_like_fresh_ones(
         target_row = np.array(session.target.eval([history[-1], probe], logits_rows=1)[-1])
         draft = session.drafter.context
         draft.reuse_prefix(history)
-        draft_row = np.array(draft.eval(history[len(draft.tokens):] + [probe])[-1])
+        draft_row = np.array(draft.eval(history[len(draft.tokens) :] + [probe])[-1])
     with FreshContexts(tiny["target"], 256) as fresh:
         np.testing.assert_allclose(target_row, fresh.logits(history + [probe]), atol=TINY_ATOL)
     with FreshContexts(tiny["draft"], 256) as fresh:
@@ -110,8 +111,9 @@ def test_prompts_longer_than_the_batch_are_prefilled_and_drafted_in_chunks(tiny)
     try:
         options = ContextOptions(n_ctx=256, n_batch=8)
         target, draft = Context(target_model, options), Context(draft_model, options)
-        generator = Generator(target, Chain(PromptLookup(), DraftModel(draft, sample=False)), Sampler.seeded(SamplerSettings()),
-                              FixedK(4))
+        generator = Generator(
+            target, Chain(PromptLookup(), DraftModel(draft, sample=False)), Sampler.seeded(SamplerSettings()), FixedK(4)
+        )
         prompt = target_model.tokenize(PROMPT)
         assert len(prompt) > 3 * options.n_batch
         target_reads, draft_reads = record_reads(target), record_reads(draft)
@@ -195,7 +197,9 @@ def test_greedy_output_is_the_targets_argmax_with_a_draft_reading_a_window(tiny,
     target_model, draft_model = Model(tiny["target"]), Model(tiny["same"], role="draft")
     try:
         target, draft = (Context(model, ContextOptions(n_ctx=512)) for model in (target_model, draft_model))
-        generator = Generator(target, DraftModel(draft, sample=False), Sampler.seeded(SamplerSettings()), FixedK(4), catch_up="window")
+        generator = Generator(
+            target, DraftModel(draft, sample=False), Sampler.seeded(SamplerSettings()), FixedK(4), catch_up="window"
+        )
         prompt = target_model.tokenize(" ".join([PROMPT] * 8))
         target_reads, draft_reads = record_reads(target), record_reads(draft)
         events = list(generator.generate(prompt, 40))
@@ -239,8 +243,10 @@ def test_random_evals_and_rollbacks_leave_the_cache_as_a_fresh_one(tiny):
                 else:
                     cut = int(rng.integers(0, len(context.tokens) + 1))
                     history = context.tokens[:cut] + rng.integers(3, model.n_vocab, 2).tolist()
-                    shared = next((i for i, (a, b) in enumerate(zip(context.tokens, history)) if a != b),
-                                  min(len(context.tokens), len(history)))
+                    shared = next(
+                        (i for i, (a, b) in enumerate(zip(context.tokens, history)) if a != b),
+                        min(len(context.tokens), len(history)),
+                    )
                     assert context.reuse_prefix(history) == shared and context.tokens == history[:shared]
                 assert context.free_slots == context.n_ctx - len(context.tokens)
                 if len(context.tokens) > 200:
@@ -267,8 +273,9 @@ def test_stops_at_end_of_generation_and_never_past_it(tiny):
     with Session(config) as session:
         reference = run(session, PROMPT, 30, plain=True)[0]
         stop_token = reference[5]
-        generator = Generator(session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(6),
-                              eog=frozenset({stop_token}))
+        generator = Generator(
+            session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(6), eog=frozenset({stop_token})
+        )
         events = list(generator.generate(session.tokenize(PROMPT), 30))
     tokens = [e.token for e in events if isinstance(e, TokenEvent)]
     assert tokens == reference[: reference.index(stop_token) + 1]
@@ -359,9 +366,11 @@ def rows_by_history(reads) -> dict[tuple[int, ...], np.ndarray]:
 def test_gemma_micro_batches_of_6_verify_with_the_logits_of_one_token_decoding(gemma):
     # The trade `--ubatch-size 6` offers: verify batches of up to 25 rows, computed 6 rows
     # at a time, give bit for bit what plain decoding computes one token at a time.
-    prompt = ("Copy the list.\nList: apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis, mangoes.\n"
-              "Copy: apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis, mangoes.\n"
-              "List: oak, ash, elm, beech, birch, maple, willow, poplar, cedar, pine, spruce, larch.\nCopy:")
+    prompt = (
+        "Copy the list.\nList: apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis, mangoes.\n"
+        "Copy: apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis, mangoes.\n"
+        "List: oak, ash, elm, beech, birch, maple, willow, poplar, cedar, pine, spruce, larch.\nCopy:"
+    )
     with Session(SessionConfig(target=gemma, lookup=True, k=24, n_ctx=512, n_ubatch=6, threads=2)) as session:
         plain_reads = record_reads(session.target)
         plain_tokens, *_ = run(session, prompt, 40, plain=True)

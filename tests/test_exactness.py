@@ -27,6 +27,7 @@ from reference import FreshContexts, chi_square_p, chi_square_two_sample_p
 from tinymodels import write_tiny_llama
 
 from specrun.backend import Context, ContextOptions, Model
+from specrun.config import SessionConfig
 from specrun.core.engine import Generator
 from specrun.core.events import TokenEvent
 from specrun.core.policy import FixedK
@@ -36,7 +37,7 @@ from specrun.drafts.bridge import VocabBridge
 from specrun.drafts.lookup import PromptLookup
 from specrun.drafts.model import DraftModel
 from specrun.drafts.translated import TranslatingDraft
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 SETTINGS = SamplerSettings(temperature=1.0)  # llama.cpp's default filters: top-k 40, top-p 0.95, min-p 0.05
 UNFILTERED = SamplerSettings(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0)
@@ -130,8 +131,7 @@ def exact(tiny, tiny_prompt):
 
 @pytest.mark.parametrize("drafting", ["plain", *DRAFTINGS])
 def test_tiny_first_two_tokens_follow_the_targets_distribution(rig, tiny_prompt, exact, drafting):
-    sampled, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, SETTINGS, seed), tiny_prompt,
-                                              range(SEEDS))
+    sampled, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, SETTINGS, seed), tiny_prompt, range(SEEDS))
     if drafting != "plain":  # plain checks the test itself
         assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)  # both accept and reject are taken
     assert chi_square_p(Counter(sampled.values()), exact) > MIN_P
@@ -142,22 +142,25 @@ def test_tiny_deterministic_drafters_give_plain_decodings_tokens_per_seed(rig, t
     """Sample-and-match draws one number per emitted token, as plain decoding does."""
     seeds = range(300)
     plain, _, _ = first_tokens(lambda seed: rig.generator("plain", SETTINGS, seed), tiny_prompt, seeds, n=6)
-    matched, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, SETTINGS, seed, draft_sampling=False),
-                                              tiny_prompt, seeds, n=6)
+    matched, drafted, accepted = first_tokens(
+        lambda seed: rig.generator(drafting, SETTINGS, seed, draft_sampling=False), tiny_prompt, seeds, n=6
+    )
     assert drafted > 0 and accepted > 0
     assert matched == plain
 
 
 def test_the_chi_square_check_sees_a_small_distortion(rig, tiny_prompt, exact):
     """The same number of seeds sampled at temperature 0.8 instead of 1 must fail the check."""
-    sharpened, _, _ = first_tokens(lambda seed: rig.generator("plain", replace(SETTINGS, temperature=0.8), seed),
-                                   tiny_prompt, range(SEEDS))
+    sharpened, _, _ = first_tokens(
+        lambda seed: rig.generator("plain", replace(SETTINGS, temperature=0.8), seed), tiny_prompt, range(SEEDS)
+    )
     assert chi_square_p(Counter(sharpened.values()), exact) < MIN_P
 
 
 def test_a_session_as_users_run_it_samples_like_its_target(tiny, first_layer_draft, tiny_prompt):
-    config = SessionConfig(target=tiny["target"], draft=first_layer_draft, lookup=True, k=2, n_ctx=128, threads=1,
-                           sampler=UNFILTERED)
+    config = SessionConfig(
+        target=tiny["target"], draft=first_layer_draft, lookup=True, k=2, n_ctx=128, threads=1, sampler=UNFILTERED
+    )
     with Session(config) as session:
         sampled, drafted, accepted = first_tokens(seeded(session), tiny_prompt, range(SEEDS))
     assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)

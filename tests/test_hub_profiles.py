@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from specrun.errors import SpecrunError
+from specrun.hub.choice import fit_quant
 from specrun.hub.memory import MemoryBudget, parse_meminfo_available, run_bytes
 from specrun.hub.profiles import builtin_profiles_dir, load_profiles
 from specrun.hub.quants import QuantChoice, RepoFile, group_quants, quant_of
-from specrun.hub.resolve import fit_quant
 from specrun.hub.spec import parse_spec
 
 GOOD = """\
@@ -40,11 +40,39 @@ def write(folder: Path, name: str, text: str) -> Path:
 def test_builtin_profiles_cover_the_families_with_valid_drafts():
     profiles = load_profiles([builtin_profiles_dir()])
     families = {p.family for p in profiles.values()}
-    assert {"llama", "qwen2.5", "qwen2.5-coder", "qwen3", "gemma3", "qwen3.5", "qwen3.6", "gemma4", "glm-4.5",
-            "glm-4.7-flash", "nemotron-h", "lfm2", "gpt-oss"} <= families
-    for alias in ("llama-1b", "llama-70b", "qwen2.5-0.5b", "qwen2.5-72b", "qwen2.5-coder-32b",
-                  "qwen3-8b", "gemma-3-270m", "gemma-3-27b", "qwen3.5-0.8b", "qwen3.5-122b-a10b", "qwen3.6-27b",
-                  "gemma-4-31b", "glm-4.5-air", "nemotron-nano-9b-v2", "lfm2-8b-a1b", "gpt-oss-120b"):
+    assert {
+        "llama",
+        "qwen2.5",
+        "qwen2.5-coder",
+        "qwen3",
+        "gemma3",
+        "qwen3.5",
+        "qwen3.6",
+        "gemma4",
+        "glm-4.5",
+        "glm-4.7-flash",
+        "nemotron-h",
+        "lfm2",
+        "gpt-oss",
+    } <= families
+    for alias in (
+        "llama-1b",
+        "llama-70b",
+        "qwen2.5-0.5b",
+        "qwen2.5-72b",
+        "qwen2.5-coder-32b",
+        "qwen3-8b",
+        "gemma-3-270m",
+        "gemma-3-27b",
+        "qwen3.5-0.8b",
+        "qwen3.5-122b-a10b",
+        "qwen3.6-27b",
+        "gemma-4-31b",
+        "glm-4.5-air",
+        "nemotron-nano-9b-v2",
+        "lfm2-8b-a1b",
+        "gpt-oss-120b",
+    ):
         assert alias in profiles
     assert profiles["llama-70b"].drafts[0] == "llama-1b" and profiles["llama-70b"].k == 12
     for profile in profiles.values():
@@ -67,8 +95,11 @@ def test_builtin_profiles_say_what_each_model_is():
 def test_user_profiles_add_and_override(tmp_path):
     user = tmp_path / "user"
     write(user, "tiny.yaml", GOOD)
-    write(user, "mine.yaml", GOOD.replace("family: tiny", "family: mine")
-          .replace("tiny-1b", "llama-1b").replace("tiny-8b", "mine-8b"))
+    write(
+        user,
+        "mine.yaml",
+        GOOD.replace("family: tiny", "family: mine").replace("tiny-1b", "llama-1b").replace("tiny-8b", "mine-8b"),
+    )
     profiles = load_profiles([builtin_profiles_dir(), user])
     assert profiles["tiny-8b"].k == 10 and profiles["tiny-8b"].drafts == ("tiny-1b",)
     assert profiles["tiny-1b"].params == 1_100_000_000 and profiles["tiny-1b"].k == 4
@@ -86,7 +117,10 @@ def test_user_profiles_live_in_the_xdg_config_dir(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (GOOD.replace("    params: 8B\n", "    params: 8B\n    colour: red\n"), r"tiny.yaml:12: models.tiny-8b.colour: unknown field"),
+        (
+            GOOD.replace("    params: 8B\n", "    params: 8B\n    colour: red\n"),
+            r"tiny.yaml:12: models.tiny-8b.colour: unknown field",
+        ),
         (GOOD.replace("someone/Tiny-8B-GGUF", "not-a-repo"), r"tiny.yaml:9: models.tiny-8b.repo: must look like owner/name"),
         (GOOD.replace("Tiny-1B-{quant}.gguf", "Tiny-1B.gguf"), r"tiny.yaml:6: models.tiny-1b.file: must contain \{quant\}"),
         (GOOD.replace("    params: 1.1B\n", ""), r"tiny.yaml:5: models.tiny-1b.params: missing"),
@@ -94,9 +128,18 @@ def test_user_profiles_live_in_the_xdg_config_dir(tmp_path, monkeypatch):
         (GOOD.replace("k: 10", "k: 0"), r"tiny.yaml:13: models.tiny-8b.k: must be an integer from 1 to 64"),
         (GOOD.replace("default_k: 4", "default_k: four"), r"tiny.yaml:2: default_k: must be an integer"),
         (GOOD.replace("drafts: [tiny-1b]", "drafts: [tiny-0b]"), r"models.tiny-8b.drafts: unknown alias 'tiny-0b'"),
-        (GOOD.replace("    k: 10\n", "    k: 10\n    mtp: maybe\n"), r"tiny.yaml:14: models.tiny-8b.mtp: must be true, false or separate, got 'maybe'"),
-        (GOOD.replace("    k: 10\n", "    k: 10\n    hybrid: 1\n"), r"tiny.yaml:14: models.tiny-8b.hybrid: must be true or false, got 1"),
-        (GOOD.replace("params: 8B", "params: 8B\n    active: 9B"), r"tiny.yaml:12: models.tiny-8b.active: must be at most params \(8B\), got '9B'"),
+        (
+            GOOD.replace("    k: 10\n", "    k: 10\n    mtp: maybe\n"),
+            r"tiny.yaml:14: models.tiny-8b.mtp: must be true, false or separate, got 'maybe'",
+        ),
+        (
+            GOOD.replace("    k: 10\n", "    k: 10\n    hybrid: 1\n"),
+            r"tiny.yaml:14: models.tiny-8b.hybrid: must be true or false, got 1",
+        ),
+        (
+            GOOD.replace("params: 8B", "params: 8B\n    active: 9B"),
+            r"tiny.yaml:12: models.tiny-8b.active: must be at most params \(8B\), got '9B'",
+        ),
         (GOOD.replace("params: 8B", "params: 8B\n    active: few"), r"tiny.yaml:12: models.tiny-8b.active: must be a count"),
         (GOOD + "  tiny-1b:\n    repo: a/b\n", r"tiny.yaml:14: tiny-1b: duplicate key"),
         (GOOD.replace("models:\n", "models: [\n"), r"tiny.yaml:\d+: not valid YAML"),
@@ -111,7 +154,8 @@ def test_bad_profiles_name_file_line_and_field(tmp_path, text, expected):
 
 def test_mtp_hybrid_and_active_parameters_are_read(tmp_path):
     text = GOOD.replace("params: 8B", "params: 8B\n    active: 1B\n    mtp: true\n    hybrid: true").replace(
-        "params: 1.1B", "params: 1.1B\n    mtp: separate\n    hybrid: false")
+        "params: 1.1B", "params: 1.1B\n    mtp: separate\n    hybrid: false"
+    )
     write(tmp_path, "tiny.yaml", text)
     profiles = load_profiles([tmp_path])
     big, small = profiles["tiny-8b"], profiles["tiny-1b"]
@@ -145,8 +189,12 @@ def test_quant_names_and_split_sets():
     assert quant_of("Qwen3-8B-UD-Q4_K_XL.gguf") == "Q4_K_XL"
     assert quant_of("qwen2.5-7b-instruct-q4_k_m-00001-of-00002.gguf") == "Q4_K_M"
     assert quant_of("Qwen3-4B-bf16.gguf") == "BF16" and quant_of("model.gguf") is None
-    files = [RepoFile("m-Q8_0-00001-of-00002.gguf", 5), RepoFile("m-Q4_K_M.gguf", 3),
-             RepoFile("mmproj-m-f16.gguf", 2), RepoFile("m-Q6_K-00001-of-00002.gguf", 4)]
+    files = [
+        RepoFile("m-Q8_0-00001-of-00002.gguf", 5),
+        RepoFile("m-Q4_K_M.gguf", 3),
+        RepoFile("mmproj-m-f16.gguf", 2),
+        RepoFile("m-Q6_K-00001-of-00002.gguf", 4),
+    ]
     choices = group_quants(files)
     assert set(choices) == {"Q4_K_M"}  # the split sets lack part 2; mmproj is not a model
     files.append(RepoFile("m-Q8_0-00002-of-00002.gguf", 5))

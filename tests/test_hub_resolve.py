@@ -59,8 +59,9 @@ def test_quant_flag_overrides_the_spec(fake_hub):
 
 def test_repo_with_quant_matches_lower_case_file_names(fake_hub):
     repo = "Qwen/Qwen2.5-0.5B-Instruct-GGUF"
-    fake_hub.add_repo(repo, {"qwen2.5-0.5b-instruct-q4_k_m.gguf": gguf_bytes("a"),
-                             "qwen2.5-0.5b-instruct-q8_0.gguf": gguf_bytes("b")})
+    fake_hub.add_repo(
+        repo, {"qwen2.5-0.5b-instruct-q4_k_m.gguf": gguf_bytes("a"), "qwen2.5-0.5b-instruct-q8_0.gguf": gguf_bytes("b")}
+    )
     model = resolve_model(f"{repo}:Q8_0", show_progress=False)
     assert model.path.name == "qwen2.5-0.5b-instruct-q8_0.gguf" and model.alias is None
 
@@ -98,8 +99,9 @@ def test_fit_leaves_room_for_the_draft(fake_hub):
 def test_split_set_in_a_subfolder_is_fetched_whole_and_loaded_from_part_one(fake_hub):
     stem = "Meta-Llama-3.1-70B-Instruct-Q8_0"
     parts = {f"{stem}/{stem}-0000{i}-of-00003.gguf": gguf_bytes(f"part{i}") for i in (1, 2, 3)}
-    fake_hub.add_repo("bartowski/Meta-Llama-3.1-70B-Instruct-GGUF",
-                      {**parts, "Meta-Llama-3.1-70B-Instruct-Q4_K_M.gguf": gguf_bytes("q4")})
+    fake_hub.add_repo(
+        "bartowski/Meta-Llama-3.1-70B-Instruct-GGUF", {**parts, "Meta-Llama-3.1-70B-Instruct-Q4_K_M.gguf": gguf_bytes("q4")}
+    )
     model = resolve_model("llama-70b:Q8_0", show_progress=False)
     assert model.path.name == f"{stem}-00001-of-00003.gguf"
     assert [p.name for p in model.files] == [f"{stem}-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
@@ -262,19 +264,22 @@ def test_progress_bars_go_to_stderr_and_reach_the_total(fake_hub, capsys, monkey
 
 
 def test_pair_resolves_the_draft_first_and_fits_the_target_in_what_is_left(fake_hub, monkeypatch):
-    from specrun.hub import resolve as resolve_module
+    from specrun.hub import choice, resolve_pair
     from specrun.hub.memory import MemoryBudget
 
     fake_hub.add_repo(LLAMA_1B, {**llama_1b_files(), "Llama-3.2-1B-Instruct-f16.gguf": gguf_bytes("f16", 12000)})
-    fake_hub.add_repo("bartowski/Meta-Llama-3.1-8B-Instruct-GGUF", {
-        "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf": gguf_bytes("8q4", 40000),
-        "Meta-Llama-3.1-8B-Instruct-Q8_0.gguf": gguf_bytes("8q8", 80000),
-    })
+    fake_hub.add_repo(
+        "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF",
+        {
+            "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf": gguf_bytes("8q4", 40000),
+            "Meta-Llama-3.1-8B-Instruct-Q8_0.gguf": gguf_bytes("8q8", 80000),
+        },
+    )
     # Q8_0 of the target fits alone, but not next to the draft's Q8_0 (never its f16).
     budget = run_bytes(80000) + run_bytes(8000) - 1
-    monkeypatch.setattr(resolve_module, "memory_budget", lambda rpc=(): MemoryBudget(budget, "RAM"))
+    monkeypatch.setattr(choice, "memory_budget", lambda rpc=(): MemoryBudget(budget, "RAM"))
     lines: list[str] = []
-    target, draft = resolve_module.resolve_pair("llama-8b", "llama-1b", report=lines.append)
+    target, draft = resolve_pair("llama-8b", "llama-1b", report=lines.append)
     assert draft is not None and draft.quant == "Q8_0"
     assert target.quant == "Q4_K_M" and "kept for the draft" in target.reason
     assert lines == [draft.reason, target.reason]

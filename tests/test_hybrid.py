@@ -15,12 +15,13 @@ from tinyhybrid import write_tiny_mamba, write_tiny_qwen35
 
 from specrun.backend import Context, ContextOptions, Model
 from specrun.cli.serve import describe
+from specrun.config import SessionConfig
 from specrun.core.engine import Generator
 from specrun.core.events import TokenEvent
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts.base import Draft
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 PROMPT = "the cat sat on the mat and the cat sat on the mat, then the dog was there"
 
@@ -41,9 +42,16 @@ def hybrid(tmp_path_factory):
 
 def config(hybrid, drafting: str, k: int | str = 3, **settings) -> SessionConfig:
     target = hybrid["mtp"] if "mtp" in drafting else hybrid["target"]
-    return SessionConfig(target=target, k=k, n_ctx=512, threads=1, lookup="lookup" in drafting,
-                         draft=hybrid["draft"] if "draft" in drafting else None,
-                         sources=("mtp",) if "mtp" in drafting else (), **settings)
+    return SessionConfig(
+        target=target,
+        k=k,
+        n_ctx=512,
+        threads=1,
+        lookup="lookup" in drafting,
+        draft=hybrid["draft"] if "draft" in drafting else None,
+        sources=("mtp",) if "mtp" in drafting else (),
+        **settings,
+    )
 
 
 def generate(session: Session, prompt: list[int], n: int, plain: bool = False) -> tuple[list[int], object]:
@@ -143,8 +151,25 @@ def specrun_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_mtp_from_the_command_line(hybrid):
-    result = specrun_cli("generate", PROMPT, "--target", str(hybrid["mtp"]), "--draft", "mtp", "--k", "3", "-n", "24",
-                         "--temp", "0", "--json", "-t", "1", "-c", "512")
+    result = specrun_cli(
+        "generate",
+        PROMPT,
+        "--target",
+        str(hybrid["mtp"]),
+        "--draft",
+        "mtp",
+        "--k",
+        "3",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--json",
+        "-t",
+        "1",
+        "-c",
+        "512",
+    )
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)["stats"]
     assert stats["accepted_by_source"].get("mtp", 0) > 0

@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 
+from specrun.config import SessionConfig
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts.base import DraftRequest
 from specrun.drafts.store import NgramStore, StoreLookup
 from specrun.errors import SpecrunError
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 from specrun.settings import SettingError
 
 GREEDY = Sampler(SamplerSettings(), np.random.default_rng(0))
@@ -125,8 +126,30 @@ def test_bench_store_method_from_the_command_line(tiny, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello world , what was it\nhello world , what was it\n")
     out = tmp_path / "bench.json"
-    code = run_app(["bench", str(prompts), "--target", str(tiny["target"]), "--methods", "plain,store", "--k", "4",
-                    "-n", "24", "--warmup", "0", "--store-tokens", "500", "--ctx-size", "256", "--threads", "1", "--json", str(out)])
+    code = run_app(
+        [
+            "bench",
+            str(prompts),
+            "--target",
+            str(tiny["target"]),
+            "--methods",
+            "plain,store",
+            "--k",
+            "4",
+            "-n",
+            "24",
+            "--warmup",
+            "0",
+            "--store-tokens",
+            "500",
+            "--ctx-size",
+            "256",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     document = json.loads(out.read_text())
     assert list(document["summary"]) == ["store_k4"] and document["config"]["store_tokens"] == 500

@@ -4,12 +4,13 @@ import pytest
 from reference import CONFIDENT_ATOL
 from test_engine import PROMPT, assert_greedy_exact
 
+from specrun.config import SessionConfig
 from specrun.core.auto import AutoK, SourceTrack
 from specrun.core.costs import measure_verify_costs, time_decodes
 from specrun.core.events import TokenEvent
 from specrun.core.policy import PRIOR, Budget, FixedK, PMinPolicy, StepRecord, parse_k
 from specrun.errors import SpecrunError
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 FLAT = [0.0] + [0.010] * 18  # a GPU-like target: verifying 17 rows costs what 1 does
 STEEP = [0.0] + [0.010 * w for w in range(1, 19)]  # every row costs a full decode
@@ -18,8 +19,9 @@ STEEP = [0.0] + [0.010 * w for w in range(1, 19)]  # every row costs a full deco
 def step(budget, drafted, accepted, confidences=None, draft_s=0.0, verify_s=0.0, catch_up_s=0.0):
     """The record of a step offered `budget`: its draft verified, or plain where the policy declined."""
     granted = budget.k > 0
-    return StepRecord(budget if granted else None, () if granted else (budget,), drafted, accepted, confidences, draft_s,
-                      verify_s, catch_up_s)
+    return StepRecord(
+        budget if granted else None, () if granted else (budget,), drafted, accepted, confidences, draft_s, verify_s, catch_up_s
+    )
 
 
 def learn(policy, source, drafted, accepted, times=30, draft_s=0.0, verify_s=None, confidences=None):
@@ -69,8 +71,7 @@ def test_slow_source_falls_back_to_plain_and_probes_with_backoff():
     # Each step drafts 4 tokens at 50 ms and gets 1 token: far below plain's 100 tok/s.
     learn(policy, "draft", 4, 0, times=10, draft_s=0.050)
     # Probes that cost little more than a plain step: spaced by the backed-off interval alone.
-    caps = granted(policy, "draft", 40,
-                   lambda b: step(b, 2 if b.k else 0, 0, None, 0.001 if b.k else 0.0, 0.010))
+    caps = granted(policy, "draft", 40, lambda b: step(b, 2 if b.k else 0, 0, None, 0.001 if b.k else 0.0, 0.010))
     probes = [i for i, cap in enumerate(caps) if cap]
     assert len(probes) >= 2 and caps.count(0) > 30
     assert probes[1] - probes[0] > probes[0]  # the interval doubles while probes fail
@@ -80,8 +81,7 @@ def test_a_costly_probe_waits_until_probes_would_take_a_hundredth_of_the_time():
     policy = AutoK(FLAT)
     learn(policy, "draft", 4, 0, times=10, draft_s=0.050)
     # Each probe's draft first catches its cache up (200 ms) and then keeps no token.
-    caps = granted(policy, "draft", 2100,
-                   lambda b: step(b, 0, 0, None, 0.2 if b.k else 0.0, 0.010, 0.2 if b.k else 0.0))
+    caps = granted(policy, "draft", 2100, lambda b: step(b, 0, 0, None, 0.2 if b.k else 0.0, 0.010, 0.2 if b.k else 0.0))
     probes = [i for i, cap in enumerate(caps) if cap]
     # 200 ms lost against 10 ms plain steps: at most 1% of the time is 2,000 steps apart.
     assert len(probes) == 2 and 2000 <= probes[1] - probes[0] <= 2002
@@ -200,8 +200,9 @@ def test_policies_keep_greedy_output_exact(tiny, drafting, k, monkeypatch):
     )
     with Session(config) as session:
         session.verify_costs()  # measured before the logits recorder is attached
-        own = session.target_model.detokenize([e.token for e in session.stream(PROMPT, 40, plain=True)
-                                               if isinstance(e, TokenEvent)])
+        own = session.target_model.detokenize(
+            [e.token for e in session.stream(PROMPT, 40, plain=True) if isinstance(e, TokenEvent)]
+        )
         prompt = PROMPT + own + PROMPT + own[: len(own) // 4]
         tokens, sources, stats = assert_greedy_exact(session, prompt, max_tokens=48, atol=CONFIDENT_ATOL)
     assert len(tokens) == 48
@@ -227,11 +228,14 @@ def fake_timing(monkeypatch):
     return timed
 
 
-@pytest.mark.parametrize("cost, widest", [
-    (lambda w: 0.010 + 0.0001 * w, 512),  # GPU-like: a row costs little, drafts may fill the batch
-    (lambda w: 0.010 + 0.004 * w, 128),  # a row gets 2% cheaper from 64 to 128 rows: kept, then stop
-    (lambda w: 0.010 + 0.004 * w + 0.00002 * w * w, 64),  # rows cost more past 64: never wider
-])
+@pytest.mark.parametrize(
+    "cost, widest",
+    [
+        (lambda w: 0.010 + 0.0001 * w, 512),  # GPU-like: a row costs little, drafts may fill the batch
+        (lambda w: 0.010 + 0.004 * w, 128),  # a row gets 2% cheaper from 64 to 128 rows: kept, then stop
+        (lambda w: 0.010 + 0.004 * w + 0.00002 * w * w, 64),  # rows cost more past 64: never wider
+    ],
+)
 def test_the_widest_verify_width_follows_the_cost_curve(fake_timing, cost, widest):
     costs = measure_verify_costs(FakeTarget(cost))
     assert len(costs) == widest + 1
@@ -272,8 +276,7 @@ def test_a_long_copy_accepted_in_full_earns_a_long_draft_and_a_rejection_shorten
     costs = [0.0] + [0.010 + 0.004 * w for w in range(1, 129)]  # this CPU's shape: 14 ms at 1, 4.1 a row at 64
     policy = AutoK(costs)
     # Every copied token accepted.
-    caps = granted(policy, "lookup-copy", 12, lambda b: step(b, b.k, b.k, None, 0.0, costs[b.k + 1]),
-                   127, 0.97)
+    caps = granted(policy, "lookup-copy", 12, lambda b: step(b, b.k, b.k, None, 0.0, costs[b.k + 1]), 127, 0.97)
     assert caps[0] < 64 and caps[-1] >= 64
     # Now every copy breaks after 8 tokens.
     granted(policy, "lookup-copy", 12, lambda b: step(b, b.k, min(b.k, 8), None, 0.0, costs[b.k + 1]), 127, 0.97)
@@ -286,8 +289,7 @@ def test_one_old_rejection_deep_in_a_copy_does_not_cap_later_drafts_below_it():
     copy = policy.offer("lookup-copy", 127, prior=0.99)
     policy.observe(StepRecord(copy, (), 63, 17, None, 0.0, costs[64]))  # one copy broke at its 18th token
     # Then every copy goes through: shorter drafts must be able to grow past 18 again.
-    caps = granted(policy, "lookup-copy", 30, lambda b: step(b, b.k, b.k, None, 0.0, costs[b.k + 1]),
-                   127, 0.99)
+    caps = granted(policy, "lookup-copy", 30, lambda b: step(b, b.k, b.k, None, 0.0, costs[b.k + 1]), 127, 0.99)
     assert caps[0] <= 24 and caps[-1] >= 64
 
 

@@ -19,10 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import Pace, RunningServer
 from tinymodels import write_tiny_llama
 
+from specrun.config import SessionConfig
 from specrun.serve.app import is_local_host
 from specrun.serve.server import ServeOptions, bind
 from specrun.serve.worker import Job
-from specrun.session import SessionConfig
 
 # A Jinja template in the style of real GGUFs (trims content like Gemma's), so chat goes through one.
 TEMPLATE = (
@@ -91,8 +91,16 @@ def test_completions_streamed_and_not_agree_and_carry_usage_and_timings(idle):
     whole = client.completions.create(model="any", prompt="the cat sat on the mat", max_tokens=20, temperature=0)
     assert whole.object == "text_completion" and whole.choices[0].finish_reason in ("length", "stop")
     assert_consistent(whole.usage, whole.model_extra["timings"])
-    chunks = list(client.completions.create(model="any", prompt="the cat sat on the mat", max_tokens=20, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="any",
+            prompt="the cat sat on the mat",
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == whole.choices[0].text
     finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -160,10 +168,16 @@ def test_requests_pick_their_sampling_and_drafting(idle):
 @pytest.mark.parametrize(
     "body, param, fragment",
     [
-        ({"prompt": "hi", "temperature": "hot"}, "temperature",
-         "Invalid type for 'temperature': expected a number, but got a string instead."),
-        ({"prompt": "hi", "temperature": -1}, "temperature",
-         "Invalid value for 'temperature': it has to be a number >= 0 (0 is greedy), but is -1."),
+        (
+            {"prompt": "hi", "temperature": "hot"},
+            "temperature",
+            "Invalid type for 'temperature': expected a number, but got a string instead.",
+        ),
+        (
+            {"prompt": "hi", "temperature": -1},
+            "temperature",
+            "Invalid value for 'temperature': it has to be a number >= 0 (0 is greedy), but is -1.",
+        ),
         ({"prompt": "hi", "n": 3}, "n", "3 were asked for"),
         ({"prompt": "hi", "max_tokens": -5}, "max_tokens", "it has to be an integer >= 1, but is -5."),
         ({"prompt": "hi", "max_completion_tokens": 0}, "max_completion_tokens", "it has to be an integer >= 1, but is 0."),
@@ -222,8 +236,7 @@ def test_malformed_json_and_an_over_long_prompt_get_400_naming_the_problem(idle)
     assert error["code"] == "context_length_exceeded"
     assert re.search(r"the prompt has \d{3,} tokens but the context holds 512", error["message"])
     with pytest.raises(openai.BadRequestError):
-        idle.client().chat.completions.create(model="any", messages=[{"role": "user", "content": "the cat " * 400}],
-                                              stream=True)
+        idle.client().chat.completions.create(model="any", messages=[{"role": "user", "content": "the cat " * 400}], stream=True)
     assert idle.client().completions.create(model="any", prompt="hello", max_tokens=3).usage.completion_tokens == 3
 
 
@@ -234,8 +247,15 @@ VALID = {  # a body each endpoint serves; the malformed ones below change one th
 }
 DEEP = "[" * 5000 + "]" * 5000
 # One value of each JSON kind, and numbers no setting takes: not finite, beyond a double, 400 digits below zero.
-KINDS = {"null": "null", "boolean": "true", "integer": "7", "number": "1.5", "string": '"x"', "array": '["x"]',
-         "object": '{"x": 1}'}
+KINDS = {
+    "null": "null",
+    "boolean": "true",
+    "integer": "7",
+    "number": "1.5",
+    "string": '"x"',
+    "array": '["x"]',
+    "object": '{"x": 1}',
+}
 EXTREMES = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "-1" + "0" * 400]
 # Field -> the kinds whose value in KINDS is a valid one there (null leaves a setting out); the others are malformed.
 COMMON = {
@@ -264,17 +284,49 @@ COMMON = {
     "top_logprobs": {"null"},  # refused
 }
 OWN = {
-    CHAT_PATH: {"messages": set(), "messages.0": set(), "messages.0.role": set(), "messages.0.content": {"string"},
-                "messages.0.content.0": set(), "messages.0.content.0.type": set(), "messages.0.content.0.text": {"string"},
-                "messages.0.tool_calls": {"null"}, "tools": {"null"}, "tool_choice": {"null"},  # none to choose from
-                "parallel_tool_calls": {"null", "boolean"}, "logprobs": {"null"},  # true is refused
-                "functions": {"null"}, "function_call": {"null"}},  # OpenAI's deprecated API: refused
+    CHAT_PATH: {
+        "messages": set(),
+        "messages.0": set(),
+        "messages.0.role": set(),
+        "messages.0.content": {"string"},
+        "messages.0.content.0": set(),
+        "messages.0.content.0.type": set(),
+        "messages.0.content.0.text": {"string"},
+        "messages.0.tool_calls": {"null"},
+        "tools": {"null"},
+        "tool_choice": {"null"},  # none to choose from
+        "parallel_tool_calls": {"null", "boolean"},
+        "logprobs": {"null"},  # true is refused
+        "functions": {"null"},
+        "function_call": {"null"},
+    },  # OpenAI's deprecated API: refused
     COMPLETION_PATH: {"prompt": {"string", "array"}, "logprobs": {"null"}},  # ["x"]: an array of one string
 }
-NUMERIC = ["n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "k", "speculative.n_max",
-           "speculative.n_min", "speculative.p_min"]  # not seed: a negative one draws a fresh seed
-NOT_A_REQUEST = [b"", b"[]", b'"hi"', b"7", b"null", b'{"prompt": ', DEEP.encode(), b'{"prompt": "\xff"}', b"\xff\xfe{}",
-                 b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]}']  # the last: a surrogate in UTF-8
+NUMERIC = [
+    "n",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "k",
+    "speculative.n_max",
+    "speculative.n_min",
+    "speculative.p_min",
+]  # not seed: a negative one draws a fresh seed
+NOT_A_REQUEST = [
+    b"",
+    b"[]",
+    b'"hi"',
+    b"7",
+    b"null",
+    b'{"prompt": ',
+    DEEP.encode(),
+    b'{"prompt": "\xff"}',
+    b"\xff\xfe{}",
+    b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]}',
+]  # the last: a surrogate in UTF-8
 
 
 def with_value(body: dict, field: str, literal: str) -> bytes:
@@ -290,8 +342,9 @@ def with_value(body: dict, field: str, literal: str) -> bytes:
 
 def malformed_bodies(path: str) -> list[bytes]:
     fields = {**COMMON, **OWN[path]}
-    wrong_kinds = [with_value(VALID[path], field, KINDS[kind]) for field, takes in fields.items()
-                   for kind in KINDS if kind not in takes]
+    wrong_kinds = [
+        with_value(VALID[path], field, KINDS[kind]) for field, takes in fields.items() for kind in KINDS if kind not in takes
+    ]
     return wrong_kinds + [with_value(VALID[path], field, number) for field in NUMERIC for number in EXTREMES] + NOT_A_REQUEST
 
 
@@ -364,8 +417,13 @@ def test_metrics_count_requests_tokens_and_speculation(idle):
     assert metric(idle, "generation_tokens_total") == before["generation_tokens_total"] + 30
     assert metric(idle, "request_success_total", finished_reason="length") == done + 1
     text = httpx.get(f"{idle.url}/metrics").text
-    for name in ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
-                 "prompt_tokens_total", "num_requests_waiting"):
+    for name in (
+        "spec_decode_num_drafts_total",
+        "spec_decode_num_draft_tokens_total",
+        "spec_decode_num_accepted_tokens_total",
+        "prompt_tokens_total",
+        "num_requests_waiting",
+    ):
         assert f"# TYPE specrun:{name} " in text
     accepted = metric(idle, "spec_decode_num_accepted_tokens_total")
     assert accepted <= metric(idle, "spec_decode_num_draft_tokens_total")
@@ -505,8 +563,14 @@ def _get(url: str) -> httpx.Response:
 
 
 def preflight(url: str, origin: str) -> httpx.Response:
-    return httpx.options(f"{url}/v1/chat/completions", headers={
-        "Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization, content-type"})
+    return httpx.options(
+        f"{url}/v1/chat/completions",
+        headers={
+            "Origin": origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+    )
 
 
 def test_browser_pages_on_this_machine_may_call_the_api_and_others_only_when_named(config):
@@ -535,8 +599,18 @@ def test_a_loopback_server_answers_only_requests_addressed_to_this_machine(idle)
     assert idle.client().completions.create(model="any", prompt="the cat", max_tokens=2).usage.completion_tokens == 2
 
 
-@pytest.mark.parametrize("host, local", [("", True), ("LOCALHOST", True), ("127.0.0.2:80", True), ("[::1]", True),
-                                         ("10.0.0.5:8080", False), ("example.com", False), ("[2001:db8::1]:8080", False)])
+@pytest.mark.parametrize(
+    "host, local",
+    [
+        ("", True),
+        ("LOCALHOST", True),
+        ("127.0.0.2:80", True),
+        ("[::1]", True),
+        ("10.0.0.5:8080", False),
+        ("example.com", False),
+        ("[2001:db8::1]:8080", False),
+    ],
+)
 def test_which_host_headers_name_this_machine(host, local):
     assert is_local_host(host) is local
 

@@ -11,9 +11,9 @@ import pytest
 from serve_helpers import RunningServer
 from tinymodels import write_tiny_llama
 
+from specrun.config import SessionConfig
 from specrun.grammar import schemas as grammar_schemas
 from specrun.serve.server import ServeOptions
-from specrun.session import SessionConfig
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 # No tool syntax, and like Gemma's it refuses roles it does not know: tool turns must reach it rewritten.
@@ -50,16 +50,30 @@ Call a function as <tool_call>
 TEMPLATES = {"generic": GENERIC_TEMPLATE, "hermes": HERMES_TEMPLATE}
 
 WORD = {"type": "string", "pattern": "^[a-z]{1,8}$"}  # short and ASCII: a tiny model's calls end, and read back the same
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city now.",
-    "parameters": {"type": "object", "properties": {"city": WORD, "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"]}}}
-CLOCK = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": WORD}, "required": ["zone"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": WORD, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": WORD}, "required": ["zone"]}},
+}
 TOOLS = [WEATHER, CLOCK]
 ASK = [{"role": "user", "content": "what is the weather in the city"}]
-ANSWER = {"type": "object", "properties": {"word": WORD, "count": {"type": "integer"}, "ok": {"type": "boolean"}},
-          "required": ["word", "count", "ok"], "additionalProperties": False}
+ANSWER = {
+    "type": "object",
+    "properties": {"word": WORD, "count": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "required": ["word", "count", "ok"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +103,9 @@ def ok(server: RunningServer, path: str, body: dict) -> dict:
 
 def events(server: RunningServer, path: str, body: dict) -> list[dict]:
     """The chunks of a streamed request, in order."""
-    with httpx.stream("POST", f"{server.url}{path}", json={"max_tokens": 200, "temperature": 0, **body, "stream": True},
-                      timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{server.url}{path}", json={"max_tokens": 200, "temperature": 0, **body, "stream": True}, timeout=60
+    ) as response:
         assert response.status_code == 200
         lines = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
@@ -108,21 +123,35 @@ def assert_valid_call(call: dict, tools: list[dict]) -> dict:
 
 
 # --- response_format, json_schema, grammar -------------------------------------------------
-@pytest.mark.parametrize("path, body", [
-    (CHAT, {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}}),
-    (COMPLETIONS, {"prompt": "the answer:", "response_format": {"type": "json_schema",
-                                                                 "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}}),
-    (CHAT, {"messages": ASK, "json_schema": ANSWER}),  # llama-server's
-    (COMPLETIONS, {"prompt": "hello world", "json_schema": ANSWER}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        (
+            CHAT,
+            {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}},
+        ),
+        (
+            COMPLETIONS,
+            {
+                "prompt": "the answer:",
+                "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}},
+            },
+        ),
+        (CHAT, {"messages": ASK, "json_schema": ANSWER}),  # llama-server's
+        (COMPLETIONS, {"prompt": "hello world", "json_schema": ANSWER}),
+    ],
+)
 def test_a_json_schema_output_parses_and_validates_streamed_or_not(generic, path, body):
     whole = ok(generic, path, body)["choices"][0]
     text = whole["message"]["content"] if path == CHAT else whole["text"]
     assert whole["finish_reason"] == "stop"
     jsonschema.validate(json.loads(text), ANSWER)
     chunks = events(generic, path, body)
-    streamed = "".join((c["choices"][0]["delta"].get("content") or "") if path == CHAT else c["choices"][0]["text"]
-                       for c in chunks if c["choices"])
+    streamed = "".join(
+        (c["choices"][0]["delta"].get("content") or "") if path == CHAT else c["choices"][0]["text"]
+        for c in chunks
+        if c["choices"]
+    )
     assert streamed == text
 
 
@@ -140,15 +169,21 @@ def test_json_mode_gives_a_json_object_and_a_gbnf_grammar_holds_the_output(gener
 
 MINIMUM = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}
 REFUSED = [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": MINIMUM}}},
-     "response_format.json_schema.schema", "'minimum' at $.properties.age"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"not": {"type": "null"}}}}},
-     "response_format.json_schema.schema", "'not'"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": MINIMUM}}},
+        "response_format.json_schema.schema",
+        "'minimum' at $.properties.age",
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"not": {"type": "null"}}}}},
+        "response_format.json_schema.schema",
+        "'not'",
+    ),
     ({"json_schema": {"type": "string", "format": "email"}}, "json_schema", "'email'"),
     ({"response_format": {"type": "xml"}}, "response_format.type", "'text', 'json_object' or 'json_schema'"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "Missing required parameter"),
     ({"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'}, "grammar", "only one of"),
-    ({"grammar": "yes ::= \"yes\""}, "grammar", "root"),
+    ({"grammar": 'yes ::= "yes"'}, "grammar", "root"),
     ({"grammar": 'root ::= "yes" | ('}, "grammar", "cannot parse"),  # llama.cpp's parser refuses it on the model thread
     ({"logit_bias": {"50": 10}}, "logit_bias", "does not bias"),
     ({"top_logprobs": 2}, "top_logprobs", "no log probabilities"),
@@ -173,22 +208,37 @@ CHAT_REFUSED = [
     ({"functions": [{"name": "f", "parameters": {}}]}, "functions", "unsupported_parameter"),
     ({"function_call": "auto"}, "function_call", "unsupported_parameter"),
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]},
-     "messages[0].content[0]", "invalid_value"),
-    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
-     "messages[0].content[0]", "invalid_value"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]},
+        "messages[0].content[0]",
+        "invalid_value",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
+        "messages[0].content[0]",
+        "invalid_value",
+    ),
     ({"messages": [*ASK, {"role": "tool", "content": "sunny"}]}, "messages[1].tool_call_id", "missing_required_parameter"),
     ({"tool_choice": "required"}, "tool_choice", "invalid_value"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice.type", "invalid_value"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name",
-     "invalid_value"),
+    (
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice.function.name",
+        "invalid_value",
+    ),
     ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice.function", "missing_required_parameter"),
     ({"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools[0].function.name", "invalid_value"),
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name", "invalid_value"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": MINIMUM}}]}, "tools[0].function.parameters",
-     "invalid_value"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
-     "tools[0].function.parameters", "invalid_value"),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": MINIMUM}}]},
+        "tools[0].function.parameters",
+        "invalid_value",
+    ),
+    (
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+        "tools[0].function.parameters",
+        "invalid_value",
+    ),
     ({"tools": [{"type": "retrieval"}]}, "tools[0].type", "invalid_value"),
 ]
 
@@ -218,8 +268,15 @@ def test_each_tool_schema_is_converted_once_and_one_not_chosen_is_still_checked(
 def test_completion_logprobs_are_refused_and_fields_that_ask_for_nothing_are_served(generic):
     refused = generic.post(COMPLETIONS, json={"prompt": "hello", "logprobs": 1}).json()["error"]
     assert refused["param"] == "logprobs" and refused["code"] == "unsupported_parameter"
-    nothing = {"logprobs": False, "logit_bias": {}, "tools": [], "tool_choice": "none", "functions": [],
-               "response_format": {"type": "text"}, "parallel_tool_calls": True}
+    nothing = {
+        "logprobs": False,
+        "logit_bias": {},
+        "tools": [],
+        "tool_choice": "none",
+        "functions": [],
+        "response_format": {"type": "text"},
+        "parallel_tool_calls": True,
+    }
     reply = ok(generic, CHAT, {"messages": ASK, "max_tokens": 3, **nothing})["choices"][0]
     assert "tool_calls" not in reply["message"] and isinstance(reply["message"]["content"], str)
 
@@ -281,9 +338,12 @@ def test_a_history_with_calls_and_results_is_rendered_as_the_model_wrote_it(serv
     body = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False}
     first = ok(server, CHAT, {"messages": ASK, **body})
     (call,) = first["choices"][0]["message"]["tool_calls"]
-    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": call["id"], "content": '{"sky": "sunny"}'},
-                {"role": "tool", "tool_call_id": call["id"], "content": "and warm"}]
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": '{"sky": "sunny"}'},
+        {"role": "tool", "tool_call_id": call["id"], "content": "and warm"},
+    ]
     second = ok(server, CHAT, {"messages": messages, **body})
     assert_valid_call(second["choices"][0]["message"]["tool_calls"][0], TOOLS)
     # The call went back in as the model wrote it: all of the first request is cached, only the results are new.
@@ -294,10 +354,18 @@ def test_a_history_with_calls_and_results_is_rendered_as_the_model_wrote_it(serv
 
 
 # --- the official client on a real model ------------------------------------------------------
-CITY_WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city's name"}},
-                   "required": ["city"]}}}
+CITY_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city's name"}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 @pytest.mark.smollm2
@@ -307,17 +375,31 @@ def test_the_openai_client_calls_a_tool_and_answers_from_its_result_on_smollm2(s
         client = running.client()
         messages = [{"role": "user", "content": "What is the weather like in Paris today?"}]
         # One call: given the choice, a 135M model calls again and again.
-        asked = client.chat.completions.create(model="any", messages=messages, tools=[CITY_WEATHER], tool_choice="required",
-                                               parallel_tool_calls=False, max_tokens=64, temperature=0)
+        asked = client.chat.completions.create(
+            model="any",
+            messages=messages,
+            tools=[CITY_WEATHER],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=64,
+            temperature=0,
+        )
         choice = asked.choices[0]
         assert choice.finish_reason == "tool_calls"
         (call,) = choice.message.tool_calls
         assert call.id.startswith("call_") and call.function.name == "get_weather"
         jsonschema.validate(json.loads(call.function.arguments), CITY_WEATHER["function"]["parameters"])
-        messages += [choice.message, {"role": "tool", "tool_call_id": call.id,
-                                      "content": json.dumps({"city": "Paris", "sky": "sunny", "temperature_c": 21})}]
-        answered = client.chat.completions.create(model="any", messages=messages, tools=[CITY_WEATHER], max_tokens=96,
-                                                  temperature=0)
+        messages += [
+            choice.message,
+            {
+                "role": "tool",
+                "tool_call_id": call.id,
+                "content": json.dumps({"city": "Paris", "sky": "sunny", "temperature_c": 21}),
+            },
+        ]
+        answered = client.chat.completions.create(
+            model="any", messages=messages, tools=[CITY_WEATHER], max_tokens=96, temperature=0
+        )
         final = answered.choices[0]
         assert final.finish_reason == "stop" and not final.message.tool_calls and final.message.content.strip()
     finally:

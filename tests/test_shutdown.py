@@ -6,8 +6,9 @@ from test_engine import PROMPT
 
 from specrun.backend import Closed, Context, ContextOptions, Model
 from specrun.cli.app import run_app
+from specrun.config import SessionConfig
 from specrun.core.events import TokenEvent
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 
 def test_a_closed_context_refuses_every_call(tiny):
@@ -16,8 +17,12 @@ def test_a_closed_context_refuses_every_call(tiny):
     context.eval(model.tokenize("the cat"))
     context.close()
     context.close()  # twice is fine
-    for call in (lambda: context.eval([5]), lambda: context.truncate(0), lambda: context.logits(1),
-                 lambda: context.reuse_prefix([9])):
+    for call in (
+        lambda: context.eval([5]),
+        lambda: context.truncate(0),
+        lambda: context.logits(1),
+        lambda: context.reuse_prefix([9]),
+    ):
         with pytest.raises(Closed, match="target model's context was closed"):
             call()
     model.close()
@@ -28,8 +33,13 @@ def test_closing_a_model_closes_its_contexts_first_and_then_refuses_calls(tiny):
     contexts = [Context(model, ContextOptions(n_ctx=64)) for _ in range(2)]
     model.close()
     assert model.closed and all(context.closed for context in contexts)
-    for call in (lambda: model.tokenize("the"), lambda: model.bos, lambda: model.vocab_facts(),
-                 lambda: Context(model, ContextOptions(n_ctx=64)), lambda: contexts[0].eval([5])):
+    for call in (
+        lambda: model.tokenize("the"),
+        lambda: model.bos,
+        lambda: model.vocab_facts(),
+        lambda: Context(model, ContextOptions(n_ctx=64)),
+        lambda: contexts[0].eval([5]),
+    ):
         with pytest.raises(Closed):
             call()
 
@@ -67,10 +77,13 @@ def rollbacks(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("command", [
-    ["generate", "the cat sat on the", "--draft", "{draft}", "--k", "2", "-n", "20", "--ctx-size", "128"],
-    ["bench", "{prompts}", "--methods", "plain,lookup", "--k", "2", "-n", "20", "--warmup", "0", "--ctx-size", "128"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate", "the cat sat on the", "--draft", "{draft}", "--k", "2", "-n", "20", "--ctx-size", "128"],
+        ["bench", "{prompts}", "--methods", "plain,lookup", "--k", "2", "-n", "20", "--warmup", "0", "--ctx-size", "128"],
+    ],
+)
 def test_ctrl_c_rolls_back_before_the_caches_are_freed(tiny, tmp_path, rollbacks, capsys, command):
     prompts = tmp_path / "p.txt"
     prompts.write_text(PROMPT + "\n")

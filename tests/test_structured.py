@@ -16,6 +16,7 @@ from test_exactness import MIN_P, SETTINGS, first_tokens
 
 from specrun.backend import Context, ContextOptions, Model
 from specrun.backend.grammar import GrammarState
+from specrun.config import SessionConfig
 from specrun.core.engine import Generator
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler
@@ -28,21 +29,30 @@ from specrun.errors import SpecrunError
 from specrun.grammar.constraint import Constraint
 from specrun.grammar.gbnf import GbnfState, GrammarSyntaxError
 from specrun.grammar.schemas import SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
-                                           "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2}},
-          "required": ["name", "age"]}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+    },
+    "required": ["name", "age"],
+}
 
 
-@pytest.mark.parametrize("schema, feature", [
-    ({"type": "integer", "minimum": 0}, "'minimum' at $"),
-    ({"type": "object", "properties": {"a": {"not": {"type": "null"}}}}, "'not' at $.properties.a"),
-    ({"type": "array", "items": {"type": "string", "format": "email"}}, "format 'email' at $.items"),
-    ({"type": "array", "uniqueItems": True}, "'uniqueItems'"),
-    ({"anyOf": [{"type": "string"}, {"type": "decimal"}]}, "type 'decimal' at $.anyOf[1]"),
-    ([1, 2], "is not an object"),
-])
+@pytest.mark.parametrize(
+    "schema, feature",
+    [
+        ({"type": "integer", "minimum": 0}, "'minimum' at $"),
+        ({"type": "object", "properties": {"a": {"not": {"type": "null"}}}}, "'not' at $.properties.a"),
+        ({"type": "array", "items": {"type": "string", "format": "email"}}, "format 'email' at $.items"),
+        ({"type": "array", "uniqueItems": True}, "'uniqueItems'"),
+        ({"anyOf": [{"type": "string"}, {"type": "decimal"}]}, "type 'decimal' at $.anyOf[1]"),
+        ([1, 2], "is not an object"),
+    ],
+)
 def test_a_schema_feature_the_grammar_would_not_enforce_is_named(schema, feature):
     with pytest.raises(SchemaError, match=feature.replace("[", r"\[").replace("$", r"\$")):
         grammar_from_json_schema(schema)
@@ -61,7 +71,7 @@ def test_the_reader_walks_the_text_a_schema_forces():
     state = state.feed(', "age": 36')
     assert state.forced(40).text == ""  # another digit, the tags or the end
     assert state.feed("}").forced(40).ends
-    assert state.feed('}x') is None  # nothing may follow the object
+    assert state.feed("}x") is None  # nothing may follow the object
 
 
 def test_the_reader_follows_gbnf_repetitions_classes_and_alternatives():
@@ -88,14 +98,17 @@ def masked_argmax_path(model_path, prompt_tokens, tokens, grammar):
 @pytest.mark.parametrize("drafting", ["grammar", "lookup", "draft"])
 def test_greedy_constrained_output_is_the_masked_argmax_path(tiny, drafting):
     grammar = grammar_from_json_schema(PERSON)
-    config = SessionConfig(target=tiny["target"], draft=tiny["draft"] if drafting == "draft" else None,
-                           lookup=drafting == "lookup", k=4, n_ctx=512)
+    config = SessionConfig(
+        target=tiny["target"], draft=tiny["draft"] if drafting == "draft" else None, lookup=drafting == "lookup", k=4, n_ctx=512
+    )
     with Session(config) as session:
         prompt = session.tokenize(PROMPT)
         run = session.generator(grammar=grammar).run(prompt, 48)
         plain = session.generator(plain=True, grammar=grammar).run(prompt, 48)
     masked_argmax_path(tiny["target"], prompt, run.tokens, grammar)
-    assert run.stats.accepted_by_source["grammar"] > 0 and run.stats.steps < len(run.tokens)  # what the grammar forced came drafted
+    assert run.stats.accepted_by_source["grammar"] > 0 and run.stats.steps < len(
+        run.tokens
+    )  # what the grammar forced came drafted
     assert plain.stats.drafted == 0
     if run.stop_reason == "eog":
         jsonschema.validate(json.loads(session_text(tiny, run.tokens)), PERSON)
@@ -124,11 +137,14 @@ class Proposing:
         pass
 
 
-@pytest.mark.parametrize("after, drafts", [
-    (b'Ann", "age": 3', "other"),  # writes the forced text and goes on: the copy drafts
-    (b"", "forced"),  # no more than the forced text
-    (None, "forced"),  # another text
-])
+@pytest.mark.parametrize(
+    "after, drafts",
+    [
+        (b'Ann", "age": 3', "other"),  # writes the forced text and goes on: the copy drafts
+        (b"", "forced"),  # no more than the forced text
+        (None, "forced"),  # another text
+    ],
+)
 def test_other_sources_draft_past_the_forced_text(tiny, after, drafts):
     model = Model(tiny["target"])
     try:
@@ -173,10 +189,14 @@ def test_a_draft_model_is_asked_only_where_nothing_is_forced(tiny):
         assert behind_copy.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == forced_tokens
         assert drafting.asked == 0  # the forced text is free: the model's decodes would redo it
         with_copy = GrammarFirst(forced, Chain(copy, drafting))
-        assert with_copy.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == going_on  # a copy still goes past
+        assert (
+            with_copy.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == going_on
+        )  # a copy still goes past
         constraint.commit(constraint.admissible(forced_tokens), forced_tokens)  # the forced text is accepted
         assert forced.propose(start + forced_tokens, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == []
-        assert alone.propose(start + forced_tokens, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == going_on[:64]
+        assert (
+            alone.propose(start + forced_tokens, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == going_on[:64]
+        )
         assert drafting.asked == 1  # nothing is forced at the value: the model drafts
     finally:
         model.close()
@@ -202,8 +222,11 @@ class ConstrainedRig:
     def generator(self, drafting: str, grammar, seed: int) -> Generator:
         constraint = Constraint(self.models[0], grammar)
         forced = GrammarDraft(constraint, self.models[0])
-        drafter = {"plain": None, "grammar": GrammarFirst(forced, PromptLookup()),
-                   "model": GrammarFirst(forced, DraftModel(self.draft, sample=True))}[drafting]
+        drafter = {
+            "plain": None,
+            "grammar": GrammarFirst(forced, PromptLookup()),
+            "model": GrammarFirst(forced, DraftModel(self.draft, sample=True)),
+        }[drafting]
         sampler = Sampler.seeded(SETTINGS.__class__(**{**SETTINGS.__dict__, "seed": seed}))
         return Generator(self.target, drafter, sampler, FixedK(2), constraint=constraint)
 
@@ -271,8 +294,10 @@ def test_generate_holds_its_output_to_a_json_schema_file(tiny, tmp_path, capsys)
 
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(PERSON))
-    assert run_app(["generate", PROMPT, "-m", str(tiny["target"]), "--lookup", "-n", "64", "--json-schema", str(schema),
-                    "--json"]) == 0
+    assert (
+        run_app(["generate", PROMPT, "-m", str(tiny["target"]), "--lookup", "-n", "64", "--json-schema", str(schema), "--json"])
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["text"].startswith('{"name": "') and result["stats"]["accepted_by_source"]["grammar"] > 0
     if result["stats"]["stop_reason"] == "eog":
@@ -285,7 +310,26 @@ def test_bench_holds_a_prompt_file_s_records_to_their_schemas(tiny, tmp_path, ca
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": PROMPT, "schema": PERSON}) + "\n" for _ in range(2)))
     out = tmp_path / "b.json"
-    assert run_app(["bench", str(prompts), "-m", str(tiny["target"]), "--methods", "plain,lookup", "--k", "auto", "-n", "24",
-                    "--warmup", "0", "--json", str(out)]) == 0
+    assert (
+        run_app(
+            [
+                "bench",
+                str(prompts),
+                "-m",
+                str(tiny["target"]),
+                "--methods",
+                "plain,lookup",
+                "--k",
+                "auto",
+                "-n",
+                "24",
+                "--warmup",
+                "0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     document = json.loads(out.read_text())
     assert document["summary"]["lookup_kauto"]["tokens"] > 0

@@ -11,6 +11,7 @@ from reference import TINY_ATOL, FreshContexts, assert_greedy_choice, assert_rea
 from test_engine import PROMPT, assert_greedy_exact
 
 from specrun.backend import Context, ContextOptions, Model
+from specrun.config import SessionConfig
 from specrun.core.engine import Generator
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
@@ -19,7 +20,7 @@ from specrun.drafts.bridge import SPECIAL, VocabBridge
 from specrun.drafts.model import MIN_WINDOW, FeedCost
 from specrun.drafts.translated import TranslatingDraft
 from specrun.errors import IncompatibleError, SpecrunError
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 
 GREEDY = Sampler(SamplerSettings(), np.random.default_rng(0))
 
@@ -201,7 +202,9 @@ def test_greedy_output_is_the_targets_argmax_with_a_translated_draft_reading_a_w
     with Session(config) as session:
         prompt = session.tokenize(" ".join([PROMPT] * 8))
         target_reads, draft_reads = record_reads(session.target), record_reads(session.drafter.context)
-        run = Generator(session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(4), catch_up="window").run(prompt, 40)
+        run = Generator(session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(4), catch_up="window").run(
+            prompt, 40
+        )
         assert run.stats.drafted > 0 and len(session.drafter.context.tokens) < len(prompt)
         with FreshContexts(tiny["target"], 1024) as fresh:
             assert_reads_match(target_reads, fresh)

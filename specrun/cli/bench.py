@@ -26,11 +26,12 @@ from specrun.bench.runner import measure, tokenize_all
 from specrun.chat.formats import choose_format
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
+from specrun.config import SessionConfig
 from specrun.drafts.store import DEFAULT_LIMIT
 from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic
 from specrun.grammar.schemas import grammar_from_json_schema
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 from specrun.settings import check
 
 
@@ -47,24 +48,65 @@ BUILTIN_DEFAULTS = Defaults(k="4,8,auto", max_tokens=96, repeat=1)
 FILE_DEFAULTS = Defaults(k="2,4,8,16,auto", max_tokens=128, repeat=1)
 DEFAULT_METHODS = "plain,lookup,draft"
 
-KList = Annotated[Optional[str], typer.Option("--k", help="Comma list of draft lengths, 'auto' and 'llama.cpp' (default 4,8,auto on built-in sets, 2,4,8,16,auto on a file).")]
+KList = Annotated[
+    Optional[str],
+    typer.Option(
+        "--k",
+        help="Comma list of draft lengths, 'auto' and 'llama.cpp' (default 4,8,auto on built-in sets, 2,4,8,16,auto on a file).",
+    ),
+]
 
 
 @app.command()
 @o.model_options
 def bench(
-    prompts: Annotated[Optional[Path], typer.Argument(help="Prompts: .txt (one per line, or blocks split by ---) or .jsonl (default: the built-in sets).")] = None,
-    prompt_set: Annotated[Optional[str], typer.Option("--set", help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)} (structured: held to JSON schemas; default: {','.join(prompt_files.DEFAULT_SETS)}).")] = None,
-    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list of plain, lookup, draft, hybrid, store (default plain,lookup,draft; draft and hybrid need --draft; store: lookup, then n-grams of the earlier prompts and outputs of the run).")] = None,
+    prompts: Annotated[
+        Optional[Path],
+        typer.Argument(help="Prompts: .txt (one per line, or blocks split by ---) or .jsonl (default: the built-in sets)."),
+    ] = None,
+    prompt_set: Annotated[
+        Optional[str],
+        typer.Option(
+            "--set",
+            help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)} (structured: held to JSON schemas; default: {','.join(prompt_files.DEFAULT_SETS)}).",
+        ),
+    ] = None,
+    methods: Annotated[
+        Optional[str],
+        typer.Option(
+            "--methods",
+            help="Comma list of plain, lookup, draft, hybrid, store (default plain,lookup,draft; draft and hybrid need --draft; store: lookup, then n-grams of the earlier prompts and outputs of the run).",
+        ),
+    ] = None,
     k: KList = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Tokens per run (default 96 on built-in sets, 128 on a file).")] = None,
-    repeat: Annotated[Optional[int], typer.Option("--repeat", help="Timed runs per prompt and method; tok/s is their median (default 1).")] = None,
+    max_tokens: Annotated[
+        Optional[int], typer.Option("--max-tokens", "-n", help="Tokens per run (default 96 on built-in sets, 128 on a file).")
+    ] = None,
+    repeat: Annotated[
+        Optional[int], typer.Option("--repeat", help="Timed runs per prompt and method; tok/s is their median (default 1).")
+    ] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds of every method on the first prompt.")] = 1,
     store_tokens: o.StoreTokens = DEFAULT_LIMIT,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE (default: none).")] = None,
-    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE (default: none).")] = None,
-    plot_out: Annotated[Optional[Path], typer.Option("--plot", help="Save acceptance and speed-up charts to FILE (.png, .svg, ...; needs the plot extra; default: none).")] = None,
-    parallel: Annotated[int, typer.Option("--parallel", "-np", help="Run the prompts N at a time, as a server with N slots does, and report aggregate tok/s and latency percentiles (each with --ctx-size tokens; default 1: one at a time, per prompt).")] = 1,
+    json_out: Annotated[
+        Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE (default: none).")
+    ] = None,
+    csv_out: Annotated[
+        Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE (default: none).")
+    ] = None,
+    plot_out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--plot", help="Save acceptance and speed-up charts to FILE (.png, .svg, ...; needs the plot extra; default: none)."
+        ),
+    ] = None,
+    parallel: Annotated[
+        int,
+        typer.Option(
+            "--parallel",
+            "-np",
+            help="Run the prompts N at a time, as a server with N slots does, and report aggregate tok/s and latency percentiles (each with --ctx-size tokens; default 1: one at a time, per prompt).",
+        ),
+    ] = 1,
     *,
     model: o.ModelOptions,
 ) -> None:
@@ -85,8 +127,9 @@ def bench(
     uses_store = bool(NEEDS_STORE & set(method_names))
     if uses_store and store_tokens < 1:
         raise SpecrunError(f"--methods includes store but --store-tokens is {store_tokens}: give it 1 or more")
-    config = model.session_config(store_tokens=store_tokens if uses_store else 0,
-                                  use_draft=bool(NEEDS_DRAFT_MODEL & set(method_names)))
+    config = model.session_config(
+        store_tokens=store_tokens if uses_store else 0, use_draft=bool(NEEDS_DRAFT_MODEL & set(method_names))
+    )
     if parallel > 1:
         config = dataclasses.replace(config, parallel=parallel, n_ctx=model.ctx_size * parallel)
     variants = plan_variants(method_names, ks)
@@ -167,11 +210,23 @@ def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name,
         "draft": str(config.draft) if config.draft else None,
         "methods": [PLAIN, *[m for m in methods if m != PLAIN]],
         "k": ks,
-        "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "seed": s.seed,
-        "max_tokens": max_tokens, "repeat": repeat, "warmup": warmup,
-        "n_ctx": config.n_ctx, "n_ubatch": config.n_ubatch, "threads": config.threads, "store_tokens": config.store_tokens,
-        "rpc": list(config.rpc), "draft_rpc": list(config.draft_rpc), "tensor_split": list(config.tensor_split),
-        "prompts": source_name, "n_prompts": n_prompts,
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "min_p": s.min_p,
+        "seed": s.seed,
+        "max_tokens": max_tokens,
+        "repeat": repeat,
+        "warmup": warmup,
+        "n_ctx": config.n_ctx,
+        "n_ubatch": config.n_ubatch,
+        "threads": config.threads,
+        "store_tokens": config.store_tokens,
+        "rpc": list(config.rpc),
+        "draft_rpc": list(config.draft_rpc),
+        "tensor_split": list(config.tensor_split),
+        "prompts": source_name,
+        "n_prompts": n_prompts,
         "order": "for each prompt and repeat: plain, then every method x k in turn (interleaved)",
         "speedup": SPEEDUP_DEFINITION,
         "tokens_per_s": TOKENS_PER_S_DEFINITION,

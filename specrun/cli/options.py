@@ -16,11 +16,11 @@ import typer
 from specrun.api import resolve
 from specrun.backend import rpc
 from specrun.cli.app import err_console
+from specrun.config import SessionConfig
 from specrun.core.policy import parse_k
 from specrun.core.sampling import SamplerSettings
 from specrun.errors import SpecrunError
 from specrun.files import decode_utf8, read_text
-from specrun.session import SessionConfig
 from specrun.settings import BATCH
 
 
@@ -45,22 +45,33 @@ Target = Annotated[
     typer.Option("--target", "-m", help=f"Target model: {MODEL_FORMS} (default: the embedded Gemma 3 270M)."),
 ]
 Draft = Annotated[
-    Optional[str], typer.Option("--draft", "-md", help=f"Draft model: {MODEL_FORMS}; one with another vocabulary drafts translated through text; mtp: the target's own MTP layers (default: none).")
+    Optional[str],
+    typer.Option(
+        "--draft",
+        "-md",
+        help=f"Draft model: {MODEL_FORMS}; one with another vocabulary drafts translated through text; mtp: the target's own MTP layers (default: none).",
+    ),
 ]
 DraftTranslation = Annotated[
-    str, typer.Option("--draft-translation", help="How a draft with another vocabulary reaches the target: 'text' (its text tokenized by the target) or 'tokens' (only tokens both vocabularies have, exact p/q sampling).")
+    str,
+    typer.Option(
+        "--draft-translation",
+        help="How a draft with another vocabulary reaches the target: 'text' (its text tokenized by the target) or 'tokens' (only tokens both vocabularies have, exact p/q sampling).",
+    ),
 ]
-Quant = Annotated[
-    Optional[str], typer.Option("--quant", help="Target quant, e.g. Q4_K_M (default: the largest that fits).")
+Quant = Annotated[Optional[str], typer.Option("--quant", help="Target quant, e.g. Q4_K_M (default: the largest that fits).")]
+DraftQuant = Annotated[
+    Optional[str], typer.Option("--draft-quant", help="Draft quant (default: the largest 8-bit or smaller that fits).")
 ]
-DraftQuant = Annotated[Optional[str], typer.Option("--draft-quant", help="Draft quant (default: the largest 8-bit or smaller that fits).")]
 Offline = Annotated[bool, typer.Option("--offline", help="Use only models already in the cache; no network.")]
 Lookup = Annotated[
     bool, typer.Option("--lookup", help="Draft by prompt lookup (n-grams copied from the context); with --draft: hybrid.")
 ]
 K = Annotated[
     str,
-    typer.Option("--k", help="Most tokens drafted per step: a number, 'auto' (cost-aware), or 'llama.cpp' (draft-max 16, p-min 0.75)."),
+    typer.Option(
+        "--k", help="Most tokens drafted per step: a number, 'auto' (cost-aware), or 'llama.cpp' (draft-max 16, p-min 0.75)."
+    ),
 ]
 Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")]
 TopK = Annotated[int, typer.Option("--top-k", help="Top-k filter at temperature > 0 (0 disables).")]
@@ -71,34 +82,63 @@ MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens 
 CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens for target and draft.")]
 Threads = Annotated[int, typer.Option("--threads", "-t", help="CPU threads (0 = all cores).")]
 UbatchSize = Annotated[
-    int, typer.Option("--ubatch-size", "-ub", help=f"Rows llama.cpp computes in one pass (0 = {BATCH}). On CPU, 6 or fewer make batched verification give the logits of one-token decoding, so greedy output equals plain decoding's, at a cost in speed (docs/benchmarks.md).")
+    int,
+    typer.Option(
+        "--ubatch-size",
+        "-ub",
+        help=f"Rows llama.cpp computes in one pass (0 = {BATCH}). On CPU, 6 or fewer make batched verification give the logits of one-token decoding, so greedy output equals plain decoding's, at a cost in speed (docs/benchmarks.md).",
+    ),
 ]
 GpuLayers = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", help="Target layers to offload (-1 = all).")]
-DraftGpuLayers = Annotated[
-    int, typer.Option("--draft-n-gpu-layers", "-ngld", help="Draft layers to offload (-1 = all).")
-]
+DraftGpuLayers = Annotated[int, typer.Option("--draft-n-gpu-layers", "-ngld", help="Draft layers to offload (-1 = all).")]
 Rpc = Annotated[
     Optional[str],
-    typer.Option("--rpc", callback=checked_endpoints, help="llama.cpp rpc-servers that take the target's offloaded layers (-ngl): HOST:PORT[,HOST:PORT...] (default: none, the target stays on this machine).", rich_help_panel="RPC"),
+    typer.Option(
+        "--rpc",
+        callback=checked_endpoints,
+        help="llama.cpp rpc-servers that take the target's offloaded layers (-ngl): HOST:PORT[,HOST:PORT...] (default: none, the target stays on this machine).",
+        rich_help_panel="RPC",
+    ),
 ]
 DraftRpc = Annotated[
     Optional[str],
-    typer.Option("--draft-rpc", callback=checked_endpoints, help="rpc-servers for the draft's layers too, HOST:PORT[,...] (default: the draft runs locally).", rich_help_panel="RPC"),
+    typer.Option(
+        "--draft-rpc",
+        callback=checked_endpoints,
+        help="rpc-servers for the draft's layers too, HOST:PORT[,...] (default: the draft runs locally).",
+        rich_help_panel="RPC",
+    ),
 ]
 TensorSplit = Annotated[
     Optional[str],
-    typer.Option("--tensor-split", "-ts", callback=checked_split, help="Share of the target's offloaded layers per device, RPC servers' first in --rpc order, then local GPUs, e.g. 3,1 (default: by free memory).", rich_help_panel="RPC"),
+    typer.Option(
+        "--tensor-split",
+        "-ts",
+        callback=checked_split,
+        help="Share of the target's offloaded layers per device, RPC servers' first in --rpc order, then local GPUs, e.g. 3,1 (default: by free memory).",
+        rich_help_panel="RPC",
+    ),
 ]
 RpcTimeout = Annotated[
     float,
-    typer.Option("--rpc-timeout", help="Seconds one decode may wait for the rpc-servers before specrun gives up with an error (0 = forever).", rich_help_panel="RPC"),
+    typer.Option(
+        "--rpc-timeout",
+        help="Seconds one decode may wait for the rpc-servers before specrun gives up with an error (0 = forever).",
+        rich_help_panel="RPC",
+    ),
 ]
 StoreTokens = Annotated[
-    int, typer.Option("--store-tokens", help="Also draft from n-grams of earlier prompts and outputs, keeping up to N tokens (0 disables).")
+    int,
+    typer.Option(
+        "--store-tokens", help="Also draft from n-grams of earlier prompts and outputs, keeping up to N tokens (0 disables)."
+    ),
 ]
 ChatFormat = Annotated[
     Optional[str],
-    typer.Option("--chat-format", help="llama-cpp-python chat format (e.g. chatml, gemma, llama-3) or 'plain'; default: the model's template."),
+    typer.Option(
+        "--chat-format",
+        help="llama-cpp-python chat format (e.g. chatml, gemma, llama-3) or 'plain'; default: the model's template.",
+    ),
 ]
 
 
@@ -137,11 +177,18 @@ class ModelOptions:
         return SamplerSettings(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
 
     def _llama_settings(self) -> dict:
-        return dict(n_ctx=self.ctx_size, threads=self.threads, n_gpu_layers=self.n_gpu_layers,
-                    draft_n_gpu_layers=self.draft_n_gpu_layers, rpc_timeout=self.rpc_timeout, n_ubatch=self.ubatch_size)
+        return dict(
+            n_ctx=self.ctx_size,
+            threads=self.threads,
+            n_gpu_layers=self.n_gpu_layers,
+            draft_n_gpu_layers=self.draft_n_gpu_layers,
+            rpc_timeout=self.rpc_timeout,
+            n_ubatch=self.ubatch_size,
+        )
 
-    def session_config(self, lookup: bool = False, k: str = "auto", store_tokens: int = 0,
-                       use_draft: bool = True) -> SessionConfig:
+    def session_config(
+        self, lookup: bool = False, k: str = "auto", store_tokens: int = 0, use_draft: bool = True
+    ) -> SessionConfig:
         """`use_draft` False leaves --draft and --draft-rpc out (bench methods that need none)."""
         draft, draft_rpc = (self.draft, self.draft_rpc) if use_draft else (None, None)
         draft_endpoints = rpc.parse_endpoints(draft_rpc, "--draft-rpc")
@@ -149,16 +196,29 @@ class ModelOptions:
             raise SpecrunError("--draft-rpc places a draft model's layers: give --draft too, or drop --draft-rpc")
         # Paths, aliases and hub repos all go through the library's one resolver; it says which file and why.
         return resolve(
-            self.target, draft, quant=self.quant, draft_quant=self.draft_quant, offline=self.offline, on_resolve=_report_model,
-            lookup=lookup, k=parse_k(k), sampler=self.sampler(), rpc=rpc.parse_endpoints(self.rpc, "--rpc"),
-            draft_rpc=draft_endpoints, tensor_split=rpc.parse_tensor_split(self.tensor_split), store_tokens=store_tokens,
-            translation=self.draft_translation, **self._llama_settings(),
+            self.target,
+            draft,
+            quant=self.quant,
+            draft_quant=self.draft_quant,
+            offline=self.offline,
+            on_resolve=_report_model,
+            lookup=lookup,
+            k=parse_k(k),
+            sampler=self.sampler(),
+            rpc=rpc.parse_endpoints(self.rpc, "--rpc"),
+            draft_rpc=draft_endpoints,
+            tensor_split=rpc.parse_tensor_split(self.tensor_split),
+            store_tokens=store_tokens,
+            translation=self.draft_translation,
+            **self._llama_settings(),
         )
 
 
 _OPTION_TYPES = typing.get_type_hints(ModelOptions, include_extras=True)  # the Annotated[..., typer.Option] above
-_SHARED = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=_OPTION_TYPES[f.name])
-           for f in dataclasses.fields(ModelOptions)]
+_SHARED = [
+    inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=_OPTION_TYPES[f.name])
+    for f in dataclasses.fields(ModelOptions)
+]
 
 
 def model_options(command: Callable) -> Callable:

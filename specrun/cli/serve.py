@@ -11,12 +11,13 @@ import typer
 from specrun.chat.formats import PLAIN, check_format_name
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
+from specrun.config import SessionConfig
 from specrun.drafts.store import DEFAULT_LIMIT
 from specrun.errors import SpecrunError
 from specrun.hub.memory import ram_available_bytes
 from specrun.pair.cost import kv_cache_bytes
 from specrun.pair.header import read_local
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 from specrun.settings import check
 
 PARALLEL = 4  # requests served at once by default, where memory holds their caches
@@ -28,8 +29,12 @@ def checked_origins(param: typer.CallbackParam, values: list[str] | None) -> lis
     for value in values or []:
         origin = value.removesuffix("/")
         parts = urlsplit(origin)
-        if origin != "*" and not (parts.scheme in ("http", "https") and parts.hostname and not (parts.path or parts.query or parts.fragment)):
-            raise SpecrunError(f"--cors-origin {value!r} is not an origin: give scheme://host[:port], e.g. http://localhost:3000, or * for any")
+        if origin != "*" and not (
+            parts.scheme in ("http", "https") and parts.hostname and not (parts.path or parts.query or parts.fragment)
+        ):
+            raise SpecrunError(
+                f"--cors-origin {value!r} is not an origin: give scheme://host[:port], e.g. http://localhost:3000, or * for any"
+            )
         checked.append(origin)
     return checked
 
@@ -37,18 +42,54 @@ def checked_origins(param: typer.CallbackParam, values: list[str] | None) -> lis
 @app.command()
 @o.model_options
 def serve(
-    lookup: Annotated[bool, typer.Option("--lookup/--no-lookup", help="Draft by prompt lookup (n-grams copied from the request); with --draft: hybrid.")] = True,
+    lookup: Annotated[
+        bool,
+        typer.Option(
+            "--lookup/--no-lookup", help="Draft by prompt lookup (n-grams copied from the request); with --draft: hybrid."
+        ),
+    ] = True,
     store_tokens: o.StoreTokens = DEFAULT_LIMIT,
     k: o.K = "auto",
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Most tokens per request that names none (default: until the context is full).")] = None,
+    max_tokens: Annotated[
+        Optional[int],
+        typer.Option("--max-tokens", "-n", help="Most tokens per request that names none (default: until the context is full)."),
+    ] = None,
     chat_format: o.ChatFormat = None,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface; mind --api-key).")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface; mind --api-key).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).")] = 8080,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="SPECRUN_API_KEY", help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY; default: no key).")] = None,
-    cors_origin: Annotated[Optional[list[str]], typer.Option("--cors-origin", callback=checked_origins, help="A browser origin allowed to call the API besides this machine's own pages (scheme://host[:port]; '*': any), once per origin (default: none).")] = None,
-    parallel: Annotated[Optional[int], typer.Option("--parallel", "-np", help="Requests run at once, each with --ctx-size tokens of context (default: up to 4, as many as memory holds).")] = None,
+    api_key: Annotated[
+        Optional[str],
+        typer.Option(
+            "--api-key",
+            envvar="SPECRUN_API_KEY",
+            help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY; default: no key).",
+        ),
+    ] = None,
+    cors_origin: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--cors-origin",
+            callback=checked_origins,
+            help="A browser origin allowed to call the API besides this machine's own pages (scheme://host[:port]; '*': any), once per origin (default: none).",
+        ),
+    ] = None,
+    parallel: Annotated[
+        Optional[int],
+        typer.Option(
+            "--parallel",
+            "-np",
+            help="Requests run at once, each with --ctx-size tokens of context (default: up to 4, as many as memory holds).",
+        ),
+    ] = None,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait beyond those running; more get HTTP 429.")] = 32,
-    grammar_drafts: Annotated[bool, typer.Option("--grammar-drafts/--no-grammar-drafts", help="Draft what a request's grammar (response_format, tools) forces.")] = True,
+    grammar_drafts: Annotated[
+        bool,
+        typer.Option(
+            "--grammar-drafts/--no-grammar-drafts", help="Draft what a request's grammar (response_format, tools) forces."
+        ),
+    ] = True,
     *,
     model: o.ModelOptions,
 ) -> None:
@@ -60,8 +101,16 @@ def serve(
         raise SpecrunError("--api-key is empty: give a key, or leave the option out to serve without one")
     if chat_format not in (None, PLAIN):
         check_format_name(chat_format)  # before minutes of model loading
-    options = ServeOptions(host=host, port=port, api_key=api_key, queue=queue, max_tokens=max_tokens, chat_format=chat_format,
-                           cors_origins=tuple(cors_origin or ()), grammar_drafts=grammar_drafts)
+    options = ServeOptions(
+        host=host,
+        port=port,
+        api_key=api_key,
+        queue=queue,
+        max_tokens=max_tokens,
+        chat_format=chat_format,
+        cors_origins=tuple(cors_origin or ()),
+        grammar_drafts=grammar_drafts,
+    )
     config = model.session_config(lookup, k, store_tokens)
     if parallel is not None:
         check(parallel=parallel)  # before minutes of model loading; 0 is not "choose for me"
@@ -83,8 +132,15 @@ def auto_parallel(config: SessionConfig, ctx_size: int) -> int:
 
 
 def describe(config: SessionConfig, session: Session) -> str:
-    drafting = [name for name, on in (("prompt lookup", config.lookup), (f"store of {config.store_tokens} tokens", session.store is not None),
-                                      (config.draft.name if config.draft else "", config.draft)) if on]
+    drafting = [
+        name
+        for name, on in (
+            ("prompt lookup", config.lookup),
+            (f"store of {config.store_tokens} tokens", session.store is not None),
+            (config.draft.name if config.draft else "", config.draft),
+        )
+        if on
+    ]
     drafting += [f"{name} drafts" for name in config.sources]  # registered sources: mtp, the target's own MTP layers
     how = " + ".join(drafting) + f", k {config.k}" if drafting else "plain decoding"
     return f"{config.target.name} ({how}; {config.parallel} slot(s) of {session.target.n_ctx} tokens of context)"

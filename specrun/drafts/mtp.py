@@ -15,12 +15,15 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from specrun.backend import Context
+from specrun.backend import Context, Model
 from specrun.backend.mtp import MtpHead
 from specrun.core.sampling import Distribution
 from specrun.drafts.base import Draft, DraftRequest, DraftSource
 from specrun.drafts.model import Picker
 from specrun.drafts.registry import register
+from specrun.errors import SpecrunError
+from specrun.pair.arch import DRAFTER, SEPARATE_DRAFTERS, header_traits
+from specrun.pair.header import read_keys
 
 if TYPE_CHECKING:
     from specrun.session import Session
@@ -82,8 +85,9 @@ class MtpDraft:
                 dists.append(q)
         self.head.truncate(pos)  # its own drafting rows go: the verify decode brings the target's
         measured = sample or request.policy.wants_confidence
-        return Draft(tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None,
-                     catch_up_s=catch_up_s)
+        return Draft(
+            tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None, catch_up_s=catch_up_s
+        )
 
     def _start_over(self, history: Sequence[int]) -> None:
         """Decode the text again on the target, the head following, so both hold the same."""
@@ -101,3 +105,18 @@ def _build(session: Session) -> MtpDraft:
 
 
 register("mtp", _build)
+
+
+def refuse_mtp_drafter(model: Model) -> None:
+    """A separate MTP drafter (a gemma4-assistant, or NextN layers alone) loads, but llama.cpp crashes
+    decoding it as a model of its own: one line instead. Only a model with MTP layers or of a drafter's
+    architecture has its header read for it."""
+    if not model.n_nextn and model.architecture not in SEPARATE_DRAFTERS.values():
+        return
+    keys = read_keys(model.path)
+    if header_traits(keys.meta, keys.tensor_names).mtp == DRAFTER:
+        raise SpecrunError(
+            f"the {model.role} model {model.path.name} is an MTP drafter ({model.architecture}: MTP layers "
+            "without the model they draft for), which specrun cannot run yet (llama.cpp's draft-mtp can); "
+            "a target with MTP layers of its own drafts with --draft mtp"
+        )

@@ -13,27 +13,23 @@ from typing import TYPE_CHECKING, Callable
 
 from specrun.errors import SpecrunError
 from specrun.hub import embedded, stores
+from specrun.hub.choice import ModelRequest, choose_file, fit_quant
 from specrun.hub.embedded import DEFAULT_ALIAS
-from specrun.hub.memory import MemoryBudget, format_bytes, memory_budget, run_bytes
+from specrun.hub.memory import format_bytes, run_bytes
 from specrun.hub.profiles import ModelProfile, load_profiles
 from specrun.hub.quants import (
     NEVER_AUTO,
     NEVER_AUTO_FOR_DRAFT,
     QuantChoice,
     RepoFile,
-    group_quants,
-    missing_parts,
     quant_of,
-    quant_sets,
 )
-from specrun.hub.spec import ModelSpec, checked_quant, local_model_path, ollama_name, parse_spec
+from specrun.hub.spec import checked_quant, local_model_path, ollama_name, parse_spec
 from specrun.hub.stores import StoredModel
 
 if TYPE_CHECKING:  # annotations only: importing it at run time is _hub()'s cost
     from specrun.hub.download import RepoListing
 
-# llama.cpp's `-hf` default, used when the memory to fit in cannot be read.
-FALLBACK_QUANT = "Q4_K_M"
 EMBEDDED_QUANT = "Q4_K_M"
 
 
@@ -84,41 +80,6 @@ class HubLookupError(SpecrunError):
         self.repo, self.profile = repo, profile
 
 
-@dataclass(frozen=True)
-class ModelRequest:
-    """An alias or hub spec, and how to choose among its files."""
-
-    parsed: ModelSpec
-    profile: ModelProfile | None  # the alias's
-    quant: str | None  # asked for, by --quant or the spec; None lets the memory decide
-    budget_bytes: int | None  # the memory to fit in; None: measure it
-    reserve_bytes: int  # kept for the draft and the caches
-    excluded: frozenset[str]  # quants never chosen automatically
-    rpc: tuple[str, ...]  # the servers whose free memory counts
-
-    @property
-    def repo(self) -> str:
-        repo = self.profile.repo if self.profile else self.parsed.repo
-        assert repo is not None  # parse_spec gives an alias or a repo
-        return repo
-
-    @property
-    def pattern(self) -> str | None:
-        return self.profile.file_pattern if self.profile else None
-
-    @property
-    def expected_file(self) -> str | None:
-        """The file a named file or an alias's quant stands for, for messages."""
-        if self.parsed.filename is not None:
-            return self.parsed.filename
-        return self.pattern.replace("{quant}", self.quant) if self.pattern and self.quant else None
-
-    def budget(self) -> MemoryBudget | None:
-        if self.budget_bytes is not None:
-            return MemoryBudget(self.budget_bytes, "the given budget")
-        return memory_budget(rpc=self.rpc)
-
-
 def resolve_model(
     spec: str,
     *,
@@ -136,12 +97,26 @@ def resolve_model(
     into the Hugging Face cache when it is not there yet. A file that Ollama, LM Studio or
     llama.cpp already keeps is used where it lies.
     """
-    location = locate_model(spec, quant=quant, offline=offline, memory_budget_bytes=memory_budget_bytes,
-                            reserve_bytes=reserve_bytes, for_draft=for_draft, rpc=rpc)
+    location = locate_model(
+        spec,
+        quant=quant,
+        offline=offline,
+        memory_budget_bytes=memory_budget_bytes,
+        reserve_bytes=reserve_bytes,
+        for_draft=for_draft,
+        rpc=rpc,
+    )
     files = location.files or downloaded(location, show_progress)
     return ResolvedModel(
-        files[0], location.repo, location.quant, location.reason, alias=location.alias, files=files,
-        size_bytes=location.size_bytes, profile=location.profile, store=location.store,
+        files[0],
+        location.repo,
+        location.quant,
+        location.reason,
+        alias=location.alias,
+        files=files,
+        size_bytes=location.size_bytes,
+        profile=location.profile,
+        store=location.store,
     )
 
 
@@ -179,11 +154,19 @@ def locate_model(
         return ollama_location(name, wanted, profiles)
     parsed = parse_spec(spec, profiles)
     request = ModelRequest(
-        parsed, profiles.get(parsed.alias) if parsed.alias else None, wanted or parsed.quant,
-        memory_budget_bytes, reserve_bytes, NEVER_AUTO_FOR_DRAFT if for_draft else NEVER_AUTO, rpc,
+        parsed,
+        profiles.get(parsed.alias) if parsed.alias else None,
+        wanted or parsed.quant,
+        memory_budget_bytes,
+        reserve_bytes,
+        NEVER_AUTO_FOR_DRAFT if for_draft else NEVER_AUTO,
+        rpc,
     )
-    return (embedded_location(request) or stored_location(request, profiles, include_hf=disk_first)
-            or hub_location(request, spec, offline))
+    return (
+        embedded_location(request)
+        or stored_location(request, profiles, include_hf=disk_first)
+        or hub_location(request, spec, offline)
+    )
 
 
 def _hub() -> ModuleType:
@@ -204,10 +187,14 @@ def ollama_location(name: str, wanted: str | None, profiles: dict[str, ModelProf
         )
     assert model.path is not None  # ollama_model() refuses unusable models
     return ModelLocation(
-        model.repo, model.quant,
+        model.repo,
+        model.quant,
         f"ollama:{model.name}: {model.quant or 'GGUF'} ({format_bytes(model.size)}) from {model.where}: {model.path}",
-        alias=model.alias, files=model.parts, size_bytes=model.size,
-        profile=profiles.get(model.alias or ""), store=model.source,
+        alias=model.alias,
+        files=model.parts,
+        size_bytes=model.size,
+        profile=profiles.get(model.alias or ""),
+        store=model.source,
     )
 
 
@@ -219,21 +206,24 @@ def embedded_location(request: ModelRequest) -> ModelLocation | None:
         return None
     path = embedded.embedded_model_path()
     return ModelLocation(
-        None, EMBEDDED_QUANT, f"{DEFAULT_ALIAS}: {EMBEDDED_QUANT} embedded with specrun (no download)",
-        alias=DEFAULT_ALIAS, files=(path,), size_bytes=path.stat().st_size, profile=request.profile,
+        None,
+        EMBEDDED_QUANT,
+        f"{DEFAULT_ALIAS}: {EMBEDDED_QUANT} embedded with specrun (no download)",
+        alias=DEFAULT_ALIAS,
+        files=(path,),
+        size_bytes=path.stat().st_size,
+        profile=request.profile,
     )
 
 
-def stored_location(request: ModelRequest, profiles: dict[str, ModelProfile],
-                    include_hf: bool = False) -> ModelLocation | None:
+def stored_location(request: ModelRequest, profiles: dict[str, ModelProfile], include_hf: bool = False) -> ModelLocation | None:
     """A file of this model that Ollama, LM Studio or llama.cpp (and, with include_hf, the
     Hugging Face cache) already keeps, or None.
 
     Asked for a quant or a file: that one, when a store has it. Asked for neither: the
     largest stored quant that fits in memory; when none fits, the hub decides as usual.
     """
-    found = stores.matching(stores.stored_models(profiles, include_hf), request.repo,
-                            request.parsed.filename, request.pattern)
+    found = stores.matching(stores.stored_models(profiles, include_hf), request.repo, request.parsed.filename, request.pattern)
     if request.quant is not None:
         found = [m for m in found if m.quant == request.quant]
     if not found:
@@ -249,8 +239,13 @@ def stored_location(request: ModelRequest, profiles: dict[str, ModelProfile],
         chosen, reason = fitting
     assert chosen.path is not None  # matching() keeps usable models only
     return ModelLocation(
-        request.repo, chosen.quant, f"{reason}; already on disk in {chosen.where}: {chosen.path}",
-        alias=request.parsed.alias, files=chosen.parts, size_bytes=chosen.size, profile=request.profile,
+        request.repo,
+        chosen.quant,
+        f"{reason}; already on disk in {chosen.where}: {chosen.path}",
+        alias=request.parsed.alias,
+        files=chosen.parts,
+        size_bytes=chosen.size,
+        profile=request.profile,
         store=chosen.source,
     )
 
@@ -276,9 +271,16 @@ def hub_location(request: ModelRequest, spec: str, offline: bool) -> ModelLocati
     except SpecrunError as exc:
         raise HubLookupError(str(exc), request.repo, request.profile) from exc
     return ModelLocation(
-        listing.repo, choice.quant_choice.quant, choice.reason, alias=request.parsed.alias, files=files,
-        size_bytes=choice.quant_choice.size, profile=request.profile, store="hf" if listing.cached else None,
-        listing=listing, hub_files=() if listing.cached else choice.quant_choice.parts,
+        listing.repo,
+        choice.quant_choice.quant,
+        choice.reason,
+        alias=request.parsed.alias,
+        files=files,
+        size_bytes=choice.quant_choice.size,
+        profile=request.profile,
+        store="hf" if listing.cached else None,
+        listing=listing,
+        hub_files=() if listing.cached else choice.quant_choice.parts,
     )
 
 
@@ -301,8 +303,7 @@ def repo_listing(repo: str, offline: bool, spec: str, expected: str | None) -> R
         what = f"{repo}/{expected} is not" if expected else f"no file of {repo} is"
         state = "offline mode is on" if offline else "the hub is unreachable"
         raise SpecrunError(
-            f"{spec}: {what} in the Hugging Face cache ({hub.hub_cache_dir()}) and {state}: "
-            f"connect and run `specrun pull {spec}`"
+            f"{spec}: {what} in the Hugging Face cache ({hub.hub_cache_dir()}) and {state}: connect and run `specrun pull {spec}`"
         )
     return cached
 
@@ -316,101 +317,6 @@ def cached_files(listing: RepoListing, parts: tuple[RepoFile, ...], spec: str) -
             raise SpecrunError(f"{spec}: {part.path} vanished from the cache: run `specrun pull {spec}`")
         paths.append(path)
     return tuple(paths)
-
-
-@dataclass(frozen=True)
-class ChosenQuant:
-    quant_choice: QuantChoice
-    reason: str
-    fits: bool = True  # False when even the smallest quant exceeds the memory budget
-
-
-def choose_file(listing: RepoListing, request: ModelRequest) -> ChosenQuant:
-    """The file named, the quant asked for, or the largest that fits; one the list lacks is an error."""
-    name = request.parsed.alias or listing.repo
-    if request.parsed.filename is not None:
-        filename = request.parsed.filename
-        return ChosenQuant(named_file(listing, filename), f"{name}: {filename} as named")
-    choices = group_quants(listing.files, request.pattern)
-    if not choices:
-        raise SpecrunError(no_gguf_message(listing, request.pattern))
-    where = "cached " if listing.cached else ""
-    if request.quant is None:
-        return fit_quant(name, choices, request.budget(), request.reserve_bytes, where, request.excluded)
-    if request.quant not in choices:
-        raise SpecrunError(
-            f"{name} has no {where}{request.quant} GGUF{missing_note(listing, request.pattern, request.quant)}; "
-            f"{where}quants: {', '.join(sorted(choices))}"
-        )
-    chosen = choices[request.quant]
-    return ChosenQuant(chosen, f"{name}: {request.quant} ({format_bytes(chosen.size)}) as asked")
-
-
-def fit_quant(
-    name: str,
-    choices: dict[str, QuantChoice],
-    budget: MemoryBudget | None,
-    reserve_bytes: int,
-    where: str = "",
-    excluded: frozenset[str] = NEVER_AUTO,
-) -> ChosenQuant:
-    """The largest quant whose run size fits the budget after the reserve."""
-    candidates = sorted((c for q, c in choices.items() if q not in excluded), key=lambda c: c.size)
-    if not candidates:
-        candidates = sorted(choices.values(), key=lambda c: c.size)
-    if budget is None:
-        chosen = choices.get(FALLBACK_QUANT) or candidates[0]
-        return ChosenQuant(chosen, f"{name}: {chosen.quant} ({format_bytes(chosen.size)}), free memory unknown")
-    room = budget.bytes - reserve_bytes
-    reserve_note = f" after {format_bytes(reserve_bytes)} kept for the draft and cache" if reserve_bytes else ""
-    fitting = [c for c in candidates if run_bytes(c.size) <= room]
-    if not fitting:
-        smallest = candidates[0]
-        return ChosenQuant(
-            smallest,
-            f"{name}: {smallest.quant} ({format_bytes(smallest.size)}), the smallest {where}quant; none fits in "
-            f"{format_bytes(budget.bytes)} of {budget.where}{reserve_note}, expect partial offload or swapping",
-            fits=False,
-        )
-    chosen = fitting[-1]
-    return ChosenQuant(
-        chosen,
-        f"{name}: {chosen.quant} ({format_bytes(chosen.size)}), the largest {where}quant that fits in "
-        f"{format_bytes(budget.bytes)} of {budget.where}{reserve_note}",
-    )
-
-
-def named_file(listing: RepoListing, filename: str) -> QuantChoice:
-    """owner/repo/file.gguf: that file, or the whole split set it is the first part of."""
-    by_path = {f.path: f for f in listing.files}
-    if filename not in by_path:
-        source = "the cache" if listing.cached else listing.repo
-        raise SpecrunError(f"{filename} is not in {source}; `specrun pull {listing.repo}` shows what it has")
-    sets = quant_sets(listing.files)
-    for parts in sets.values():
-        if parts[0].path == filename:
-            gaps = missing_parts(parts)
-            if gaps:
-                raise SpecrunError(f"{listing.repo}: split parts missing from the cache: {', '.join(gaps)}")
-            return QuantChoice(quant_of(filename) or "", tuple(parts))
-    return QuantChoice(quant_of(filename) or "", (by_path[filename],))
-
-
-def missing_note(listing: RepoListing, pattern: str | None, quant: str) -> str:
-    parts = quant_sets(listing.files, pattern).get(quant)
-    if not parts:
-        return ""
-    return f" (split parts missing: {', '.join(missing_parts(parts))})"
-
-
-def no_gguf_message(listing: RepoListing, pattern: str | None) -> str:
-    what = f"matching {pattern}" if pattern else "with a quant in its name"
-    if listing.cached:
-        return (
-            f"no complete GGUF {what} of {listing.repo} is in the cache ({_hub().hub_cache_dir()}) and the "
-            f"hub is not reachable: connect and run `specrun pull {listing.repo}`"
-        )
-    return f"{listing.repo} has no GGUF file {what}: pick a GGUF repository or name the file"
 
 
 def resolve_pair(

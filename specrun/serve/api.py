@@ -1,49 +1,30 @@
-"""OpenAI's request bodies, with llama-server's additions, and its error objects.
+"""What the server runs for a request, and OpenAI's error objects.
 
-Request bodies are pydantic models parsed from the raw bytes, whose Rust JSON parser bounds
-nesting and refuses lone surrogates and bytes that are not UTF-8. The models check only types
-and shapes, and ignore fields they do not name (as OpenAI does), except OpenAI's fields that
-specrun cannot honour (`UNSUPPORTED`), which are refused rather than ignored. What a setting
-may be is the library's rule (`specrun.settings`, `SpeculativeSettings`, `parse_k`), applied
-before the request is queued; so is the grammar of `response_format`, `json_schema` or
-`grammar` (`specrun.structured`) and of the tools' schemas. `body_error` and `setting_error`
-turn those errors into OpenAI's error object. Builders turn a finished generation into
+`parse_chat` and `parse_completion` read a body (specrun/serve/bodies.py) and check every
+setting by the library's rule (`specrun.settings`, `SpeculativeSettings`, `parse_k`) before
+the request is queued; so is the grammar of `response_format`, `json_schema` or `grammar`
+(specrun/grammar/schemas.py) and of the tools' schemas. OpenAI's fields that specrun cannot
+honour (`UNSUPPORTED`) are refused rather than ignored. `body_error` and `setting_error` turn
+errors into OpenAI's error object. Builders turn a finished generation into
 `chat.completion` / `text_completion` bodies and stream chunks (specrun/serve/responses.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Mapping
+from typing import Any, Mapping
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    WrapValidator,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import ValidationError
 
 from specrun.core.policy import SpeculativeSettings, parse_k
 from specrun.errors import SpecrunError
 from specrun.grammar.schemas import Grammar, SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
+from specrun.serve.bodies import EXPECTED, Body, ChatBody, CompletionBody
 from specrun.serve.tools import ToolRequest, call_grammar, function_parameters
 from specrun.settings import SettingError, check
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 SAMPLING = {"temperature", "top_p", "top_k", "min_p"}  # request fields passed on to SamplerSettings, named as there
 SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `speculative` object
-EXPECTED = {  # pydantic's type errors, by what the field takes
-    "int_type": "an integer", "float_type": "a number", "string_type": "a string", "bool_type": "a boolean",
-    "list_type": "an array", "dict_type": "an object", "model_type": "an object",
-}
-CONTENT = "a string or an array of text parts"
-TOOL_CHOICE = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
 NO_LOGPROBS = "specrun returns no log probabilities"
 UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) when they ask for something
     "logit_bias": "specrun does not bias tokens: every token is drawn from the target's own distribution",
@@ -57,8 +38,15 @@ UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) 
 class ApiError(Exception):
     """An error answered with an HTTP status and OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: Mapping[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers or {}
@@ -88,208 +76,6 @@ class GenerationRequest:
         return self.messages is not None
 
 
-# --- request bodies ------------------------------------------------------------------
-def expecting(expected: str) -> WrapValidator:
-    """For a field that takes several shapes: when the value or its items have the wrong
-    types, one error saying what the field takes, in place of pydantic's one per item or
-    union member. Other errors (a bad part of a message) are kept as they are."""
-
-    def validate(value: Any, handler) -> Any:
-        try:
-            return handler(value)
-        except ValidationError as error:
-            if all(problem["type"] in EXPECTED for problem in error.errors()):
-                raise PydanticCustomError("invalid_type", "expected {expected}", {"expected": expected}) from None
-            raise
-
-    return WrapValidator(validate)
-
-
-def _listed(value: Any) -> Any:
-    return [value] if isinstance(value, str) else value
-
-
-def _only_item(value: Any) -> Any:
-    return value[0] if isinstance(value, list) and len(value) == 1 else value
-
-
-def _as_parts(value: Any) -> Any:
-    return [{"type": "text", "text": value}] if isinstance(value, str) else value
-
-
-class Strict(BaseModel):
-    # No string is taken for a number, nor a number for a boolean; unknown fields are ignored.
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-
-class TextPart(Strict):
-    type: Literal["text"]
-    text: str
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _text_only(cls, value: Any, handler) -> "TextPart":
-        try:
-            return handler(value)
-        except ValidationError:
-            kind = value.get("type") if isinstance(value, dict) else None
-            what = f"{kind!r} parts are not" if isinstance(kind, str) and kind != "text" else "only text parts are"
-            raise PydanticCustomError("invalid_value", what + ' supported: specrun serves text models; send text parts '
-                                      '({"type": "text", "text": ...})') from None
-
-
-class FunctionCall(Strict):
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-
-class ToolCallIn(Strict):
-    """A call an assistant's turn made, as the client sends it back."""
-
-    id: str
-    type: Literal["function"]
-    function: FunctionCall
-
-
-class Message(Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[list[TextPart], BeforeValidator(_as_parts), expecting(CONTENT)] | None = Field(
-        None, validate_default=True)  # None only in an assistant's turn (one that only called tools)
-    tool_calls: list[ToolCallIn] | None = None  # an assistant's turn that called tools
-    tool_call_id: str | None = Field(None, validate_default=True)  # a tool's result: the call it answers
-
-    @field_validator("content")
-    @classmethod
-    def _given(cls, content: list[TextPart] | None, info: ValidationInfo) -> list[TextPart] | None:
-        if content is None and info.data.get("role") != "assistant":
-            raise PydanticCustomError("invalid_type", "expected {expected}", {"expected": CONTENT})
-        return content
-
-    @field_validator("tool_call_id")
-    @classmethod
-    def _answers(cls, tool_call_id: str | None, info: ValidationInfo) -> str | None:
-        if tool_call_id is None and info.data.get("role") == "tool":
-            raise PydanticCustomError("missing", "a tool's message names the call it answers")
-        return tool_call_id
-
-    def turn(self) -> dict[str, Any]:
-        """The turn as chat templates take it: role and text, an assistant's calls, the call a result answers."""
-        turn: dict[str, Any] = {"role": ROLES[self.role], "content": "\n".join(part.text for part in self.content or ())}
-        if self.role == "assistant" and self.tool_calls:
-            turn["tool_calls"] = [call.model_dump() for call in self.tool_calls]
-        if self.role == "tool":
-            turn["tool_call_id"] = self.tool_call_id
-        return turn
-
-
-class Function(Strict):
-    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]  # OpenAI's rule; the call reader counts on it
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # a JSON schema of an object
-    strict: bool | None = None  # the arguments are held to the schema either way
-
-    def as_dict(self) -> dict:
-        """As the template and the tools prompt take it: what the request gave, nothing more."""
-        given = {"name": self.name, "description": self.description, "parameters": self.parameters}
-        return {key: value for key, value in given.items() if value is not None}
-
-
-class Tool(Strict):
-    type: Literal["function"]
-    function: Function
-
-
-class ChosenFunction(Strict):
-    name: str
-
-
-class ToolChoice(Strict):
-    """tool_choice: a string ("none", "auto", "required") stands for {"type": it}."""
-
-    type: Literal["none", "auto", "required", "function"]
-    function: ChosenFunction | None = Field(None, validate_default=True)
-
-    @field_validator("function")
-    @classmethod
-    def _named(cls, function: ChosenFunction | None, info: ValidationInfo) -> ChosenFunction | None:
-        if function is None and info.data.get("type") == "function":
-            raise PydanticCustomError("missing", "a function tool_choice names the function")
-        return function
-
-
-def _choice_object(value: Any) -> Any:
-    return {"type": value} if isinstance(value, str) else value
-
-
-class JsonSchemaFormat(Strict):
-    name: str | None = None
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(None, alias="schema")  # None: any JSON object
-    strict: bool | None = None  # the output is held to the schema either way
-
-
-class ResponseFormat(Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = Field(None, validate_default=True)
-
-    @field_validator("json_schema")
-    @classmethod
-    def _described(cls, json_schema: JsonSchemaFormat | None, info: ValidationInfo) -> JsonSchemaFormat | None:
-        if json_schema is None and info.data.get("type") == "json_schema":
-            raise PydanticCustomError("missing", "a json_schema response format gives the schema")
-        return json_schema
-
-
-class StreamOptions(Strict):
-    include_usage: bool | None = None
-
-
-class Speculative(Strict):
-    """llama-server's per-request `speculative` object; what it leaves out keeps its default."""
-
-    n_max: int | None = None
-    n_min: int | None = None
-    p_min: float | None = None
-
-
-class Body(Strict):
-    """The fields both endpoints read."""
-
-    n: int | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None  # OpenAI's newer name, before max_tokens
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: Annotated[list[str], BeforeValidator(_listed), expecting("a string or an array of strings")] | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    k: Annotated[int | str, expecting('an integer, "auto" or "llama.cpp"')] | None = None
-    speculative: Speculative | None = None
-    response_format: ResponseFormat | None = None
-    json_schema: dict[str, Any] | None = None  # llama-server's: the schema itself
-    grammar: str | None = None  # llama-server's: GBNF
-    logit_bias: dict[str, Any] | None = None  # refused unless empty
-    top_logprobs: int | None = None  # refused
-
-
-class ChatBody(Body):
-    messages: Annotated[list[Message], Field(min_length=1)]
-    tools: list[Tool] | None = None
-    tool_choice: Annotated[ToolChoice, BeforeValidator(_choice_object), expecting(TOOL_CHOICE)] | None = None
-    parallel_tool_calls: bool | None = None
-    logprobs: bool | None = None  # refused when true
-    functions: Any = None  # refused: OpenAI's deprecated function calling
-    function_call: Any = None
-
-
-class CompletionBody(Body):
-    prompt: Annotated[str, BeforeValidator(_only_item), expecting("a string (or an array of one string)")]
-    logprobs: int | None = None  # refused
-
-
 def parse_chat(raw: bytes) -> GenerationRequest:
     """Raises ValidationError for a body of the wrong shape, SettingError for a setting out of range,
     ApiError for a field specrun cannot honour."""
@@ -297,8 +83,13 @@ def parse_chat(raw: bytes) -> GenerationRequest:
     tools = _tools(body)
     request = _request(body, messages=[message.turn() for message in body.messages], tools=tools)
     if tools is not None and request.grammar is not None:
-        raise ApiError(400, f"Unsupported parameter: '{request.grammar_param}' together with 'tools': hold the reply to "
-                            "one or the other (or send tool_choice \"none\").", request.grammar_param, "unsupported_parameter")
+        raise ApiError(
+            400,
+            f"Unsupported parameter: '{request.grammar_param}' together with 'tools': hold the reply to "
+            'one or the other (or send tool_choice "none").',
+            request.grammar_param,
+            "unsupported_parameter",
+        )
     return request
 
 
@@ -321,11 +112,19 @@ def _request(body: Body, **what: Any) -> GenerationRequest:
     speculative = SpeculativeSettings(**body.speculative.model_dump(exclude_none=True)) if body.speculative else None
     options = body.stream_options
     grammar, grammar_param = _output_grammar(body)
-    return GenerationRequest(max_tokens=_max_tokens(body), sampling=sampling, seed=body.seed,
-                             stops=tuple(stop for stop in body.stop or () if stop), stream=bool(body.stream),
-                             include_usage=bool(options and options.include_usage),
-                             k=None if body.k is None else parse_k(body.k), speculative=speculative,
-                             grammar=grammar, grammar_param=grammar_param, **what)
+    return GenerationRequest(
+        max_tokens=_max_tokens(body),
+        sampling=sampling,
+        seed=body.seed,
+        stops=tuple(stop for stop in body.stop or () if stop),
+        stream=bool(body.stream),
+        include_usage=bool(options and options.include_usage),
+        k=None if body.k is None else parse_k(body.k),
+        speculative=speculative,
+        grammar=grammar,
+        grammar_param=grammar_param,
+        **what,
+    )
 
 
 def _refuse_unsupported(body: Body) -> None:
@@ -344,8 +143,12 @@ def _output_grammar(body: Body) -> tuple[Grammar | None, str | None]:
     asked = {"response_format": kind != "text", "json_schema": body.json_schema is not None, "grammar": body.grammar is not None}
     given = [name for name, on in asked.items() if on]
     if len(given) > 1:
-        raise ApiError(400, f"Give only one of {' and '.join(map(repr, given))}: each says what the output is held to.",
-                       given[1], "invalid_value")
+        raise ApiError(
+            400,
+            f"Give only one of {' and '.join(map(repr, given))}: each says what the output is held to.",
+            given[1],
+            "invalid_value",
+        )
     if not given:
         return None, None
     param = "response_format.json_schema.schema" if kind == "json_schema" else given[0]
@@ -380,10 +183,17 @@ def _tools(body: ChatBody) -> ToolRequest | None:
     chosen = [function for function in functions if named in (None, function["name"])]
     call = _call_grammar(functions, chosen)
     if call is None:
-        raise invalid_value("tool_choice.function.name", f"no tool is called {named!r} "
-                            f"(the tools: {', '.join(function['name'] for function in functions)}).")
-    return ToolRequest(tuple({"type": "function", "function": function} for function in functions),
-                       must_call=choice != "auto", named=named, parallel=body.parallel_tool_calls is not False, call=call)
+        raise invalid_value(
+            "tool_choice.function.name",
+            f"no tool is called {named!r} (the tools: {', '.join(function['name'] for function in functions)}).",
+        )
+    return ToolRequest(
+        tuple({"type": "function", "function": function} for function in functions),
+        must_call=choice != "auto",
+        named=named,
+        parallel=body.parallel_tool_calls is not False,
+        call=call,
+    )
 
 
 def _check_names(functions: list[dict]) -> None:
@@ -439,16 +249,20 @@ def body_error(error: ValidationError) -> ApiError:
     kind, location, value = problem["type"], problem["loc"], problem.get("input")
     param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location).lstrip(".")
     if kind == "json_invalid":
-        return ApiError(400, f"We could not parse the JSON body of your request ({problem['ctx']['error']}): "
-                             "send a JSON object.", code="invalid_json")
+        return ApiError(
+            400,
+            f"We could not parse the JSON body of your request ({problem['ctx']['error']}): send a JSON object.",
+            code="invalid_json",
+        )
     if not location:
         return ApiError(400, f"The request body has to be a JSON object, but is {_json_type(value)}.", code="invalid_json")
     if kind == "missing":
         return ApiError(400, f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
     expected = problem["ctx"]["expected"] if kind == "invalid_type" else EXPECTED.get(kind)
     if expected:
-        return ApiError(400, f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead.",
-                        param, "invalid_type")
+        return ApiError(
+            400, f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead.", param, "invalid_type"
+        )
     message = problem["msg"]
     return invalid_value(param, f"{message[0].lower()}{message[1:]}.")
 

@@ -17,11 +17,12 @@ from typing import Callable, Iterator
 
 import uvicorn
 
+from specrun.config import SessionConfig
 from specrun.errors import SpecrunError
 from specrun.serve.app import create_app
 from specrun.serve.metrics import Metrics
 from specrun.serve.worker import Worker
-from specrun.session import Session, SessionConfig
+from specrun.session import Session
 from specrun.settings import check
 
 
@@ -42,19 +43,37 @@ class ServeOptions:
 
 
 class Server:
-    def __init__(self, config: SessionConfig, options: ServeOptions = ServeOptions(),
-                 on_ready: Callable[[Session], None] = lambda session: None,
-                 open_session: Callable[[], Session] | None = None):
+    def __init__(
+        self,
+        config: SessionConfig,
+        options: ServeOptions = ServeOptions(),
+        on_ready: Callable[[Session], None] = lambda session: None,
+        open_session: Callable[[], Session] | None = None,
+    ):
         self.metrics = Metrics()
-        self.worker = Worker(open_session or (lambda: Session(config)), self.metrics, options.queue, options.max_tokens,
-                             options.chat_format, on_ready=on_ready, on_failed=lambda error: self.stop(),
-                             grammar_drafts=options.grammar_drafts, slots=config.parallel)
+        self.worker = Worker(
+            open_session or (lambda: Session(config)),
+            self.metrics,
+            options.queue,
+            options.max_tokens,
+            options.chat_format,
+            on_ready=on_ready,
+            on_failed=lambda error: self.stop(),
+            grammar_drafts=options.grammar_drafts,
+            slots=config.parallel,
+        )
         model = options.model_name or config.target.stem
         self.socket = bind(options.host, options.port)
         host, port = self.socket.getsockname()[:2]
         # Only a server other machines can reach answers to their names.
-        self.app = create_app(self.worker, self.metrics, model, options.api_key, options.cors_origins,
-                              local_hosts_only=ipaddress.ip_address(host).is_loopback)
+        self.app = create_app(
+            self.worker,
+            self.metrics,
+            model,
+            options.api_key,
+            options.cors_origins,
+            local_hosts_only=ipaddress.ip_address(host).is_loopback,
+        )
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         self._uvicorn = _Uvicorn(
             uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5),

@@ -10,7 +10,7 @@ A reply calls tools in one of two forms (`ToolForm`):
 - JSON: `{"tool_calls": [{"name": ..., "arguments": ...}]}`, for every other template, with a
   generic system prompt listing the tools and that form; results are plain transcript lines.
 
-A call's JSON is held to the tools' schemas (`specrun.structured`, which writes it in
+A call's JSON is held to the tools' schemas (`specrun.grammar.schemas`, which writes it in
 json.dumps' style, as templates render calls), so it always parses and its arguments validate. With `tool_choice: "auto"` the grammar lets the reply be
 text in which the form's opening (`<tool_call>`, `{"tool_calls"`) never occurs, followed by
 calls or by nothing; "required" and a named tool allow calls only.
@@ -43,8 +43,13 @@ class ToolForm:
         return self.opening + self.separator.join(call_json(name, arguments) for name, arguments in calls) + self.closing
 
 
-HERMES = ToolForm("<tool_call>", "<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>",
-                  "<tool_response>\n{content}\n</tool_response>")
+HERMES = ToolForm(
+    "<tool_call>",
+    "<tool_call>\n",
+    "\n</tool_call>\n<tool_call>\n",
+    "\n</tool_call>",
+    "<tool_response>\n{content}\n</tool_response>",
+)
 JSON_FORM = ToolForm('{"tool_calls"', '{"tool_calls": [', ", ", "]}", "Result of {name}: {content}")
 
 
@@ -65,8 +70,10 @@ class ToolRequest:
     call: Grammar  # one call's JSON, {"name": ..., "arguments": ...}, of a tool it may call
 
 
-PROBE_TOOL = {"type": "function", "function": {"name": "probe", "description": "A probe.",
-                                               "parameters": {"type": "object", "properties": {}}}}
+PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "probe", "description": "A probe.", "parameters": {"type": "object", "properties": {}}},
+}
 PROBE = [{"role": "user", "content": "hi"}]
 HERMES_PROMPT = """# Tools
 
@@ -106,8 +113,9 @@ def function_parameters(function: dict) -> dict:
     """A function's parameters schema: an object (no parameters: the empty object)."""
     parameters = function.get("parameters") or {"type": "object", "properties": {}}
     if parameters.get("type", "object") != "object":
-        raise SchemaError(f"a function's parameters have to be the JSON schema of an object, not of {parameters['type']!r}",
-                          "$.type")
+        raise SchemaError(
+            f"a function's parameters have to be the JSON schema of an object, not of {parameters['type']!r}", "$.type"
+        )
     return {"type": "object", **parameters}
 
 
@@ -115,8 +123,15 @@ def call_grammar(functions: list[dict]) -> Grammar:
     """One call of any of `functions` (OpenAI's function objects), its arguments held to their parameters.
     Each function's schema moves under `$defs`, its own `$ref`s with it."""
     defs = {f"tool-{i}": _rehomed(function_parameters(function), f"#/$defs/tool-{i}") for i, function in enumerate(functions)}
-    calls = [{"type": "object", "properties": {"name": {"const": function["name"]}, "arguments": {"$ref": f"#/$defs/tool-{i}"}},
-              "required": ["name", "arguments"], "additionalProperties": False} for i, function in enumerate(functions)]
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": function["name"]}, "arguments": {"$ref": f"#/$defs/tool-{i}"}},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for i, function in enumerate(functions)
+    ]
     return grammar_from_json_schema({"anyOf": calls, "$defs": defs})
 
 
@@ -126,8 +141,10 @@ def _rehomed(schema: Any, home: str) -> Any:
         return [_rehomed(item, home) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    return {key: home + value[1:] if key == "$ref" and isinstance(value, str) and value.startswith("#") else _rehomed(value, home)
-            for key, value in schema.items()}
+    return {
+        key: home + value[1:] if key == "$ref" and isinstance(value, str) and value.startswith("#") else _rehomed(value, home)
+        for key, value in schema.items()
+    }
 
 
 def tool_grammar(form: ToolForm, offered: ToolRequest) -> Grammar:
@@ -138,7 +155,9 @@ def tool_grammar(form: ToolForm, offered: ToolRequest) -> Grammar:
     calls = f"specrun-calls ::= {_literal(form.opening)} specrun-call{more} {_literal(form.closing)}"
     if offered.must_call:
         return Grammar(f"root ::= specrun-calls\n{calls}\n{call}", "tool calls")
-    return Grammar(f"root ::= specrun-text-0 specrun-calls?\n{calls}\n{_text_without(form.trigger)}\n{call}", "tool calls or text")
+    return Grammar(
+        f"root ::= specrun-text-0 specrun-calls?\n{calls}\n{_text_without(form.trigger)}\n{call}", "tool calls or text"
+    )
 
 
 def _text_without(literal: str) -> str:
@@ -178,8 +197,10 @@ def _for_template(message: dict) -> dict:
     """Templates write a call's arguments with tojson: they take them as an object, not JSON text."""
     if "tool_calls" not in message:
         return message
-    calls = [{**call, "function": {**call["function"], "arguments": _parsed(call["function"]["arguments"])}}
-             for call in message["tool_calls"]]
+    calls = [
+        {**call, "function": {**call["function"], "arguments": _parsed(call["function"]["arguments"])}}
+        for call in message["tool_calls"]
+    ]
     return {**message, "tool_calls": calls}
 
 
@@ -212,8 +233,13 @@ def _tools_prompt(form: ToolForm, offered: ToolRequest) -> str:
     if form is HERMES:
         return HERMES_PROMPT.format(tools="\n".join(json.dumps(tool, ensure_ascii=False) for tool in offered.tools))
     listed = "\n".join(json.dumps(tool["function"], ensure_ascii=False) for tool in offered.tools)
-    choice = (f"Reply with a call of {offered.named}." if offered.named else "Reply with a tool call." if offered.must_call
-              else "If no tool is needed, answer in plain text instead.")
+    choice = (
+        f"Reply with a call of {offered.named}."
+        if offered.named
+        else "Reply with a tool call."
+        if offered.must_call
+        else "If no tool is needed, answer in plain text instead."
+    )
     return JSON_PROMPT.format(tools=listed, choice=choice + ("" if offered.parallel else " Make one call only."))
 
 
