@@ -23,6 +23,7 @@ the first text chunk minus prompt_ms; it includes the first step's decode).
     python scripts/bench_serve.py --memory [--requests 1000]   # resident memory after 100 and after N requests
     python scripts/bench_serve.py --conversation [--turns 10]  # first chunk of each chat turn (the prompt cache)
     python scripts/bench_serve.py --clients 1,4,8 --baseline /tmp/before   # concurrent clients: aggregate tok/s, first-token p95
+    python scripts/bench_serve.py --clients 4 --compare /tmp/head   # and specrun --parallel 4 as another checkout has it
     python scripts/bench_serve.py --target tiny.gguf --agent-requests 3 --copy-prompts 1 --max-tokens 16   # a quick run
 """
 
@@ -78,8 +79,10 @@ FIELDS = ("name", "age", "occupation", "city", "employer", "start_year")
 
 def document(person: tuple) -> str:
     name, age, job, city, employer, year = person
-    return (f"{name} is a {age}-year-old {job} who lives in {city}. After years of training, "
-            f"{name.split()[0]} joined {employer} in {year} and still works there today.")
+    return (
+        f"{name} is a {age}-year-old {job} who lives in {city}. After years of training, "
+        f"{name.split()[0]} joined {employer} in {year} and still works there today."
+    )
 
 
 def record(person: tuple) -> str:
@@ -87,8 +90,10 @@ def record(person: tuple) -> str:
 
 
 def agent_prompts(count: int) -> list[str]:
-    head = (f"Extract the person's details from each document as one line of JSON with the fields "
-            f"{', '.join(FIELDS)}.\n\nDocument: {document(EXAMPLE)}\nJSON: {record(EXAMPLE)}\n\n")
+    head = (
+        f"Extract the person's details from each document as one line of JSON with the fields "
+        f"{', '.join(FIELDS)}.\n\nDocument: {document(EXAMPLE)}\nJSON: {record(EXAMPLE)}\n\n"
+    )
     return [f"{head}Document: {document(PEOPLE[i % len(PEOPLE)])}\nJSON:" for i in range(count)]
 
 
@@ -110,8 +115,9 @@ def llama_server_setups(bin_dir: Path) -> list[Setup]:
         Setup("llama-server ngram-mod", "llama-server", ("--spec-type", "ngram-mod")),
     ]
     if ngram_mod_default_n_max(bin_dir) != 64:
-        llama.append(Setup("llama-server ngram-mod n-max 64", "llama-server",
-                           ("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "64")))
+        llama.append(
+            Setup("llama-server ngram-mod n-max 64", "llama-server", ("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "64"))
+        )
     else:
         print("note: ngram-mod's default n-max is already 64 in this build; its 'n-max 64' set-up is the default one")
     return llama
@@ -146,14 +152,42 @@ class Running:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if setup.kind == "llama-server":  # its -c is shared by its slots
-            cmd = [bin_dir / "llama-server", "-m", model, "-t", threads, "-c", ctx * setup.parallel, "-np", setup.parallel,
-                   "--host", "127.0.0.1", "--port", self.port, "--no-webui", "--no-repack", *setup.args]  # repacking off, as specrun runs
+            cmd = [
+                bin_dir / "llama-server",
+                "-m",
+                model,
+                "-t",
+                threads,
+                "-c",
+                ctx * setup.parallel,
+                "-np",
+                setup.parallel,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                self.port,
+                "--no-webui",
+                "--no-repack",
+                *setup.args,
+            ]  # repacking off, as specrun runs
         else:
-            cmd = [sys.executable, "-m", "specrun", "serve", "--target", model, "--threads", threads, "--ctx-size", ctx,
-                   "--port", self.port, *setup.args]
+            cmd = [
+                sys.executable,
+                "-m",
+                "specrun",
+                "serve",
+                "--target",
+                model,
+                "--threads",
+                threads,
+                "--ctx-size",
+                ctx,
+                "--port",
+                self.port,
+                *setup.args,
+            ]
         self._log = log.open("w")
-        self.process = subprocess.Popen([str(c) for c in cmd], stdout=self._log, stderr=subprocess.STDOUT,
-                                        cwd=setup.checkout)
+        self.process = subprocess.Popen([str(c) for c in cmd], stdout=self._log, stderr=subprocess.STDOUT, cwd=setup.checkout)
         deadline = time.monotonic() + 300
         while not self._healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -209,8 +243,14 @@ def complete(http: httpx.Client, url: str, prompt: str, max_tokens: int, stop: l
 
 def timed_stream(http: httpx.Client, endpoint: str, body: dict, max_tokens: int, stop: list[str]) -> Timed:
     """One greedy streamed request (completion or chat), timed from before sending to the last byte."""
-    body = {**body, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "stop": stop or None}
+    body = {
+        **body,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "stop": stop or None,
+    }
     pieces, tokens, timings, first = [], 0, {}, None
     started = time.perf_counter()
     with http.stream("POST", endpoint, json=body) as response:
@@ -237,8 +277,9 @@ def client() -> httpx.Client:
     return httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
 
 
-def interleaved_replay(servers: dict[str, "Running"], workload: tuple[list[str], list[str]],
-                       max_tokens: int, rounds: int) -> dict[str, list[Timed]]:
+def interleaved_replay(
+    servers: dict[str, "Running"], workload: tuple[list[str], list[str]], max_tokens: int, rounds: int
+) -> dict[str, list[Timed]]:
     """Each prompt sent to every server in turn, after one untimed warm-up request each.
 
     Each round after the first begins every prompt with its number, so no server answers a
@@ -268,12 +309,14 @@ def median(values) -> float:
 
 
 def report(results: dict[str, dict[str, list[Timed]]], workloads: list[str], rounds: int) -> None:
-    print(f"\n{'set-up':34} " + " ".join(f"{w + ' tok/s':>14}" for w in workloads)
-          + f" {'overhead ms':>12} {'1st chunk ms':>13}")
+    print(f"\n{'set-up':34} " + " ".join(f"{w + ' tok/s':>14}" for w in workloads) + f" {'overhead ms':>12} {'1st chunk ms':>13}")
     for name, by_workload in results.items():
         runs = [r for w in workloads for r in by_workload[w]]
-        print(f"{name:34} " + " ".join(f"{rate(by_workload[w]):14.1f}" for w in workloads)
-              + f" {median(r.overhead_ms for r in runs):12.1f} {median(r.first_chunk_after_prefill_ms for r in runs):13.1f}")
+        print(
+            f"{name:34} "
+            + " ".join(f"{rate(by_workload[w]):14.1f}" for w in workloads)
+            + f" {median(r.overhead_ms for r in runs):12.1f} {median(r.first_chunk_after_prefill_ms for r in runs):13.1f}"
+        )
     for workload in workloads:
         ngram = {n: rate(r[workload]) for n, r in results.items() if "ngram" in n}
         best = max(ngram, key=ngram.get) if ngram else None
@@ -287,20 +330,28 @@ def report(results: dict[str, dict[str, list[Timed]]], workloads: list[str], rou
         print(line)
         if rounds > 1:  # later rounds resend round 1's documents: the store has seen their answers
             first = len(cross) // rounds
-            print(f"  cross-request / per-request lookup: round 1 {rate(cross[:first]) / rate(per[:first]):.2f}, "
-                  f"later rounds {rate(cross[first:]) / rate(per[first:]):.2f}")
+            print(
+                f"  cross-request / per-request lookup: round 1 {rate(cross[:first]) / rate(per[:first]):.2f}, "
+                f"later rounds {rate(cross[first:]) / rate(per[first:]):.2f}"
+            )
         if best:  # greedy paths can part after a near-tie: compare speeds where both wrote the same text
             pairs = [(a, b) for a, b in zip(cross, results[best][workload]) if a.text == b.text]
             if pairs:
-                print(f"  on the {len(pairs)}/{len(results[best][workload])} requests with the same text as {best}: "
-                      f"{rate([a for a, _ in pairs]) / rate([b for _, b in pairs]):.2f}")
+                print(
+                    f"  on the {len(pairs)}/{len(results[best][workload])} requests with the same text as {best}: "
+                    f"{rate([a for a, _ in pairs]) / rate([b for _, b in pairs]):.2f}"
+                )
         same = sum(a.text == b.text for a, b in zip(cross, plain))
         print(f"  outputs identical to llama-server none: {same}/{len(plain)}")
+
 
 def memory(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
     """Resident memory of each server after 100 requests and after --requests, on varied agent prompts."""
     prompts = agent_prompts(len(PEOPLE))
-    for setup in (Setup("specrun cross-request", "specrun"), Setup("llama-server ngram-mod", "llama-server", ("--spec-type", "ngram-mod"))):
+    for setup in (
+        Setup("specrun cross-request", "specrun"),
+        Setup("llama-server ngram-mod", "llama-server", ("--spec-type", "ngram-mod")),
+    ):
         server = Running(setup, bin_dir, model, args.threads, args.ctx_size, log_dir / f"{setup.kind}-memory.log")
         try:
             with client() as http:
@@ -313,8 +364,10 @@ def memory(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
         finally:
             server.stop()
         after_100 = marks.get(100, float("nan"))
-        print(f"{setup.name}: RSS after 100 requests {after_100:.1f} MB, after {args.requests} "
-              f"{marks[args.requests]:.1f} MB ({100 * (marks[args.requests] / after_100 - 1):+.1f}%)")
+        print(
+            f"{setup.name}: RSS after 100 requests {after_100:.1f} MB, after {args.requests} "
+            f"{marks[args.requests]:.1f} MB ({100 * (marks[args.requests] / after_100 - 1):+.1f}%)"
+        )
 
 
 def conversation(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
@@ -334,8 +387,10 @@ def conversation(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
             server.stop()
         print(f"{setup.name}: turn, prompt tokens, processed (not cached), first chunk ms")
         for i, t in enumerate(turns, start=1):
-            print(f"  {i:4} {t.timings.get('prompt_n', 0) + t.timings.get('cache_n', 0):6} {t.timings.get('prompt_n', 0):6} "
-                  f"{1000 * (t.first_chunk_s or float('nan')):8.1f}")
+            print(
+                f"  {i:4} {t.timings.get('prompt_n', 0) + t.timings.get('cache_n', 0):6} {t.timings.get('prompt_n', 0):6} "
+                f"{1000 * (t.first_chunk_s or float('nan')):8.1f}"
+            )
         if len(turns) >= 10 and turns[1].first_chunk_s and turns[9].first_chunk_s:
             print(f"  first chunk of turn 10 / of turn 2: {turns[9].first_chunk_s / turns[1].first_chunk_s:.2f}")
 
@@ -360,14 +415,19 @@ def burst(server: "Running", prompts: list[str], clients: int, max_tokens: int) 
     return time.perf_counter() - started, timed
 
 
-def concurrent_setups(bin_dir: Path, clients: int, baseline: Path | None) -> list[Setup]:
+def concurrent_setups(bin_dir: Path, clients: int, baseline: Path | None, compare: Path | None) -> list[Setup]:
     """llama-server with `clients` slots, without speculation and with its n-gram types; specrun with
-    as many slots; the baseline checkout's specrun serve as it is (one request at a time there)."""
-    llama = [Setup(f"llama-server -np {clients} {s.name.removeprefix('llama-server ')}", s.kind, s.args, parallel=clients)
-             for s in llama_server_setups(bin_dir)]
+    as many slots; the baseline checkout's specrun serve as it is (one request at a time there);
+    the compare checkout's specrun with as many slots."""
+    llama = [
+        Setup(f"llama-server -np {clients} {s.name.removeprefix('llama-server ')}", s.kind, s.args, parallel=clients)
+        for s in llama_server_setups(bin_dir)
+    ]
     ours = [Setup(f"specrun --parallel {clients}", "specrun", ("--parallel", str(clients)))]
     if baseline:
         ours.append(Setup("specrun @ baseline", "specrun", (), baseline.resolve()))
+    if compare:
+        ours.append(Setup(f"specrun --parallel {clients} @ compare", "specrun", ours[0].args, compare.resolve()))
     return llama + ours
 
 
@@ -375,13 +435,14 @@ def concurrent(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
     """--clients: the agent workload from N clients at once, every set-up in turn, --rounds times."""
     prompts = agent_prompts(args.agent_requests)
     for clients in (int(n) for n in args.clients.split(",")):
-        setups_now = concurrent_setups(bin_dir, clients, args.baseline)
+        setups_now = concurrent_setups(bin_dir, clients, args.baseline, args.compare)
         totals: dict[str, list[tuple[float, list[Timed]]]] = {s.name: [] for s in setups_now}
         servers: dict[str, Running] = {}
         try:
             for setup in setups_now:
-                servers[setup.name] = Running(setup, bin_dir, model, args.threads, args.ctx_size,
-                                              log_dir / f"{setup.name.replace(' ', '-')}-{clients}.log")
+                servers[setup.name] = Running(
+                    setup, bin_dir, model, args.threads, args.ctx_size, log_dir / f"{setup.name.replace(' ', '-')}-{clients}.log"
+                )
                 with client() as http:
                     complete(http, servers[setup.name].url, "Warm-up: the quick brown fox", 8, [])
             for round_ in range(args.rounds):  # every set-up in turn, each round: drift falls on all alike
@@ -405,6 +466,8 @@ def concurrent(args, bin_dir: Path, model: Path, log_dir: Path) -> None:
         line = f"specrun --parallel {clients} / {best} (the best llama-server): {ours / rates[best]:.2f}"
         if args.baseline:
             line += f"; / specrun @ baseline: {ours / rates['specrun @ baseline']:.2f}"
+        if args.compare:
+            line += f"; / specrun --parallel {clients} @ compare: {ours / rates[f'specrun --parallel {clients} @ compare']:.2f}"
         print(line)
 
 
@@ -426,8 +489,15 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--turn-tokens", type=int, default=48, help="max tokens per --conversation reply")
     parser.add_argument("--clients", help="comma list of concurrent client counts: the agent workload from that many at once")
-    parser.add_argument("--baseline", type=Path,
-                        help="another checkout (git worktree add DIR REV) whose specrun serve runs beside this one's")
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout (git worktree add DIR REV) whose specrun serve runs beside this one's"
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        help="with --clients: another checkout whose specrun serve runs with as "
+        "many slots as this one's (to measure a change to batching)",
+    )
     args = parser.parse_args()
     if min(args.agent_requests, args.max_tokens, args.rounds) < 1 or args.requests < 100:
         sys.exit("bench_serve.py: --agent-requests, --max-tokens and --rounds have to be >= 1, --requests >= 100")
@@ -447,10 +517,12 @@ def main() -> None:
     servers: dict[str, Running] = {}
     try:
         for setup in setups(bin_dir, args.baseline):
-            servers[setup.name] = Running(setup, bin_dir, model, args.threads, args.ctx_size,
-                                          log_dir / f"{setup.name.replace(' ', '-')}.log")
-        results = {name: interleaved_replay(servers, workload, args.max_tokens, args.rounds)
-                   for name, workload in workloads.items()}
+            servers[setup.name] = Running(
+                setup, bin_dir, model, args.threads, args.ctx_size, log_dir / f"{setup.name.replace(' ', '-')}.log"
+            )
+        results = {
+            name: interleaved_replay(servers, workload, args.max_tokens, args.rounds) for name, workload in workloads.items()
+        }
     finally:
         for server in servers.values():
             server.stop()

@@ -19,19 +19,27 @@ from specrun.core.batch import Batch
 from specrun.core.engine import Generator
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
+from specrun.core.sequences import common_prefix
 from specrun.drafts.lookup import PromptLookup
 from specrun.session import Session
 
-PROMPTS = ["the cat sat on the mat and the cat sat on the", "hello world and hello world", "I see the water",
-           "what was it that the dog saw", "the cat was there", "and then the dog was"]
+PROMPTS = [
+    "the cat sat on the mat and the cat sat on the",
+    "hello world and hello world",
+    "I see the water",
+    "what was it that the dog saw",
+    "the cat was there",
+    "and then the dog was",
+]
 
 
 def configs(tiny, hybrid):  # noqa: F811
     return {
         "lookup": SessionConfig(target=tiny["target"], lookup=True, k=4, n_ctx=1024),
         "draft": SessionConfig(target=tiny["target"], draft=tiny["draft"], k=3, n_ctx=1024),
-        "hybrid target, lookup and draft": SessionConfig(target=hybrid["target"], draft=hybrid["draft"], lookup=True, k=3,
-                                                         n_ctx=1024),
+        "hybrid target, lookup and draft": SessionConfig(
+            target=hybrid["target"], draft=hybrid["draft"], lookup=True, k=3, n_ctx=1024
+        ),
         "auto": SessionConfig(target=tiny["target"], lookup=True, k="auto", n_ctx=1024),
     }
 
@@ -47,32 +55,90 @@ def test_batched_greedy_output_is_each_streams_own(tiny, hybrid, name):  # noqa:
     assert sum(g.stats.drafted for g in together) > 0 or name == "auto"
 
 
+def lookup_generator(context: Context) -> Generator:
+    return Generator(context, PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4))
+
+
+def alone(model: Model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy output, generated on a context of its own."""
+    outputs = []
+    for prompt in prompts:
+        context = Context(model, ContextOptions(n_ctx=512))
+        outputs.append(lookup_generator(context).run(prompt, max_tokens).tokens)
+        context.close()
+    return outputs
+
+
 def test_a_long_prompt_joins_in_chunks_while_the_others_run(tiny):
     """Its prompt goes in beside the running streams' rows, a chunk a step; nothing changes the outputs."""
     model = Model(tiny["target"])
     try:
         long_prompt = model.tokenize(" ".join(PROMPTS * 6))
         prompts = [model.tokenize(PROMPTS[0]), long_prompt, model.tokenize(PROMPTS[2])]
-        alone = []
-        for prompt in prompts:
-            context = Context(model, ContextOptions(n_ctx=512))
-            alone.append(Generator(context, PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4)).run(prompt, 24).tokens)
-            context.close()
+        outputs = alone(model, prompts, 24)
         context = Context(model, ContextOptions(n_ctx=3 * 512, sequences=3))
         batch, results, widths = Batch(context, prefill_chunk=16), {}, []
         for i in (0, 2):
-            generator = Generator(context.sequence(i), PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4))
+            generator = lookup_generator(context.sequence(i))
             batch.add(generator, prompts[i], 24, on_done=lambda run, i=i: results.__setitem__(i, run.tokens))
         batch.step()
-        generator = Generator(context.sequence(1), PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4))
+        generator = lookup_generator(context.sequence(1))
         batch.add(generator, prompts[1], 24, on_done=lambda run: results.__setitem__(1, run.tokens))
         while batch.streams:
             batch.step()
             widths.append(batch.rows)
     finally:
         model.close()
-    assert [results[i] for i in range(3)] == alone
+    assert [results[i] for i in range(3)] == outputs
     assert len(long_prompt) > 16 and max(widths) <= 16 + 2 * 5  # the prompt never took a decode to itself
+
+
+def test_a_prompt_shares_the_cells_another_sequence_holds(tiny):
+    """A stream whose prompt begins with what another sequence holds shares those cells instead of
+    computing them, and writes what it would alone, also after the lender rolls back."""
+    model = Model(tiny["target"])
+    try:
+        system = model.tokenize(" ".join(PROMPTS))
+        prompts = [system + model.tokenize(end, add_special=False) for end in (" and so the cat", " hello water")]
+        (output,) = alone(model, prompts[1:], 16)
+        context = Context(model, ContextOptions(n_ctx=2 * 512, sequences=2))
+        lookup_generator(context).run(prompts[0], 16)
+        borrower, shared = context.sequence(1), common_prefix(*prompts)
+        assert shared >= len(system) and borrower.prefix_held(prompts[1]) == shared
+        generator = lookup_generator(borrower)
+        steps = generator.steps(prompts[1], 16)
+        assert len(next(steps).tokens) == len(prompts[1]) - shared  # its first decode: its own tokens only
+        steps.close()
+        context.truncate(0)  # the lender lets go of the shared cells
+        again = generator.run(prompts[1], 16)
+    finally:
+        model.close()
+    assert again.tokens == output and again.stats.prefilled_tokens == len(prompts[1]) - shared
+
+
+def test_prompts_arriving_together_prefill_what_they_share_once(tiny):
+    """Three prompts with one long beginning, added in the same step: the first decode prefills the first
+    alone; the others wait for it, then decode only what is their own. Each writes what it would alone."""
+    model = Model(tiny["target"])
+    try:
+        system = model.tokenize(" ".join(PROMPTS * 2))
+        prompts = [system + model.tokenize(end, add_special=False) for end in (" so the cat", " hello the dog", " I saw")]
+        outputs = alone(model, prompts, 12)
+        context = Context(model, ContextOptions(n_ctx=3 * 512, sequences=3))
+        batch, results, widths = Batch(context), {}, []
+        generators = [lookup_generator(context.sequence(i)) for i in range(3)]
+        for i, generator in enumerate(generators):
+            batch.add(generator, prompts[i], 12, on_done=lambda run, i=i: results.__setitem__(i, run))
+        while batch.streams:
+            batch.step()
+            widths.append(batch.rows)
+    finally:
+        model.close()
+    assert [results[i].tokens for i in range(3)] == outputs
+    assert widths[0] == len(prompts[0])
+    shared = [max(common_prefix(prompts[i], prompts[j]) for j in range(i)) for i in (1, 2)]
+    assert min(shared) >= len(system)
+    assert [results[i].stats.prefilled_tokens for i in (1, 2)] == [len(prompts[i]) - shared[i - 1] for i in (1, 2)]
 
 
 def test_four_streams_sample_like_the_target(tiny, first_layer_draft):  # noqa: F811
@@ -80,8 +146,9 @@ def test_four_streams_sample_like_the_target(tiny, first_layer_draft):  # noqa: 
     sampling, verified by the p/q rule) follow the target's own distribution."""
     settings = SamplerSettings(temperature=1.0)
     prompt = PROMPTS[0]
-    config = SessionConfig(target=tiny["target"], draft=first_layer_draft, lookup=True, k=2, n_ctx=4 * 256, parallel=4,
-                           threads=1, sampler=settings)
+    config = SessionConfig(
+        target=tiny["target"], draft=first_layer_draft, lookup=True, k=2, n_ctx=4 * 256, parallel=4, threads=1, sampler=settings
+    )
     sampled: Counter = Counter()
     drafted = accepted = 0
     with Session(config) as session:
@@ -101,8 +168,22 @@ def specrun_cli(*args: str) -> subprocess.CompletedProcess:
 def test_generate_batch_writes_one_json_line_per_prompt_in_order(tiny, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
-    result = specrun_cli("generate", "--batch", str(prompts), "--target", str(tiny["target"]), "--lookup", "-n", "12",
-                         "--parallel", "3", "-t", "1", "-c", "512")
+    result = specrun_cli(
+        "generate",
+        "--batch",
+        str(prompts),
+        "--target",
+        str(tiny["target"]),
+        "--lookup",
+        "-n",
+        "12",
+        "--parallel",
+        "3",
+        "-t",
+        "1",
+        "-c",
+        "512",
+    )
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["index"] for line in lines] == list(range(len(PROMPTS)))
@@ -115,13 +196,17 @@ def test_generate_batch_gives_each_stream_the_ctx_size(tiny, tmp_path):
     """-c is per stream, as in serve: 4 streams of 512 need no more than -c 512 (the refusals are in test_cli_errors.py)."""
     prompts = tmp_path / "p.txt"
     prompts.write_text("the cat\n")
-    result = specrun_cli("generate", "--batch", str(prompts), "--target", str(tiny["target"]), "-n", "4", "-t", "1",
-                         "--parallel", "4", "-c", "512")
+    result = specrun_cli(
+        "generate", "--batch", str(prompts), "--target", str(tiny["target"]), "-n", "4", "-t", "1", "--parallel", "4", "-c", "512"
+    )
     assert result.returncode == 0, result.stderr
 
 
 def test_more_streams_than_the_context_holds_is_one_line(tiny):
-    with pytest.raises(Exception, match=r"--parallel 8 gives each stream 64 tokens of context, fewer than the 256 a stream needs: raise --ctx-size"):
+    with pytest.raises(
+        Exception,
+        match=r"--parallel 8 gives each stream 64 tokens of context, fewer than the 256 a stream needs: raise --ctx-size",
+    ):
         Session(SessionConfig(target=tiny["target"], lookup=True, n_ctx=512, parallel=8))
 
 
@@ -129,8 +214,28 @@ def test_bench_parallel_reports_aggregate_speed_and_latencies(tiny, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
     report = tmp_path / "parallel.json"
-    result = specrun_cli("bench", str(prompts), "--target", str(tiny["target"]), "--methods", "plain,lookup", "--k", "4",
-                         "-n", "16", "--parallel", "4", "--warmup", "0", "-t", "1", "-c", "512", "--json", str(report))
+    result = specrun_cli(
+        "bench",
+        str(prompts),
+        "--target",
+        str(tiny["target"]),
+        "--methods",
+        "plain,lookup",
+        "--k",
+        "4",
+        "-n",
+        "16",
+        "--parallel",
+        "4",
+        "--warmup",
+        "0",
+        "-t",
+        "1",
+        "-c",
+        "512",
+        "--json",
+        str(report),
+    )
     assert result.returncode == 0, result.stderr
     assert "4 at a time" in result.stdout and "1st tok s p50/95" in result.stdout
     runs = json.loads(report.read_text())["runs"]

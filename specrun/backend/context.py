@@ -64,8 +64,9 @@ class _LlamaContext:
         params.n_ubatch = options.n_ubatch or options.n_batch
         params.n_seq_max = options.sequences
         # One cache for every sequence: llama.cpp splits a batch over per-sequence caches into
-        # micro-batches of equal tokens per sequence, so uneven drafts would cost a forward pass
-        # per row of the widest. Each sequence's share of n_ctx is enforced here (`free_slots`).
+        # micro-batches of equal tokens per sequence, so streams drafting different lengths would
+        # pay extra passes over the weights. Each sequence's share of n_ctx is enforced here
+        # (`n_ctx` below, `Context.free_slots`).
         params.kv_unified = True
         self.n_threads = options.n_threads or os.cpu_count() or 1
         params.n_threads = params.n_threads_batch = self.n_threads
@@ -111,8 +112,9 @@ class _LlamaContext:
 class Context:
     """One sequence of a KV cache over a model; `tokens` is exactly what it holds."""
 
-    def __init__(self, model: Model, options: ContextOptions = ContextOptions(), *, _shared: _LlamaContext | None = None,
-                 _seq: int = 0):
+    def __init__(
+        self, model: Model, options: ContextOptions = ContextOptions(), *, _shared: _LlamaContext | None = None, _seq: int = 0
+    ):
         """A new llama.cpp context over `model`, this being its sequence 0."""
         self._shared = _shared or _LlamaContext(model, options)
         self._shared.sequences[_seq] = self
@@ -252,12 +254,40 @@ class Context:
 
     def reuse_prefix(self, history: Sequence[int]) -> int:
         """Keep the longest cached prefix of `history` that can be kept without decoding anything
-        again, drop the rest; return its length. A recurrent state keeps one only where its
-        snapshots or checkpoint reach back to it; otherwise it starts over (returns 0)."""
+        again, drop the rest; return its length. Where another sequence of the cache holds a longer
+        prefix of it (a system prompt that several streams share), that sequence's cells are shared
+        instead. A recurrent state keeps one only where its snapshots or checkpoint reach back to
+        it; otherwise it starts over (returns 0)."""
         common = common_prefix(self.tokens, history)
         if common < len(self.tokens):
             self.model._call_llama(self._roll_back, common, False)
+        lender, lent = self._longest_lender(history)
+        if lender is not None and lent > len(self.tokens):
+            self.model._call_llama(self._share_prefix, lender, lent)
         return len(self.tokens)
+
+    def prefix_held(self, history: Sequence[int]) -> int:
+        """The most of `history` that `reuse_prefix` could keep or share now."""
+        _, lent = self._longest_lender(history)
+        return max(common_prefix(self.tokens, history), lent)
+
+    def _longest_lender(self, history: Sequence[int]) -> tuple[Context | None, int]:
+        """The other sequence of the cache holding the longest prefix of `history`, and its length.
+        None for a recurrent state, which holds no cells per position to share, and for a sequence
+        an MTP head listens to, whose head would hold no rows for the shared positions."""
+        if self.recurrent or self._listener is not None:
+            return None, 0
+        held = [(common_prefix(other.tokens, history), other) for other in self._shared.sequences.values() if other is not self]
+        lent, lender = max(held, key=lambda pair: pair[0], default=(0, None))
+        return lender, lent
+
+    def _share_prefix(self, lender: Context, n: int) -> None:
+        """Hold the lender's first n tokens instead of its own: in a unified cache their cells take
+        this sequence's id too, which computes nothing and copies no data."""
+        L = llama()
+        self._remove_from(0)
+        L.llama_memory_seq_cp(L.llama_get_memory(self._ctx), lender.seq, self.seq, 0, n)
+        self.tokens = list(lender.tokens[:n])
 
     def checkpoint(self) -> None:
         """Keep a copy of a recurrent state as it is now, so that rolling back to here later (past

@@ -22,25 +22,77 @@ INSTALL_HINT = "run `pip install 'llama-cpp-python>=0.3.36,<0.4'`"
 MIN_VERSION = (0, 3, 36)  # the first release with the llama_memory_* calls used here
 # Every raw call this package makes (tests/test_pinned_apis.py checks the list is complete).
 RAW_API = (
-    "llama_backend_init", "llama_batch_free", "llama_batch_init", "llama_context_default_params",
-    "llama_decode", "llama_free", "llama_get_logits", "llama_get_memory", "llama_init_from_model",
-    "llama_log_callback", "llama_log_set", "llama_max_devices", "llama_memory_seq_rm",
-    "llama_model_chat_template", "llama_model_default_params", "llama_model_free", "llama_model_get_vocab",
-    "llama_model_load_from_file", "llama_model_n_ctx_train", "llama_n_ctx", "llama_print_system_info",
-    "llama_sampler_accept", "llama_sampler_apply", "llama_sampler_clone", "llama_sampler_free", "llama_sampler_init_grammar",
-    "llama_token_data", "llama_token_data_array",
-    "llama_supports_gpu_offload", "llama_supports_mmap", "llama_supports_rpc", "llama_token", "llama_token_to_piece",
-    "llama_tokenize", "llama_vocab_bos", "llama_vocab_eos", "llama_vocab_get_add_bos",
-    "llama_vocab_eot", "llama_vocab_get_add_eos", "llama_vocab_get_attr", "llama_vocab_get_text", "llama_vocab_is_eog", "llama_vocab_n_tokens",
-    "llama_vocab_type", "LLAMA_TOKEN_ATTR_BYTE",
+    "llama_backend_init",
+    "llama_batch_free",
+    "llama_batch_init",
+    "llama_context_default_params",
+    "llama_decode",
+    "llama_free",
+    "llama_get_logits",
+    "llama_get_memory",
+    "llama_init_from_model",
+    "llama_log_callback",
+    "llama_log_set",
+    "llama_max_devices",
+    "llama_memory_seq_cp",
+    "llama_memory_seq_rm",
+    "llama_model_chat_template",
+    "llama_model_default_params",
+    "llama_model_free",
+    "llama_model_get_vocab",
+    "llama_model_load_from_file",
+    "llama_model_n_ctx_train",
+    "llama_n_ctx",
+    "llama_print_system_info",
+    "llama_sampler_accept",
+    "llama_sampler_apply",
+    "llama_sampler_clone",
+    "llama_sampler_free",
+    "llama_sampler_init_grammar",
+    "llama_token_data",
+    "llama_token_data_array",
+    "llama_supports_gpu_offload",
+    "llama_supports_mmap",
+    "llama_supports_rpc",
+    "llama_token",
+    "llama_token_to_piece",
+    "llama_tokenize",
+    "llama_vocab_bos",
+    "llama_vocab_eos",
+    "llama_vocab_get_add_bos",
+    "llama_vocab_eot",
+    "llama_vocab_get_add_eos",
+    "llama_vocab_get_attr",
+    "llama_vocab_get_text",
+    "llama_vocab_is_eog",
+    "llama_vocab_n_tokens",
+    "llama_vocab_type",
+    "LLAMA_TOKEN_ATTR_BYTE",
     # recurrent and hybrid models: their snapshots, and checkpoints of their state
-    "llama_model_is_recurrent", "llama_model_is_hybrid", "llama_n_rs_seq", "llama_state_seq_get_size_ext",
-    "llama_state_seq_get_data_ext", "llama_state_seq_set_data_ext", "LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY",
+    "llama_model_is_recurrent",
+    "llama_model_is_hybrid",
+    "llama_n_rs_seq",
+    "llama_state_seq_get_size_ext",
+    "llama_state_seq_get_data_ext",
+    "llama_state_seq_set_data_ext",
+    "LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY",
     # a model's own MTP (NextN) layers, on a context of their own whose rows carry a hidden state
-    "llama_model_n_layer_nextn", "llama_model_n_embd_out", "llama_model_meta_val_str", "LLAMA_CONTEXT_TYPE_MTP",
-    "llama_batch_ext_init", "llama_batch_ext_free", "llama_batch_ext_clear", "llama_batch_ext_add_token",
-    "llama_batch_ext_set_pos", "llama_batch_ext_set_embd_token", "llama_batch_ext_set_output_logits", "llama_embd",
-    "llama_pos", "llama_process", "LLAMA_PROCESS_TYPE_DECODE", "llama_get_logits_ith",
+    "llama_model_n_layer_nextn",
+    "llama_model_n_embd_out",
+    "llama_model_meta_val_str",
+    "LLAMA_CONTEXT_TYPE_MTP",
+    "llama_batch_ext_init",
+    "llama_batch_ext_free",
+    "llama_batch_ext_clear",
+    "llama_batch_ext_add_token",
+    "llama_batch_ext_set_pos",
+    "llama_batch_ext_set_embd_token",
+    "llama_batch_ext_set_output_logits",
+    "llama_embd",
+    "llama_pos",
+    "llama_process",
+    "LLAMA_PROCESS_TYPE_DECODE",
+    "llama_get_logits_ith",
 )
 # The staging calls llama-cpp-python binds from llama.cpp's src/llama-ext.h (llama_cpp.llama_cpp_ext):
 # the hidden rows an MTP head reads. They may change with llama.cpp; pinned by tests/test_pinned_apis.py.
@@ -97,7 +149,9 @@ def llama_ext() -> ModuleType:
     try:
         from llama_cpp import llama_cpp_ext
     except Exception as exc:
-        raise SpecrunError(f"llama-cpp-python {llama_cpp_version()} lacks llama.cpp's staging API ({exc}): {INSTALL_HINT}") from None
+        raise SpecrunError(
+            f"llama-cpp-python {llama_cpp_version()} lacks llama.cpp's staging API ({exc}): {INSTALL_HINT}"
+        ) from None
     missing = [name for name in EXT_API if not hasattr(llama_cpp_ext, name)]
     if missing:
         raise SpecrunError(f"llama-cpp-python {llama_cpp_version()} lacks {missing[0]}, which MTP drafts need: {INSTALL_HINT}")
@@ -178,5 +232,3 @@ def ggml():
     ):
         _declare(lib, name, restype, *args)
     return lib
-
-

@@ -6,8 +6,10 @@ rows back. `Batch.step` collects what every running stream asks, decodes it all 
 resumes each with its rows; each then accepts, rejects, rolls its own sequence back and drafts
 again, sizing its draft for the rows the streams before it put in the next decode. A new
 prompt is prefilled in chunks that share decodes with the running streams' rows, so they do not
-stall behind a long prompt. Streams join and leave between steps; each reports its events to
-its own callbacks, as `Generator.run` does for one.
+stall behind a long prompt. A prompt that shares most of itself with one still being prefilled
+(requests with one system prompt, arriving together) waits for that prefill and then shares its
+cells (`Context.reuse_prefix`) instead of computing them again. Streams join and leave between
+steps; each reports its events to its own callbacks, as `Generator.run` does for one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Callable, Sequence
 
 from specrun.backend import Context
 from specrun.core.engine import Decode, Generator, OnStep, OnToken, Steps, Verified
-from specrun.core.events import Done, RunResult, StepEvent, TokenEvent
+from specrun.core.events import Done, RunResult, Stats, StepEvent, TokenEvent
+from specrun.core.sequences import common_prefix
 
 OnDone = Callable[[RunResult], None]
 
@@ -30,6 +33,8 @@ class _Stream:
     on_token: OnToken | None
     on_step: OnStep | None
     on_done: OnDone | None
+    prompt: Sequence[int]
+    after: _Stream | None = None  # the stream whose prefill it waits for before it starts
     tokens: list[int] = field(default_factory=list)
     asks: Decode | None = None  # what it waits for
     fed: int = 0  # of a long prefill's tokens, those decoded already
@@ -47,13 +52,24 @@ class Batch:
         self.rows = 0  # the last decode's rows
         self.decodes = 0
 
-    def add(self, generator: Generator, prompt: Sequence[int], max_tokens: int, on_token: OnToken | None = None,
-            on_step: OnStep | None = None, on_done: OnDone | None = None) -> None:
+    def add(
+        self,
+        generator: Generator,
+        prompt: Sequence[int],
+        max_tokens: int,
+        on_token: OnToken | None = None,
+        on_step: OnStep | None = None,
+        on_done: OnDone | None = None,
+    ) -> None:
         """Start a generation on `generator`'s sequence; callbacks as `Generator.run`'s, and
         `on_done` with its result. It joins the next decode."""
-        stream = _Stream(generator, generator.steps(prompt, max_tokens, lambda: self._planned), on_token, on_step, on_done)
+        stream = _Stream(
+            generator, generator.steps(prompt, max_tokens, lambda: self._planned), on_token, on_step, on_done, prompt
+        )
+        stream.after = self._prefill_to_wait_for(stream)
         self.streams.append(stream)
-        self._advance(stream, None)
+        if stream.after is None:
+            self._advance(stream, None)
 
     def cancel(self, generator: Generator, reason: str = "interrupted") -> None:
         """End a generation between steps (its client went away): it rolls back and reports its result."""
@@ -63,6 +79,7 @@ class Batch:
 
     def step(self) -> None:
         """One decode for every running stream; each then takes its rows and asks again."""
+        self._start_waiting()
         parts, waiting = self._parts()
         if not parts:
             return
@@ -73,6 +90,21 @@ class Batch:
         for stream, rows in zip(waiting, logits):
             if stream.asks is not None and stream.fed == len(stream.asks.tokens):
                 self._advance(stream, Verified(rows, seconds, self.rows))
+
+    def _prefill_to_wait_for(self, stream: _Stream) -> _Stream | None:
+        """A started stream still to be prefilled whose prompt shares more than half of this one's
+        beyond what the cache holds already; None when none does."""
+        held = stream.generator.target.prefix_held(stream.prompt)
+        prefilling = [s for s in self.streams if s.after is None and not s.generator.stats.prefills]
+        gains = [(common_prefix(s.prompt, stream.prompt) - held, s) for s in prefilling]
+        gain, other = max(gains, key=lambda pair: pair[0], default=(0, None))
+        return other if gain > len(stream.prompt) // 2 else None
+
+    def _start_waiting(self) -> None:
+        for stream in list(self.streams):
+            if stream.after is not None and (stream.after not in self.streams or stream.after.generator.stats.prefills):
+                stream.after = None
+                self._advance(stream, None)
 
     def _parts(self) -> tuple[list[tuple[Context, Sequence[int], int]], list[_Stream]]:
         """The next decode: the running streams' verifies, whole, then joining streams' prompts,
@@ -121,5 +153,7 @@ class Batch:
         stream.steps.close()  # a stream ended early rolls its sequence back in its finally
         if stream in self.streams:
             self.streams.remove(stream)
+        # One cancelled while it waited never started: its generator's stats are the last generation's.
+        stats = Stats(prompt_tokens=len(stream.prompt)) if stream.after is not None else stream.generator.stats
         if stream.on_done:
-            stream.on_done(RunResult(stream.tokens, stream.generator.stats, reason))  # type: ignore[arg-type]
+            stream.on_done(RunResult(stream.tokens, stats, reason))  # type: ignore[arg-type]
