@@ -42,9 +42,11 @@ def totals(documents: list[dict]) -> dict[str, tuple[int, float]]:
 
 def same_text(a: list[dict], b: list[dict]) -> tuple[int, int]:
     """Prompts whose every method wrote plain decoding's text in both checkouts, of all prompts."""
+
     def matching(document: dict) -> list[bool]:
-        return [all(row.get("matches_plain") in (True, None) for row in prompt["results"].values())
-                for prompt in document["prompts"]]
+        return [
+            all(row.get("matches_plain") in (True, None) for row in prompt["results"].values()) for prompt in document["prompts"]
+        ]
 
     both = [x and y for x, y in zip(matching(a[-1]), matching(b[-1]))]
     return sum(both), len(both)
@@ -67,8 +69,10 @@ def main() -> None:
     print(f"{'method':18} {'A x plain':>10} {'B x plain':>10} {'B/A tok/s':>10}")
     for key in a:
         rate_a, rate_b = a[key][0] / a[key][1], b[key][0] / b[key][1]
-        print(f"{key:18} {rate_a / (a['plain'][0] / a['plain'][1]):10.2f} {rate_b / (b['plain'][0] / b['plain'][1]):10.2f} "
-              f"{rate_b / rate_a:10.3f}")
+        print(
+            f"{key:18} {rate_a / (a['plain'][0] / a['plain'][1]):10.2f} {rate_b / (b['plain'][0] / b['plain'][1]):10.2f} "
+            f"{rate_b / rate_a:10.3f}"
+        )
     matched, prompts = same_text(runs[args.a], runs[args.b])
     print(f"prompts where every method wrote plain decoding's text in both: {matched} of {prompts}")
 

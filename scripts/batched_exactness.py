@@ -68,7 +68,9 @@ def history(model: Model, prompt: str, n_tokens: int, threads: int) -> list[int]
         context.close()
 
 
-def compare(model: Model, tokens: list[int], n_prompt: int, k: int, options: ContextOptions) -> tuple[int, float, int, list, list]:
+def compare(
+    model: Model, tokens: list[int], n_prompt: int, k: int, options: ContextOptions
+) -> tuple[int, float, int, list, list]:
     context = Context(model, options)
     try:
         context.eval(tokens[:n_prompt])
@@ -127,15 +129,30 @@ def main() -> int:
             tokens = tokens or history(model, args.prompt, args.tokens, args.threads)
             n_prompt = len(model.tokenize(args.prompt))
             for flash, ubatch in itertools.product(FLASH, ubatches):
-                options = ContextOptions(n_ctx=len(tokens) + 64, n_batch=max(args.n_batch, args.k + 1), n_ubatch=ubatch,
-                                         n_threads=args.threads, flash_attn=flash)
+                options = ContextOptions(
+                    n_ctx=len(tokens) + 64,
+                    n_batch=max(args.n_batch, args.k + 1),
+                    n_ubatch=ubatch,
+                    n_threads=args.threads,
+                    flash_attn=flash,
+                )
                 rows, worst, mismatches, single_s, batch_s = compare(model, tokens, n_prompt, args.k, options)
-                row = Row(FLASH[flash], repack, ubatch or options.n_batch, rows, worst, mismatches / rows,
-                          1000 * float(np.median(single_s)), 1000 * float(np.median(batch_s)))
+                row = Row(
+                    FLASH[flash],
+                    repack,
+                    ubatch or options.n_batch,
+                    rows,
+                    worst,
+                    mismatches / rows,
+                    1000 * float(np.median(single_s)),
+                    1000 * float(np.median(batch_s)),
+                )
                 results.append(row)
-                print(f"flash {row.flash_attn:4} repack {str(repack):5} n_ubatch {row.n_ubatch:2}: "
-                      f"max |diff| {worst:.3g}, argmax differs {100 * row.argmax_differs:.1f}% of {rows} rows, "
-                      f"{row.one_token_ms:.1f} ms/token one by one, {row.verify_ms:.1f} ms per verify of {args.k + 1}")
+                print(
+                    f"flash {row.flash_attn:4} repack {str(repack):5} n_ubatch {row.n_ubatch:2}: "
+                    f"max |diff| {worst:.3g}, argmax differs {100 * row.argmax_differs:.1f}% of {rows} rows, "
+                    f"{row.one_token_ms:.1f} ms/token one by one, {row.verify_ms:.1f} ms per verify of {args.k + 1}"
+                )
         finally:
             model.close()
     if args.json:

@@ -106,8 +106,9 @@ class RpcServer:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         self.endpoint = f"127.0.0.1:{port}"
-        self.proc = subprocess.Popen([binary, "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [binary, "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -126,8 +127,10 @@ class RpcServer:
 def find_rpc_server(given: str | None) -> str:
     binary = given or os.environ.get("SPECRUN_RPC_SERVER") or shutil.which("ggml-rpc-server") or shutil.which("rpc-server")
     if not binary or not Path(binary).is_file():
-        sys.exit("bench_rpc.py: no rpc-server: give --rpc-server PATH or set SPECRUN_RPC_SERVER "
-                 "(`specrun doctor` prints how to build one from the installed llama-cpp-python)")
+        sys.exit(
+            "bench_rpc.py: no rpc-server: give --rpc-server PATH or set SPECRUN_RPC_SERVER "
+            "(`specrun doctor` prints how to build one from the installed llama-cpp-python)"
+        )
     return binary
 
 
@@ -148,9 +151,26 @@ def derive_draft(target: Path, layers: str, folder: Path) -> Path:
 
 def run_bench(args, target: Path, draft: Path, rpc_flag: str | None, folder: Path) -> dict:
     out = folder / "bench.json"
-    command = ["bench", str(args.prompts), "--target", str(target), "--draft", str(draft),
-               "--methods", "plain,lookup,draft", "--k", args.k, "--max-tokens", str(args.max_tokens),
-               "--repeat", str(args.repeat), "--threads", str(args.threads), "--json", str(out)]
+    command = [
+        "bench",
+        str(args.prompts),
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--methods",
+        "plain,lookup,draft",
+        "--k",
+        args.k,
+        "--max-tokens",
+        str(args.max_tokens),
+        "--repeat",
+        str(args.repeat),
+        "--threads",
+        str(args.threads),
+        "--json",
+        str(out),
+    ]
     if rpc_flag:
         command += ["--rpc", rpc_flag]
     with tempfile.TemporaryDirectory() as cache:  # verify costs measured afresh for each set-up
@@ -208,8 +228,10 @@ def main() -> None:
     print(f"{'setting':<28} {'method':<7} {'k':>5} {'tok/s':>8} {'speed-up':>9} {'accepted':>9}")
     for row in table:
         accepted = f"{row['acceptance_rate']:.0%}" if row["method"] != "plain" else ""
-        print(f"{row['setting']:<28} {row['method']:<7} {row['k']!s:>5} {row['tokens_per_s']:>8.1f} "
-              f"{row['speedup']:>8.2f}x {accepted:>9}")
+        print(
+            f"{row['setting']:<28} {row['method']:<7} {row['k']!s:>5} {row['tokens_per_s']:>8.1f} "
+            f"{row['speedup']:>8.2f}x {accepted:>9}"
+        )
     if args.json:
         args.json.write_text(json.dumps(table, indent=2) + "\n")
 

@@ -28,20 +28,30 @@ from specrun.hub.embedded import embedded_model_path
 
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "occupation": {"type": "string"},
-                   "city": {"type": "string"}, "employer": {"type": "string"}, "start_year": {"type": "integer"}},
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "occupation": {"type": "string"},
+        "city": {"type": "string"},
+        "employer": {"type": "string"},
+        "start_year": {"type": "integer"},
+    },
     "required": list(FIELDS),
     "additionalProperties": False,
 }
 
 
 def setups(bin_dir: Path, without_copies: bool) -> list[Setup]:
-    found = llama_server_setups(bin_dir) + [Setup("specrun", "specrun"),
-                                            Setup("specrun --no-grammar-drafts", "specrun", ("--no-grammar-drafts",))]
+    found = llama_server_setups(bin_dir) + [
+        Setup("specrun", "specrun"),
+        Setup("specrun --no-grammar-drafts", "specrun", ("--no-grammar-drafts",)),
+    ]
     if without_copies:  # nothing copied from the prompt or earlier requests: what the grammar drafts alone give
         copies_off = ("--no-lookup", "--store-tokens", "0")
-        found += [Setup("specrun, grammar drafts only", "specrun", copies_off),
-                  Setup("specrun, no drafts", "specrun", (*copies_off, "--no-grammar-drafts"))]
+        found += [
+            Setup("specrun, grammar drafts only", "specrun", copies_off),
+            Setup("specrun, no drafts", "specrun", (*copies_off, "--no-grammar-drafts")),
+        ]
     return found
 
 
@@ -66,13 +76,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "llama-tools")
-    parser.add_argument("--without-copies", action="store_true",
-                        help="also specrun without lookup and store, with and without grammar drafts")
+    parser.add_argument(
+        "--without-copies", action="store_true", help="also specrun without lookup and store, with and without grammar drafts"
+    )
     args = parser.parse_args()
     bin_dir = build_tools(args.build, ["llama-server"])
     model = args.target or embedded_model_path()
     with tempfile.TemporaryDirectory() as logs:
-        servers = {s.name: Running(s, bin_dir, model, args.threads, 4096, Path(logs) / f"{i}.log") for i, s in enumerate(setups(bin_dir, args.without_copies))}
+        servers = {
+            s.name: Running(s, bin_dir, model, args.threads, 4096, Path(logs) / f"{i}.log")
+            for i, s in enumerate(setups(bin_dir, args.without_copies))
+        }
         try:
             runs = replay(servers, prompts(args.requests), args.max_tokens)
         finally:
@@ -100,8 +114,11 @@ def report(runs: dict[str, list]) -> None:
     for name, rows in runs.items():
         speed = sum(r.tokens for r in rows) / (sum(r.timings.get("predicted_ms", 0) for r in rows) / 1000)
         same_rows = [rows[i] for i in same]
-        same_speed = (sum(r.tokens for r in same_rows) / (sum(r.timings.get("predicted_ms", 0) for r in same_rows) / 1000)
-                      if same_rows else float("nan"))
+        same_speed = (
+            sum(r.tokens for r in same_rows) / (sum(r.timings.get("predicted_ms", 0) for r in same_rows) / 1000)
+            if same_rows
+            else float("nan")
+        )
         forced = sum(r.timings.get("draft_n_grammar", 0) for r in rows) / max(sum(r.tokens for r in rows), 1)
         print(f"{name:32} {sum(valid(r.text) for r in rows):>4} / {n:<3} {speed:7.1f} {same_speed:16.1f} {forced:7.0%}")
     print(f"requests where every set-up wrote the same text: {len(same)} of {n}")

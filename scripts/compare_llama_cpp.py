@@ -39,16 +39,40 @@ def build_tools(build: Path, tools: list[str] = TOOLS, version: str | None = Non
     with tempfile.TemporaryDirectory() as tmp:
         version = version or llama_cpp.__version__
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={version}", "-d", tmp],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={version}",
+                "-d",
+                tmp,
+            ],
             check=True,
         )
         archive = next(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         source = next(p for p in Path(tmp).glob("llama_cpp_python-*") if p.is_dir()) / "vendor" / "llama.cpp"
-        subprocess.run(["cmake", "-S", source, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-                        "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DGGML_RPC=ON"], check=True)
+        subprocess.run(
+            [
+                "cmake",
+                "-S",
+                source,
+                "-B",
+                build,
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DLLAMA_CURL=OFF",
+                "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_SERVER=ON",
+                "-DGGML_RPC=ON",
+            ],
+            check=True,
+        )
         subprocess.run(["cmake", "--build", build, "-j", "--target", *tools], check=True)
     return build / "bin"
 
@@ -71,8 +95,13 @@ def tool_speed(cmd: list, prompt_file: Path) -> tuple[float, float | None]:
 
 
 def specrun_speed(args: list, prompt: str) -> tuple[float, float]:
-    out = subprocess.run([sys.executable, "-m", "specrun", "generate", *map(str, args), "--json"],
-                         input=prompt, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "specrun", "generate", *map(str, args), "--json"],
+        input=prompt,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     stats = json.loads(out.stdout)["stats"]
     return stats["tokens_per_s"], stats["acceptance_rate"]
 
@@ -98,10 +127,16 @@ def main() -> None:
         "lookup auto": ([bin_dir / "llama-lookup", *common, "--spec-draft-n-max", "16"], [*ours, "--lookup", "--k", "auto"]),
     }
     if args.draft:
-        pairs["draft"] = ([bin_dir / "llama-speculative-simple", *common, "--spec-type", "draft-simple", "-md", args.draft],
-                          [*ours, "--draft", args.draft, "--k", "auto"])
-    bench = subprocess.run([bin_dir / "llama-bench", "-m", model, "-p", "0", "-n", n, "-t", t, "-o", "json"],
-                           capture_output=True, text=True, check=True)
+        pairs["draft"] = (
+            [bin_dir / "llama-speculative-simple", *common, "--spec-type", "draft-simple", "-md", args.draft],
+            [*ours, "--draft", args.draft, "--k", "auto"],
+        )
+    bench = subprocess.run(
+        [bin_dir / "llama-bench", "-m", model, "-p", "0", "-n", n, "-t", t, "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     print(f"llama-bench tg{n}: {json.loads(bench.stdout)[0]['avg_ts']:.1f} tok/s")
     results: dict[str, dict[str, list]] = {name: {"llama.cpp": [], "specrun": [], "acc": []} for name in pairs}
     with tempfile.TemporaryDirectory() as tmp:

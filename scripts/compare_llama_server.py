@@ -54,8 +54,25 @@ def post(url: str, body: dict, timeout: float = 600) -> dict:
 def llama_server(bin_dir: Path, model: Path, spec_type: str, threads: int, log: Path):
     """One llama-server on a free loopback port, ready and warmed up; stopped by its process id."""
     port = free_port()
-    cmd = [bin_dir / "llama-server", "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-           "-tb", str(threads), "-c", "2048", "-np", "1", "--no-webui", "--no-repack"]  # as specrun runs
+    cmd = [
+        bin_dir / "llama-server",
+        "-m",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-c",
+        "2048",
+        "-np",
+        "1",
+        "--no-webui",
+        "--no-repack",
+    ]  # as specrun runs
     if spec_type != "none":
         cmd += ["--spec-type", spec_type]
     with log.open("a") as out:
@@ -79,27 +96,55 @@ def llama_server(bin_dir: Path, model: Path, spec_type: str, threads: int, log: 
 
 
 def server_run(url: str, prompt: str, tokens: int) -> dict:
-    reply = post(f"{url}/completion", {"prompt": prompt, "n_predict": tokens, "temperature": 0,
-                                       "cache_prompt": False})
+    reply = post(f"{url}/completion", {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": False})
     timings = reply["timings"]
-    return {"tps": timings["predicted_per_second"], "text": reply["content"],
-            "drafted": timings.get("draft_n", 0), "accepted": timings.get("draft_n_accepted", 0)}
+    return {
+        "tps": timings["predicted_per_second"],
+        "text": reply["content"],
+        "drafted": timings.get("draft_n", 0),
+        "accepted": timings.get("draft_n_accepted", 0),
+    }
 
 
 def specrun_run(model: Path, prompt: str, tokens: int, threads: int, extra: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-m", "specrun", "generate", "--target", str(model), "-n", str(tokens),
-                          "-t", str(threads), "-c", "2048", *extra, "--json"],
-                         input=prompt, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specrun",
+            "generate",
+            "--target",
+            str(model),
+            "-n",
+            str(tokens),
+            "-t",
+            str(threads),
+            "-c",
+            "2048",
+            *extra,
+            "--json",
+        ],
+        input=prompt,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     result = json.loads(out.stdout)
     stats = result["stats"]
-    return {"tps": stats["tokens_per_s"], "text": result["text"], "drafted": stats["drafted"],
-            "accepted": stats["accepted"], "steps": stats["steps"]}
+    return {
+        "tps": stats["tokens_per_s"],
+        "text": result["text"],
+        "drafted": stats["drafted"],
+        "accepted": stats["accepted"],
+        "steps": stats["steps"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=Path, nargs="+",
-                        default=[HERE / "prompts" / "copy_code.txt", HERE / "prompts" / "copy_heavy.txt"])
+    parser.add_argument(
+        "--prompts", type=Path, nargs="+", default=[HERE / "prompts" / "copy_code.txt", HERE / "prompts" / "copy_heavy.txt"]
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
@@ -114,17 +159,31 @@ def main() -> None:
         for _ in range(args.rounds):
             # Every type at once: an idle llama-server waits without spinning.
             with ExitStack() as stack:
-                servers = {t: stack.enter_context(llama_server(bin_dir, model, t, args.threads, log))
-                           for t in SERVER_TYPES}
+                servers = {t: stack.enter_context(llama_server(bin_dir, model, t, args.threads, log)) for t in SERVER_TYPES}
                 for i, (_, prompt) in enumerate(prompts):
                     prompt_file = Path(tmp) / f"p{i}.txt"
                     prompt_file.write_text(prompt)
                     for spec_type, url in servers.items():
                         runs.setdefault((i, f"server {spec_type}"), []).append(server_run(url, prompt, args.tokens))
                     for n_max in LOOKUP_N_MAX:
-                        tps, _ = tool_speed([bin_dir / "llama-lookup", "-m", model, "-n", args.tokens, "-t",
-                                             args.threads, "-c", "2048", "--temp", "0", "--spec-draft-n-max", n_max],
-                                            prompt_file)
+                        tps, _ = tool_speed(
+                            [
+                                bin_dir / "llama-lookup",
+                                "-m",
+                                model,
+                                "-n",
+                                args.tokens,
+                                "-t",
+                                args.threads,
+                                "-c",
+                                "2048",
+                                "--temp",
+                                "0",
+                                "--spec-draft-n-max",
+                                n_max,
+                            ],
+                            prompt_file,
+                        )
                         runs.setdefault((i, f"llama-lookup k{n_max}"), []).append({"tps": tps})
                     for name, extra in specrun_methods.items():
                         runs.setdefault((i, name), []).append(specrun_run(model, prompt, args.tokens, args.threads, extra))
@@ -138,14 +197,20 @@ def report(prompts: list[tuple[str, str]], runs: dict, tokens: int) -> None:
     print(f"{'prompt':16}" + "".join(f"{m.replace('server ', ''):>18}" for m in methods) + "  same text as (servers)")
     for i, (group, _) in enumerate(prompts):
         auto_text = runs[(i, "specrun auto")][0]["text"]
-        same = [m.replace("server ", "") for m in methods if m.startswith("server")
-                and runs[(i, m)][0]["text"] == auto_text]
-        print(f"{group[:12] + ' ' + str(i):16}" + "".join(f"{median[(i, m)]:18.1f}" for m in methods)
-              + "  " + (",".join(same) or "-"))
+        same = [m.replace("server ", "") for m in methods if m.startswith("server") and runs[(i, m)][0]["text"] == auto_text]
+        print(
+            f"{group[:12] + ' ' + str(i):16}"
+            + "".join(f"{median[(i, m)]:18.1f}" for m in methods)
+            + "  "
+            + (",".join(same) or "-")
+        )
     print("\ndrafts accepted / drafted (first round):")
     for i, (group, _) in enumerate(prompts):
-        cells = [f"{m.replace('server ', '')} {runs[(i, m)][0]['accepted']}/{runs[(i, m)][0]['drafted']}"
-                 for m in methods if "drafted" in runs[(i, m)][0] and m != "server none" and m != "specrun plain"]
+        cells = [
+            f"{m.replace('server ', '')} {runs[(i, m)][0]['accepted']}/{runs[(i, m)][0]['drafted']}"
+            for m in methods
+            if "drafted" in runs[(i, m)][0] and m != "server none" and m != "specrun plain"
+        ]
         print(f"  {group[:12]} {i}: " + "; ".join(cells))
     for group in dict.fromkeys(g for g, _ in prompts):
         members = [i for i, (g, _) in enumerate(prompts) if g == group]
@@ -161,10 +226,12 @@ def report(prompts: list[tuple[str, str]], runs: dict, tokens: int) -> None:
             best_server = max(ngram, key=lambda m: rate(m, which))
             best_any = max([*ngram, *(m for m in methods if m.startswith("llama-lookup"))], key=lambda m: rate(m, which))
             auto = rate("specrun auto", which)
-            print(f"  {label}: specrun auto {auto:.1f} tok/s; {auto / rate('specrun plain', which):.2f}x specrun plain; "
-                  f"{auto / rate(best_server, which):.2f}x the best server type ({best_server}); "
-                  f"{auto / rate(best_any, which):.2f}x the best of those and llama-lookup ({best_any}); "
-                  f"server plain {rate('server none', which):.1f} tok/s")
+            print(
+                f"  {label}: specrun auto {auto:.1f} tok/s; {auto / rate('specrun plain', which):.2f}x specrun plain; "
+                f"{auto / rate(best_server, which):.2f}x the best server type ({best_server}); "
+                f"{auto / rate(best_any, which):.2f}x the best of those and llama-lookup ({best_any}); "
+                f"server plain {rate('server none', which):.1f} tok/s"
+            )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from specrun.hub.embedded import embedded_model_path
 HERE = Path(__file__).parent
 PROMPTS = [
     "The history of the city begins with a small settlement on the river, where",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "Q: What are the three states of matter?\nA:",
     "Dear Sam,\n\nThank you for the letter you sent last week. I",
 ]
@@ -39,10 +39,29 @@ DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 COUNTS = re.compile(r"n_(predict|drafted|accept)\s*=\s*(\d+)")
 
 
-def llama_run(binary: Path, target: Path, draft: Path, prompt: Path, tokens: int, threads: int, k: int,
-              p_min: float | None) -> dict:
-    command = [binary, "-m", target, "-md", draft, "-f", prompt, "-n", tokens, "-t", threads, "-c", 2048, "--temp", 0,
-               "--draft-max", k, "--no-repack"]
+def llama_run(
+    binary: Path, target: Path, draft: Path, prompt: Path, tokens: int, threads: int, k: int, p_min: float | None
+) -> dict:
+    command = [
+        binary,
+        "-m",
+        target,
+        "-md",
+        draft,
+        "-f",
+        prompt,
+        "-n",
+        tokens,
+        "-t",
+        threads,
+        "-c",
+        2048,
+        "--temp",
+        0,
+        "--draft-max",
+        k,
+        "--no-repack",
+    ]
     if p_min is not None:
         command += ["--draft-p-min", p_min]
     out = subprocess.run([*map(str, command)], capture_output=True, text=True, check=True)
@@ -55,8 +74,22 @@ def llama_run(binary: Path, target: Path, draft: Path, prompt: Path, tokens: int
 
 def specrun_run(target: Path, draft: Path, prompt: str, tokens: int, threads: int, k: str | None) -> dict:
     options = ["--draft", draft, "--k", k] if k else []
-    command = [sys.executable, "-m", "specrun", "generate", "--target", target, *options, "-n", tokens, "-t", threads,
-               "-c", 2048, "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "specrun",
+        "generate",
+        "--target",
+        target,
+        *options,
+        "-n",
+        tokens,
+        "-t",
+        threads,
+        "-c",
+        2048,
+        "--json",
+    ]
     out = subprocess.run([*map(str, command)], input=prompt, capture_output=True, text=True, check=True, cwd=HERE.parent)
     result = json.loads(out.stdout)
     stats = result["stats"]
@@ -79,9 +112,12 @@ def main() -> None:
         "specrun plain": lambda p, f: specrun_run(target, args.draft, p, args.tokens, args.threads, None),
         f"specrun --k {args.k}": lambda p, f: specrun_run(target, args.draft, p, args.tokens, args.threads, str(args.k)),
         "specrun --k auto": lambda p, f: specrun_run(target, args.draft, p, args.tokens, args.threads, "auto"),
-        f"llama.cpp --draft-max {args.k}": lambda p, f: llama_run(binary, target, args.draft, f, args.tokens, args.threads, args.k, None),
-        f"llama.cpp --draft-max {args.k} --draft-p-min 0": lambda p, f: llama_run(binary, target, args.draft, f, args.tokens,
-                                                                                 args.threads, args.k, 0),
+        f"llama.cpp --draft-max {args.k}": lambda p, f: llama_run(
+            binary, target, args.draft, f, args.tokens, args.threads, args.k, None
+        ),
+        f"llama.cpp --draft-max {args.k} --draft-p-min 0": lambda p, f: llama_run(
+            binary, target, args.draft, f, args.tokens, args.threads, args.k, 0
+        ),
     }
     runs: dict[str, list[dict]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:

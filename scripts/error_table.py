@@ -31,16 +31,29 @@ def tidy(line: str) -> str:
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "errors.xml"
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                              str(ROOT / "tests" / "test_cli_errors.py"), f"--junitxml={report}"],
-                             cwd=ROOT, capture_output=True, text=True)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                str(ROOT / "tests" / "test_cli_errors.py"),
+                f"--junitxml={report}",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         print(run.stdout.strip().splitlines()[-1], file=sys.stderr)
         cases = ElementTree.parse(report).getroot().iter("testcase")
         rows = []
         for case in cases:
             recorded = {prop.get("name"): prop.get("value") for prop in case.iter("property")}
-            shared_elsewhere = (case.get("name", "").startswith(SHARED_TEST)
-                                and not recorded.get("input", "").startswith("generate "))
+            shared_elsewhere = case.get("name", "").startswith(SHARED_TEST) and not recorded.get("input", "").startswith(
+                "generate "
+            )
             if "refusal" in recorded and not shared_elsewhere:  # shared options: shown once, on generate
                 rows.append((recorded["input"], tidy(recorded["refusal"])))
     print("| input | what specrun prints (exit 2) |")

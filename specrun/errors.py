@@ -20,4 +20,3 @@ class RpcLost(SpecrunError):
 
 class RpcTimeout(RpcLost):
     """RPC servers did not answer a call within its timeout (--rpc-timeout for decodes)."""
-

@@ -86,9 +86,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def _route(self, send_body: bool) -> None:
             path = unquote(urlsplit(self.path).path)
-            hub.requests.append(
-                Request(self.command, path, self.headers.get("Range"), self.headers.get("Authorization"))
-            )
+            hub.requests.append(Request(self.command, path, self.headers.get("Range"), self.headers.get("Authorization")))
             if (match := API_RE.match(path)) and send_body:
                 self._model_info(match["repo"])
             elif match := RESOLVE_RE.match(path):
@@ -109,8 +107,13 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 }
                 for name, data in sorted(repo.files.items())
             ]
-            body = {"id": repo_id, "sha": repo.commit, "gated": "manual" if repo.gated else False,
-                    "private": False, "siblings": siblings}
+            body = {
+                "id": repo_id,
+                "sha": repo.commit,
+                "gated": "manual" if repo.gated else False,
+                "private": False,
+                "siblings": siblings,
+            }
             self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"}, True)
 
         def _resolve(self, repo_id: str, name: str, send_body: bool) -> None:
@@ -124,8 +127,13 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return self._error(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": repo.commit})
             data = repo.served.get(name, repo.files[name])
             sha = repo.sha256(name)
-            headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{sha}"', "X-Linked-Etag": f'"{sha}"',
-                       "X-Linked-Size": str(len(data)), "Accept-Ranges": "bytes"}
+            headers = {
+                "X-Repo-Commit": repo.commit,
+                "ETag": f'"{sha}"',
+                "X-Linked-Etag": f'"{sha}"',
+                "X-Linked-Size": str(len(data)),
+                "Accept-Ranges": "bytes",
+            }
             start = self._range_start()
             if start:
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"

@@ -74,22 +74,20 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             end = min(int(wanted.group(2) or len(data) - 1), len(data) - 1)
             if start >= len(data):
                 return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
-            self._send(206, data[start:end + 1], {"Content-Range": f"bytes {start}-{end}/{len(data)}"})
+            self._send(206, data[start : end + 1], {"Content-Range": f"bytes {start}-{end}/{len(data)}"})
 
         def _model_info(self, repo: str) -> None:
             files = hub.repos().get(repo)
             if files is None:
                 return self._send(401, b"{}", {"X-Error-Code": "RepoNotFound"})
             siblings = [_sibling(hub.files[(repo, f)], f) for f in files]
-            body = {"id": repo, "sha": COMMIT, "gated": repo in hub.gated and "manual",
-                    "private": False, "siblings": siblings}
+            body = {"id": repo, "sha": COMMIT, "gated": repo in hub.gated and "manual", "private": False, "siblings": siblings}
             self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
         def _search(self, query: dict[str, list[str]]) -> None:
             term = query.get("search", [""])[0].lower()
             models = [
-                {"id": repo, "tags": ["gguf"],
-                 "siblings": [_sibling(hub.files[(repo, f)], f) for f in files]}
+                {"id": repo, "tags": ["gguf"], "siblings": [_sibling(hub.files[(repo, f)], f) for f in files]}
                 for repo, files in hub.repos().items()
                 if term in repo.lower()
             ]
@@ -112,8 +110,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
 def _sibling(local: Path, name: str) -> dict[str, object]:
     size = local.stat().st_size
-    return {"rfilename": name, "size": size, "lfs": {"size": size, "sha256": "0" * 64,
-                                                      "pointerSize": 134}}
+    return {"rfilename": name, "size": size, "lfs": {"size": size, "sha256": "0" * 64, "pointerSize": 134}}
 
 
 @contextmanager

@@ -19,8 +19,9 @@ Behaviour = Literal["answer", "silent", "close", "short", "answer_once", "gone_a
 
 
 class FakeRpcServer:
-    def __init__(self, version=(7, 0, 0), devices=((3 * 2**30, 4 * 2**30),), behaviour: Behaviour = "answer",
-                 max_connections: int = 20):
+    def __init__(
+        self, version=(7, 0, 0), devices=((3 * 2**30, 4 * 2**30),), behaviour: Behaviour = "answer", max_connections: int = 20
+    ):
         self.version, self.devices, self.behaviour = version, devices, behaviour
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.2)

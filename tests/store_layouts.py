@@ -30,28 +30,48 @@ def _blob(root: Path, data: bytes) -> dict:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def ollama_model(root: Path, name: str, tag: str, gguf: Path | bytes, *, family: str = "llama",
-                 file_type: str = "Q4_K_M", namespace: str = "library", host: str = "registry.ollama.ai",
-                 extra: tuple[str, ...] = ("template", "license", "params")) -> Path:
+def ollama_model(
+    root: Path,
+    name: str,
+    tag: str,
+    gguf: Path | bytes,
+    *,
+    family: str = "llama",
+    file_type: str = "Q4_K_M",
+    namespace: str = "library",
+    host: str = "registry.ollama.ai",
+    extra: tuple[str, ...] = ("template", "license", "params"),
+) -> Path:
     """One model as `ollama pull` leaves it: config, model layer and the usual small layers."""
     weights = gguf.read_bytes() if isinstance(gguf, Path) else gguf
-    config = _blob(root, json.dumps({"model_format": "gguf", "model_family": family,
-                                     "model_families": [family], "model_type": "1B",
-                                     "file_type": file_type}).encode())
+    config = _blob(
+        root,
+        json.dumps(
+            {
+                "model_format": "gguf",
+                "model_family": family,
+                "model_families": [family],
+                "model_type": "1B",
+                "file_type": file_type,
+            }
+        ).encode(),
+    )
     layers = [{"mediaType": MEDIA + "model", **_blob(root, weights)}]
     for kind in extra:
         layers.append({"mediaType": MEDIA + kind, **_blob(root, f"{kind} of {name}".encode())})
-    return ollama_manifest(root, f"{host}/{namespace}/{name}/{tag}",
-                           {"schemaVersion": 2, "mediaType": MANIFEST_TYPE,
-                            "config": {"mediaType": CONFIG_TYPE, **config}, "layers": layers})
+    return ollama_manifest(
+        root,
+        f"{host}/{namespace}/{name}/{tag}",
+        {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "config": {"mediaType": CONFIG_TYPE, **config}, "layers": layers},
+    )
 
 
 def ollama_tensor_model(root: Path, name: str, tag: str) -> Path:
     """A model newer Ollama keeps as one layer per tensor, not as a GGUF."""
-    layers = [{"mediaType": MEDIA + "tensor", **_blob(root, f"tensor {i}".encode()), "name": f"t{i}"}
-              for i in range(3)]
-    return ollama_manifest(root, f"registry.ollama.ai/library/{name}/{tag}",
-                           {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "layers": layers})
+    layers = [{"mediaType": MEDIA + "tensor", **_blob(root, f"tensor {i}".encode()), "name": f"t{i}"} for i in range(3)]
+    return ollama_manifest(
+        root, f"registry.ollama.ai/library/{name}/{tag}", {"schemaVersion": 2, "mediaType": MANIFEST_TYPE, "layers": layers}
+    )
 
 
 def ollama_manifest(root: Path, relative: str, body: dict | str) -> Path:
@@ -68,8 +88,7 @@ def lmstudio_file(root: Path, repo: str, name: str, gguf: Path | bytes) -> Path:
     return path
 
 
-def hf_layout_file(root: Path, repo: str, name: str, gguf: Path | bytes,
-                   commit: str = "c0ffee" * 6 + "c0ff") -> Path:
+def hf_layout_file(root: Path, repo: str, name: str, gguf: Path | bytes, commit: str = "c0ffee" * 6 + "c0ff") -> Path:
     """A file as huggingface_hub (and current llama.cpp) caches it: a snapshot symlink to a blob."""
     data = gguf.read_bytes() if isinstance(gguf, Path) else gguf
     folder = root / f"models--{repo.replace('/', '--')}"
@@ -88,7 +107,8 @@ def llamacpp_flat_file(root: Path, repo: str, name: str, tag: str, gguf: Path | 
     owner, model = repo.split("/")
     root.mkdir(parents=True, exist_ok=True)
     (root / f"manifest={owner}={model}={tag}.json").write_text(
-        json.dumps({"ggufFile": {"rfilename": name, "size": 1}, "mmprojFile": None}))
+        json.dumps({"ggufFile": {"rfilename": name, "size": 1}, "mmprojFile": None})
+    )
     path = root / f"{repo}_{name}".replace("/", "_")
     path.write_bytes(gguf.read_bytes() if isinstance(gguf, Path) else gguf)
     (root / f"{path.name}.etag").write_text('"etag"')

@@ -18,8 +18,9 @@ SOURCES = {"draft", "target", "bonus"}
 def test_importing_specrun_loads_neither_llama_cpp_nor_numpy():
     heavy = ("numpy", "llama_cpp", "specrun.backend", "specrun.session", "typer", "huggingface_hub", "fastapi")
     code = f"import sys, specrun; print([m for m in {heavy!r} if m in sys.modules])"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            cwd=Path(specrun.__file__).parent.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(specrun.__file__).parent.parent
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
@@ -95,13 +96,16 @@ def test_resolve_finds_files_without_loading_them(tiny):
     assert config.lookup and config.k == 5
 
 
-@pytest.mark.parametrize("call, error, fragment", [
-    (lambda t: specrun.load(t["target"], draft=t["alien"], n_ctx=128), specrun.IncompatibleError, "shares almost no tokens"),
-    (lambda t: specrun.load(t["target"].parent / "missing.gguf"), specrun.SpecrunError, "no such model file"),
-    (lambda t: specrun.load(t["target"], k=0), specrun.SpecrunError, "k has to be an integer >= 1"),
-    (lambda t: specrun.load(t["target"], rpc="not an endpoint"), specrun.SpecrunError, "is not HOST:PORT"),
-    (lambda t: specrun.load(t["target"], no_such_option=1), TypeError, "no_such_option"),
-])
+@pytest.mark.parametrize(
+    "call, error, fragment",
+    [
+        (lambda t: specrun.load(t["target"], draft=t["alien"], n_ctx=128), specrun.IncompatibleError, "shares almost no tokens"),
+        (lambda t: specrun.load(t["target"].parent / "missing.gguf"), specrun.SpecrunError, "no such model file"),
+        (lambda t: specrun.load(t["target"], k=0), specrun.SpecrunError, "k has to be an integer >= 1"),
+        (lambda t: specrun.load(t["target"], rpc="not an endpoint"), specrun.SpecrunError, "is not HOST:PORT"),
+        (lambda t: specrun.load(t["target"], no_such_option=1), TypeError, "no_such_option"),
+    ],
+)
 def test_bad_arguments_raise_one_clear_error(tiny, call, error, fragment):
     with pytest.raises(error, match=fragment):
         call(tiny)

@@ -104,16 +104,18 @@ def test_k_values_and_methods():
     assert parse_k_values("2, 4,8,4") == [2, 4, 8]
     assert parse_methods("lookup, plain,lookup") == ["lookup", "plain"]
     assert plan_variants(["plain", "lookup", "draft"], [2, 8]) == [
-        Variant("plain"), Variant("lookup", 2), Variant("lookup", 8), Variant("draft", 2), Variant("draft", 8),
+        Variant("plain"),
+        Variant("lookup", 2),
+        Variant("lookup", 8),
+        Variant("draft", 2),
+        Variant("draft", 8),
     ]
     assert Variant("lookup", 8).key == "lookup_k8" and Variant("plain").key == "plain"
     assert parse_k_values("2,auto,llama.cpp") == [2, "auto", "llama.cpp"]
     assert Variant("lookup", "auto").key == "lookup_kauto" and Variant("draft", "llama.cpp").key == "draft_kllamacpp"
 
 
-@pytest.mark.parametrize(
-    "text, fragment", [("2,x", "but is 'x'"), ("4,0", "but is '0'"), (" , ", "--k is empty")]
-)
+@pytest.mark.parametrize("text, fragment", [("2,x", "but is 'x'"), ("4,0", "but is '0'"), (" , ", "--k is empty")])
 def test_bad_k_values(text, fragment):
     with pytest.raises(SpecrunError, match=fragment):
         parse_k_values(text)

@@ -13,10 +13,20 @@ PLAIN, LOOKUP = Variant("plain"), Variant("lookup", 4)
 
 def stats(tokens, seconds, drafted=0, accepted=0, steps=None, by_position=((), ())):
     return Stats(
-        tokens=tokens, prefills=1, generate_s=seconds, steps=steps or tokens - 1, drafted=drafted, accepted=accepted,
+        tokens=tokens,
+        prefills=1,
+        generate_s=seconds,
+        steps=steps or tokens - 1,
+        drafted=drafted,
+        accepted=accepted,
         drafts=by_position[0][0] if by_position[0] else 0,
-        drafted_by_position=list(by_position[0]), accepted_by_position=list(by_position[1]),
-        prompt_tokens=10, prefilled_tokens=9, prefill_s=0.1, draft_s=seconds / 10, verify_s=seconds / 2,
+        drafted_by_position=list(by_position[0]),
+        accepted_by_position=list(by_position[1]),
+        prompt_tokens=10,
+        prefilled_tokens=9,
+        prefill_s=0.1,
+        draft_s=seconds / 10,
+        verify_s=seconds / 2,
     )
 
 
@@ -31,11 +41,15 @@ def two_prompts():
     return results_of(
         [
             # prompt 0: plain 10 tok/s (three repeats, median 10); lookup 20 tok/s median
-            (0, 0, PLAIN, stats(10, 1.0), None), (0, 0, LOOKUP, stats(10, 0.5, 8, 6, 4, ([4, 2, 1, 1], [3, 2, 1, 0])), True),
-            (0, 1, PLAIN, stats(10, 2.0), None), (0, 1, LOOKUP, stats(10, 0.4, 8, 6, 4, ([4, 2, 1, 1], [3, 2, 1, 0])), True),
-            (0, 2, PLAIN, stats(10, 0.5), None), (0, 2, LOOKUP, stats(10, 1.0, 8, 6, 4, ([4, 2, 1, 1], [3, 2, 1, 0])), False),
+            (0, 0, PLAIN, stats(10, 1.0), None),
+            (0, 0, LOOKUP, stats(10, 0.5, 8, 6, 4, ([4, 2, 1, 1], [3, 2, 1, 0])), True),
+            (0, 1, PLAIN, stats(10, 2.0), None),
+            (0, 1, LOOKUP, stats(10, 0.4, 8, 6, 4, ([4, 2, 1, 1], [3, 2, 1, 0])), True),
+            (0, 2, PLAIN, stats(10, 0.5), None),
+            (0, 2, LOOKUP, stats(10, 1.0, 8, 6, 4, ([4, 2, 1, 1], [3, 2, 1, 0])), False),
             # prompt 1: plain 40 tok/s, lookup 20 tok/s; nothing of lookup's drafts accepted
-            (1, 0, PLAIN, stats(40, 1.0), None), (1, 0, LOOKUP, stats(40, 2.0, 4, 0, 40, ([4], [0])), True),
+            (1, 0, PLAIN, stats(40, 1.0), None),
+            (1, 0, LOOKUP, stats(40, 2.0, 4, 0, 40, ([4], [0])), True),
         ],
         n_prompts=2,
     )
@@ -73,13 +87,25 @@ def test_document_and_csv_shapes():
     assert list(document["summary"]) == ["lookup_k4"]
     assert document["prompts"][1]["results"]["lookup_k4"]["speedup"] == 0.5
     rows = csv_rows(document)
-    assert [(r["prompt"], r["method"], r["k"]) for r in rows] == [(0, "plain", 0), (0, "lookup", 4), (1, "plain", 0), (1, "lookup", 4)]
+    assert [(r["prompt"], r["method"], r["k"]) for r in rows] == [
+        (0, "plain", 0),
+        (0, "lookup", 4),
+        (1, "plain", 0),
+        (1, "lookup", 4),
+    ]
     assert rows[1]["acceptance_by_position"] == "0.7500;1.0000;1.0000;0.0000"
 
 
 def row(method, k, speedup, acceptance=0.5, length=2.0, draft_share=0.1):
-    return {"method": method, "k": k, "speedup": speedup, "acceptance_rate": acceptance,
-            "mean_accepted_length": length, "tokens_per_step": length, "draft_share": draft_share}
+    return {
+        "method": method,
+        "k": k,
+        "speedup": speedup,
+        "acceptance_rate": acceptance,
+        "mean_accepted_length": length,
+        "tokens_per_step": length,
+        "draft_share": draft_share,
+    }
 
 
 def test_recommendation_names_the_best_and_why():

@@ -28,9 +28,20 @@ def document(matches=True, longest=45, methods=("lookup", "draft", "hybrid"), ks
             n = 0 if variant.method == "plain" else variant.k if isinstance(variant.k, int) else longest
             drafted = [200 - 4 * i for i in range(n)]
             accepted = [d // (1 + i % 3) for i, d in enumerate(drafted)]
-            stats = Stats(tokens=96, prefills=1, steps=40, drafts=drafted[0] if n else 0, drafted=sum(drafted),
-                          accepted=sum(accepted), drafted_by_position=drafted, accepted_by_position=accepted,
-                          generate_s=96 / speed, prompt_tokens=1500, prefilled_tokens=1500, prefill_s=0.1)
+            stats = Stats(
+                tokens=96,
+                prefills=1,
+                steps=40,
+                drafts=drafted[0] if n else 0,
+                drafted=sum(drafted),
+                accepted=sum(accepted),
+                drafted_by_position=drafted,
+                accepted_by_position=accepted,
+                generate_s=96 / speed,
+                prompt_tokens=1500,
+                prefilled_tokens=1500,
+                prefill_s=0.1,
+            )
             match = None if variant.method == "plain" else matches or prompt != 1
             results.add(Run(prompt, 0, variant, stats, match, 100.0))
     sources = [{"source": f"extraction:{i + 10}", "group": "extraction", "prompt_tokens": 1500} for i in range(3)]
@@ -114,8 +125,9 @@ def test_output_that_differs_from_plain_decoding_is_explained_under_the_summary(
     note = " ".join(" ".join(lines[start : start + 5]).split())
     for words in ("round differently", "near-tie", "not a change of distribution", "--ubatch-size 6", view.EXACTNESS_DOC):
         assert words in note, words
-    assert lines.index(next(line for line in lines if line.startswith("same as plain below"))) > \
-        lines.index(next(line for line in lines if line.strip() == "Summary"))
+    assert lines.index(next(line for line in lines if line.startswith("same as plain below"))) > lines.index(
+        next(line for line in lines if line.strip() == "Summary")
+    )
 
 
 def test_the_exactness_note_points_at_a_heading_of_the_troubleshooting_page():

@@ -24,14 +24,26 @@ def env():
 def chat_piped(*args, stdin):
     return subprocess.run(
         [sys.executable, "-m", "specrun", "chat", *map(str, args)],
-        input=stdin, capture_output=True, text=True, timeout=600, env=env(),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env(),
     )
 
 
 def test_piped_two_messages_two_replies_and_exit_0(tiny, tmp_path):
     saved = tmp_path / "chat.json"
     result = chat_piped(
-        "--target", tiny["target"], "--lookup", "--ctx-size", 512, "-n", 24, "--threads", 1,
+        "--target",
+        tiny["target"],
+        "--lookup",
+        "--ctx-size",
+        512,
+        "-n",
+        24,
+        "--threads",
+        1,
         stdin=f"the cat sat on the\nand the dog\n/save {saved}\n",
     )
     assert result.returncode == 0, result.stderr
@@ -83,8 +95,12 @@ def spawn(*args):
     """chat in a real pseudo-terminal; only these tests need pexpect, so only they skip without it."""
     pexpect = pytest.importorskip("pexpect", reason="the terminal tests drive chat through pexpect (in specrun's test extra)")
     child = pexpect.spawn(
-        sys.executable, ["-m", "specrun", "chat", *map(str, args)],
-        env=env(), encoding="utf-8", timeout=300, dimensions=(50, 200),
+        sys.executable,
+        ["-m", "specrun", "chat", *map(str, args)],
+        env=env(),
+        encoding="utf-8",
+        timeout=300,
+        dimensions=(50, 200),
     )
     child.expect_exact(PROMPT)
     return child
@@ -105,9 +121,23 @@ def test_terminal_chat_panel_commands_and_quit(tiny):
     child = spawn("--target", tiny["target"], "--draft", tiny["draft"], "--k", 4, "--ctx-size", 512, "-n", 24, "--threads", 1)
     child.sendline("the cat sat on the mat")
     panel = until_prompt(child)
-    for field in ("target.gguf ← draft.gguf", "k 4", "accepted", "this reply", "session",
-                  "mean accepted length", "tok/s", "vs plain", "calibrated at start", "time: draft", "verify",
-                  "prefilled", "first token after", "draft guess, accepted", "target's own token"):
+    for field in (
+        "target.gguf ← draft.gguf",
+        "k 4",
+        "accepted",
+        "this reply",
+        "session",
+        "mean accepted length",
+        "tok/s",
+        "vs plain",
+        "calibrated at start",
+        "time: draft",
+        "verify",
+        "prefilled",
+        "first token after",
+        "draft guess, accepted",
+        "target's own token",
+    ):
         assert field in panel, field
     child.sendline("/k 2")
     assert "k = 2 from the next reply on" in until_prompt(child)

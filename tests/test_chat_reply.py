@@ -113,8 +113,13 @@ def test_in_the_plain_transcript_a_reply_ends_at_either_turn_marker_starting_a_l
     """A base model writes its own next turn as readily as the user's: both end the reply."""
     stops = plain_transcript([{"role": "user", "content": "Hi?"}]).stop
     for marker in ("User:", "Assistant:"):
-        script = [(1, " Hi", "target"), (2, ", Assistant: hi.", "draft"), (3, "\n", "target"), (4, marker, "draft"),
-                  (5, " Hi?", "target")]
+        script = [
+            (1, " Hi", "target"),
+            (2, ", Assistant: hi.", "draft"),
+            (3, "\n", "target"),
+            (4, marker, "draft"),
+            (5, " Hi?", "target"),
+        ]
         reply = stream_reply(ScriptedGenerator(script), [7], 50, stops, RecordingView(), started=0.0)
         assert reply.stop_reason == "stop_string", marker
         assert reply.text == " Hi, Assistant: hi." and reply.tokens == [1, 2]  # mid-line, the marker is text

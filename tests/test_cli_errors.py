@@ -82,26 +82,53 @@ COMMAND_ROWS = [
     # chat
     # drafts: any vocabulary drafts, translated, but not what is no model or shares almost nothing
     (["generate", "hi", "-m", "{tiny}", "--draft", "{binary}"], ["binary.txt is not a GGUF file"]),
-    (["generate", "hi", "-m", "{tiny}", "--draft", "{vocab_only}"], ["draft model", "tokenizer.gguf holds no weights", "vocab-only"]),
+    (
+        ["generate", "hi", "-m", "{tiny}", "--draft", "{vocab_only}"],
+        ["draft model", "tokenizer.gguf holds no weights", "vocab-only"],
+    ),
     (["generate", "hi", "-m", "{tiny}", "--draft", "{noarch}"], ["draft model", "noarch.gguf holds no weights"]),
-    (["generate", "hi", "-m", "{tiny}", "--draft", "{alien}"], ["alien.gguf shares almost no tokens with target", "0 of its 400"]),
-    (["generate", "hi", "-m", "{tiny}", "--draft", "mtp"], ["target model", "has no MTP (NextN) layers, so it cannot draft for itself"]),
-    (["generate", "hi", "-m", "{tiny}", "--draft", "{mtp_only}"], ["draft model mtp-qwen35.gguf is an MTP drafter", "specrun cannot run yet"]),
+    (
+        ["generate", "hi", "-m", "{tiny}", "--draft", "{alien}"],
+        ["alien.gguf shares almost no tokens with target", "0 of its 400"],
+    ),
+    (
+        ["generate", "hi", "-m", "{tiny}", "--draft", "mtp"],
+        ["target model", "has no MTP (NextN) layers, so it cannot draft for itself"],
+    ),
+    (
+        ["generate", "hi", "-m", "{tiny}", "--draft", "{mtp_only}"],
+        ["draft model mtp-qwen35.gguf is an MTP drafter", "specrun cannot run yet"],
+    ),
     # targets with a recurrent state, and their own MTP heads
     (["generate", "hi", "-m", "{mamba}", "--lookup"], ["(mamba) keeps a recurrent state that llama.cpp cannot roll back"]),
-    (["generate", "hi", "-m", "{qwen35}", "--lookup", "--k", "8", "--ubatch-size", "6"],
-     ["can roll back only 4 tokens with --ubatch-size 6"]),
-    (["generate", "--batch", "{prompts}", "-m", "{qwen35_mtp}", "--draft", "mtp", "--parallel", "2", "-c", "512"],
-     ["--draft mtp drafts for one stream at a time", "--parallel 1"]),
+    (
+        ["generate", "hi", "-m", "{qwen35}", "--lookup", "--k", "8", "--ubatch-size", "6"],
+        ["can roll back only 4 tokens with --ubatch-size 6"],
+    ),
+    (
+        ["generate", "--batch", "{prompts}", "-m", "{qwen35_mtp}", "--draft", "mtp", "--parallel", "2", "-c", "512"],
+        ["--draft mtp drafts for one stream at a time", "--parallel 1"],
+    ),
     # several streams
-    (["generate", "--batch", "{prompts}", "-m", "{tiny}", "--parallel", "0"], ["--parallel has to be an integer from 1 to 256, but is 0"]),
-    (["generate", "--batch", "{prompts}", "-m", "{tiny}", "--parallel", "4", "-c", "128"],
-     ["--parallel 4 gives each stream 128 tokens of context", "raise --ctx-size"]),
+    (
+        ["generate", "--batch", "{prompts}", "-m", "{tiny}", "--parallel", "0"],
+        ["--parallel has to be an integer from 1 to 256, but is 0"],
+    ),
+    (
+        ["generate", "--batch", "{prompts}", "-m", "{tiny}", "--parallel", "4", "-c", "128"],
+        ["--parallel 4 gives each stream 128 tokens of context", "raise --ctx-size"],
+    ),
     (["bench", "--parallel", "2", "-c", "64", "-m", "{tiny}"], ["--parallel 2 gives each stream 64 tokens of context"]),
     # structured output
     (["generate", "hi", "-m", "{tiny}", "--json-schema", "{empty}"], ["--json-schema", "empty.txt", "not JSON"]),
-    (["generate", "hi", "-m", "{tiny}", "--json-schema", "{minimum}"], ["--json-schema", "unsupported JSON schema feature 'minimum'"]),
-    (["generate", "hi", "-m", "{tiny}", "--json-schema", "{minimum}", "--grammar", "{empty}"], ["either --json-schema or --grammar"]),
+    (
+        ["generate", "hi", "-m", "{tiny}", "--json-schema", "{minimum}"],
+        ["--json-schema", "unsupported JSON schema feature 'minimum'"],
+    ),
+    (
+        ["generate", "hi", "-m", "{tiny}", "--json-schema", "{minimum}", "--grammar", "{empty}"],
+        ["either --json-schema or --grammar"],
+    ),
     (["generate", "hi", "-m", "{tiny}", "--grammar", "{empty}"], ["the grammar has no `root ::= ...` rule"]),
     (["bench", "{schema_prompts}", "-m", "{tiny}"], ["prompts.jsonl line 1", '"schema"', "'not'"]),
     (["chat", "-m", "{tiny}", "--k", "-2"], ["--k", "'-2'"]),
@@ -159,8 +186,11 @@ def recurrent(tmp_path_factory):
     """Tiny GGUFs of targets with a recurrent state: a Mamba llama.cpp cannot roll back, a
     qwen35 it rolls back, and that qwen35 with an MTP (NextN) block."""
     root = tmp_path_factory.mktemp("recurrent")
-    return {"mamba": str(write_tiny_mamba(root / "mamba.gguf")), "qwen35": str(write_tiny_qwen35(root / "qwen35.gguf")),
-            "qwen35_mtp": str(write_tiny_qwen35(root / "qwen35-mtp.gguf", nextn=True))}
+    return {
+        "mamba": str(write_tiny_mamba(root / "mamba.gguf")),
+        "qwen35": str(write_tiny_qwen35(root / "qwen35.gguf")),
+        "qwen35_mtp": str(write_tiny_qwen35(root / "qwen35-mtp.gguf", nextn=True)),
+    }
 
 
 @pytest.fixture
@@ -186,13 +216,23 @@ def inputs(tmp_path, tiny, recurrent, monkeypatch, record_property):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(folder)
     return {
-        "tiny": str(tiny["target"]), "dir": str(folder / "dir"), "missing": str(folder / "missing.txt"),
-        "missing_dir": str(folder / "no" / "such"), "binary": str(folder / "binary.txt"),
-        "empty": str(folder / "empty.txt"), "cut": str(folder / "cut.gguf"), "noarch": str(folder / "noarch.gguf"),
-        "vocab_only": str(folder / "tokenizer.gguf"), "alien": str(tiny["alien"]), "minimum": str(folder / "minimum.json"),
-        "schema_prompts": str(folder / "prompts.jsonl"), "prompts": str(folder / "prompts.txt"), **recurrent,
+        "tiny": str(tiny["target"]),
+        "dir": str(folder / "dir"),
+        "missing": str(folder / "missing.txt"),
+        "missing_dir": str(folder / "no" / "such"),
+        "binary": str(folder / "binary.txt"),
+        "empty": str(folder / "empty.txt"),
+        "cut": str(folder / "cut.gguf"),
+        "noarch": str(folder / "noarch.gguf"),
+        "vocab_only": str(folder / "tokenizer.gguf"),
+        "alien": str(tiny["alien"]),
+        "minimum": str(folder / "minimum.json"),
+        "schema_prompts": str(folder / "prompts.jsonl"),
+        "prompts": str(folder / "prompts.txt"),
+        **recurrent,
         "mtp_only": str(write_tiny_qwen35(tmp_path / "mtp-qwen35.gguf", mtp_only=True)),
-        "root": folder, "record": record_property,
+        "root": folder,
+        "record": record_property,
     }
 
 
@@ -220,8 +260,13 @@ def assert_refused(argv, fragments, inputs, capsys, monkeypatch, stdin=None):
 @pytest.mark.parametrize("argv, fragments", list(shared_rows()))
 def test_shared_options_refuse_bad_values(argv, fragments, inputs, capsys, monkeypatch):
     prompt = ["hi"] if argv[0] == "generate" else []
-    assert_refused([*argv[:1], *prompt, "-m", "{tiny}", "--lookup", *argv[1:]] if argv[0] != "bench"
-                   else [*argv, "-m", "{tiny}"], fragments, inputs, capsys, monkeypatch)
+    assert_refused(
+        [*argv[:1], *prompt, "-m", "{tiny}", "--lookup", *argv[1:]] if argv[0] != "bench" else [*argv, "-m", "{tiny}"],
+        fragments,
+        inputs,
+        capsys,
+        monkeypatch,
+    )
 
 
 @pytest.mark.parametrize("argv, fragments", COMMAND_ROWS, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
@@ -244,7 +289,10 @@ def test_an_empty_prompt_on_stdin_is_refused(stdin, fragment, inputs, capsys, mo
 
 def specrun(*args, stdin: bytes = b"", env: dict | None = None):
     return subprocess.run(
-        [sys.executable, "-m", "specrun", *map(str, args)], input=stdin, capture_output=True, timeout=300,
+        [sys.executable, "-m", "specrun", *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        timeout=300,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )
 
@@ -261,25 +309,30 @@ def assert_one_line(result, *fragments):
 @pytest.mark.parametrize("locale", ["C.UTF-8", "C"])
 def test_bytes_that_are_not_utf8_on_stdin(tiny, locale):
     """Under the C locale Python reads stdin with surrogateescape: the bytes must still be refused."""
-    result = specrun("generate", "-m", tiny["target"], "--lookup", stdin=b"the cat \xff\xfe sat",
-                     env={"LC_ALL": locale, "PYTHONUTF8": "0"})
+    result = specrun(
+        "generate", "-m", tiny["target"], "--lookup", stdin=b"the cat \xff\xfe sat", env={"LC_ALL": locale, "PYTHONUTF8": "0"}
+    )
     assert_one_line(result, "standard input", "not UTF-8")
 
 
 def test_chat_save_onto_a_directory_is_one_line_and_nothing_is_left(tiny, tmp_path):
     folder = tmp_path / "out"
     folder.mkdir()
-    result = specrun("chat", "-m", tiny["target"], "-n", 4, "--ctx-size", 256, "--threads", 1,
-                     stdin=f"the cat\n/save {folder}\n".encode())
+    result = specrun(
+        "chat", "-m", tiny["target"], "-n", 4, "--ctx-size", 256, "--threads", 1, stdin=f"the cat\n/save {folder}\n".encode()
+    )
     err = result.stderr.decode()
     assert result.returncode == 2 and err.strip().splitlines()[-1] == f"error: /save {folder} is a directory: give a file name"
     assert list(folder.iterdir()) == [] and list(tmp_path.iterdir()) == [folder]
 
 
-@pytest.mark.parametrize("module, fragments", [
-    ('raise ImportError("libllama.so: cannot open shared object file")', ["not importable", "libllama.so", "pip install"]),
-    ('__version__ = "0.2.90"', ["0.2.90 is older than specrun needs", "pip install"]),
-])
+@pytest.mark.parametrize(
+    "module, fragments",
+    [
+        ('raise ImportError("libllama.so: cannot open shared object file")', ["not importable", "libllama.so", "pip install"]),
+        ('__version__ = "0.2.90"', ["0.2.90 is older than specrun needs", "pip install"]),
+    ],
+)
 def test_a_missing_or_old_llama_cpp_python_is_one_line(tmp_path, module, fragments):
     fake = tmp_path / "llama_cpp"
     fake.mkdir()

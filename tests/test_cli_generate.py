@@ -30,8 +30,20 @@ def assert_one_line_error(result, code, *fragments):
 
 def test_json_output_with_compare_plain(tiny):
     result = specrun(
-        "generate", PROMPT, "--target", tiny["target"], "--draft", tiny["draft"],
-        "--k", 3, "--max-tokens", 12, "--ctx-size", 256, "--compare-plain", "--json",
+        "generate",
+        PROMPT,
+        "--target",
+        tiny["target"],
+        "--draft",
+        tiny["draft"],
+        "--k",
+        3,
+        "--max-tokens",
+        12,
+        "--ctx-size",
+        256,
+        "--compare-plain",
+        "--json",
     )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
@@ -53,7 +65,9 @@ def test_prompt_from_stdin_streams_text(tiny):
 
 
 def test_missing_model_file(tmp_path):
-    assert_one_line_error(specrun("generate", "x", "--target", tmp_path / "nope.gguf", "--lookup"), 2, "no such model file", "nope.gguf")
+    assert_one_line_error(
+        specrun("generate", "x", "--target", tmp_path / "nope.gguf", "--lookup"), 2, "no such model file", "nope.gguf"
+    )
 
 
 def test_file_that_is_not_gguf(tmp_path):
@@ -74,15 +88,16 @@ def test_a_draft_sharing_almost_nothing_exits_2_with_the_reason(tiny):
     assert_one_line_error(result, 2, "alien.gguf shares almost no tokens with target target.gguf", "0 of its 400")
 
 
-@pytest.mark.parametrize("args, fragment", [(["--k", "0"], "--k has to be an integer >= 1, 'auto' or 'llama.cpp', but is '0'"), (["--max-tokens", "0"], "--max-tokens")])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [(["--k", "0"], "--k has to be an integer >= 1, 'auto' or 'llama.cpp', but is '0'"), (["--max-tokens", "0"], "--max-tokens")],
+)
 def test_bad_numbers(tiny, args, fragment):
     assert_one_line_error(specrun("generate", "x", "--target", tiny["target"], "--lookup", *args), 2, fragment)
 
 
 def test_draft_and_lookup_together_draft_hybrid(tiny):
-    result = specrun(
-        "generate", PROMPT, "--target", tiny["target"], "--lookup", "--draft", tiny["draft"], "-n", 10, "--json"
-    )
+    result = specrun("generate", PROMPT, "--target", tiny["target"], "--lookup", "--draft", tiny["draft"], "-n", 10, "--json")
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["tokens"]) == 10
 

@@ -47,8 +47,12 @@ def test_every_help_page_renders_with_all_its_options(root, capsys, monkeypatch)
             capsys.readouterr()
             continue
         out, err = capsys.readouterr()
-        options = [opt for param in command.params if param.param_type_name == "option" and not param.hidden
-                   for opt in (*param.opts, *param.secondary_opts)]
+        options = [
+            opt
+            for param in command.params
+            if param.param_type_name == "option" and not param.hidden
+            for opt in (*param.opts, *param.secondary_opts)
+        ]
         missing = [opt for opt in options if opt not in out]
         if code != 0 or "Traceback" in out + err or missing:
             broken.append(f"{path} --help: exit {code}, options missing: {missing}, stderr: {err.strip()!r}")

@@ -17,8 +17,18 @@ from specrun.hub import resolve_model
 from specrun.hub.containment import check_name, inside
 from specrun.hub.profiles import load_profiles
 
-ESCAPES = ["..", "../x.gguf", "a/../../x.gguf", "/etc/passwd", "C:/Windows/x.gguf", "a\\..\\x.gguf",
-           "", "./x.gguf", "a//x.gguf", "a/\x00.gguf"]
+ESCAPES = [
+    "..",
+    "../x.gguf",
+    "a/../../x.gguf",
+    "/etc/passwd",
+    "C:/Windows/x.gguf",
+    "a\\..\\x.gguf",
+    "",
+    "./x.gguf",
+    "a//x.gguf",
+    "a/\x00.gguf",
+]
 
 
 @pytest.mark.parametrize("name", ESCAPES)
@@ -44,8 +54,9 @@ def test_symlinks_may_not_lead_out_of_the_root(tmp_path):
     assert check_name("sub/model-Q4_K_M.gguf", "test") == "sub/model-Q4_K_M.gguf"
 
 
-@pytest.mark.parametrize("spec", ["owner/repo/../../etc/passwd.gguf", "owner/../x.gguf", "owner/..",
-                                  "owner/re--po", "owner/repo/sub/../../../x.gguf"])
+@pytest.mark.parametrize(
+    "spec", ["owner/repo/../../etc/passwd.gguf", "owner/../x.gguf", "owner/..", "owner/re--po", "owner/repo/sub/../../../x.gguf"]
+)
 def test_specs_with_escaping_names_get_one_line(spec, isolated, capsys):
     assert run_app(["pair", "check", spec, str(LLAMA_VOCAB), "--offline"]) == 2
     err = capsys.readouterr().err
@@ -88,10 +99,17 @@ def test_remote_header_names_are_checked(isolated):
 def test_ollama_digests_must_be_sha256_blobs_inside_the_store(tmp_path, monkeypatch, capsys):
     root = tmp_path / "ollama"
     monkeypatch.setenv("OLLAMA_MODELS", str(root))
-    for name, digest in (("dotdot", "sha256:../../../etc/passwd"), ("absolute", "/etc/passwd"),
-                         ("short", "sha256:abc"), ("other", "md5:" + "0" * 32)):
-        ollama_manifest(root, f"registry.ollama.ai/library/{name}/latest", {
-            "layers": [{"mediaType": "application/vnd.ollama.image.model", "digest": digest, "size": 1}]})
+    for name, digest in (
+        ("dotdot", "sha256:../../../etc/passwd"),
+        ("absolute", "/etc/passwd"),
+        ("short", "sha256:abc"),
+        ("other", "md5:" + "0" * 32),
+    ):
+        ollama_manifest(
+            root,
+            f"registry.ollama.ai/library/{name}/latest",
+            {"layers": [{"mediaType": "application/vnd.ollama.image.model", "digest": digest, "size": 1}]},
+        )
         assert run_app(["pair", "check", f"ollama:{name}", str(LLAMA_VOCAB)]) == 2
         err = capsys.readouterr().err
         assert "not sha256:<64 hex digits>; refused" in err and err.count("\n") == 1
@@ -109,18 +127,20 @@ def test_a_llamacpp_manifest_naming_a_file_outside_is_ignored(tmp_path, monkeypa
 
     flat = tmp_path / "llama.cpp"
     llamacpp_flat_file(flat, "owner/Model-GGUF", "model-Q4_K_M.gguf", "latest", LLAMA_VOCAB)
-    (flat / "manifest=owner=Evil-GGUF=latest.json").write_text(
-        json.dumps({"ggufFile": {"rfilename": "../../../etc/passwd"}}))
+    (flat / "manifest=owner=Evil-GGUF=latest.json").write_text(json.dumps({"ggufFile": {"rfilename": "../../../etc/passwd"}}))
     models = LlamaCppStore(flat).models(load_profiles())
     assert [(m.repo, m.file) for m in models] == [("owner/Model-GGUF", "model-Q4_K_M.gguf")]
 
 
-@pytest.mark.parametrize("field, value, problem", [
-    ("file", "../Tiny-{quant}.gguf", "must be a file inside the repository"),
-    ("file", "/abs/Tiny-{quant}.gguf", "must be a file inside the repository"),
-    ("repo", "someone/..", "must look like owner/name"),
-    ("repo", "../someone", "must look like owner/name"),
-])
+@pytest.mark.parametrize(
+    "field, value, problem",
+    [
+        ("file", "../Tiny-{quant}.gguf", "must be a file inside the repository"),
+        ("file", "/abs/Tiny-{quant}.gguf", "must be a file inside the repository"),
+        ("repo", "someone/..", "must look like owner/name"),
+        ("repo", "../someone", "must look like owner/name"),
+    ],
+)
 def test_profile_fields_that_would_escape_are_refused(field, value, problem, tmp_path):
     entry = {"repo": "someone/Tiny-GGUF", "file": "Tiny-{quant}.gguf", "params": "1B", field: value}
     lines = ["family: tiny", "default_k: 4", "models:", "  tiny-1b:"]

@@ -65,7 +65,7 @@ def blocks(path: Path) -> list[Block]:
             start, body = i, []
             i += 1
             while not re.match(r"^\s*```\s*$", lines[i]):
-                body.append(lines[i][len(fence.group(1)):])
+                body.append(lines[i][len(fence.group(1)) :])
                 i += 1
             before = next((line for line in reversed(lines[:start]) if line.strip()), "")
             found.append(Block(path, start + 1, fence.group(2), "\n".join(body), not NOT_RUN.search(before)))
@@ -181,7 +181,8 @@ def check_script(words: list[str]) -> None:
         if word.startswith("--"):
             option = word.split("=", 1)[0]
             assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", script_help(words[1])), (
-                f"{words[1]} --help lists no option {option}")
+                f"{words[1]} --help lists no option {option}"
+            )
 
 
 # What else the docs may tell users to run; a command not here (a typo, a renamed tool) fails.
@@ -217,7 +218,10 @@ def test_the_checks_catch_a_bad_command(cli):
     with pytest.raises(AssertionError):
         check_script(["python", "scripts/compare_llama_cpp.py", "--no-such-option"])
     assert shell_commands("A=1 time specrun bench && printf 'x' | specrun chat --lookup  # a comment") == [
-        ["specrun", "bench"], ["printf", "x"], ["specrun", "chat", "--lookup"]]
+        ["specrun", "bench"],
+        ["printf", "x"],
+        ["specrun", "chat", "--lookup"],
+    ]
 
 
 def test_the_readme_set_up_commands_are_the_real_ones():
@@ -336,10 +340,13 @@ def test_every_benchmark_section_names_machine_date_and_command():
             continue
         lines = body.splitlines()
         for field in ("- Machine: ", "- Date: "):
-            assert any(line.startswith(field) and line[len(field):].strip() for line in lines), f"## {heading}: no '{field.strip()}' line"
+            assert any(line.startswith(field) and line[len(field) :].strip() for line in lines), (
+                f"## {heading}: no '{field.strip()}' line"
+            )
         commands = [line for line in lines if line.startswith("- Command")]
-        assert commands and any(re.search(r"`(time )?(specrun|python3?) ", line) for line in commands), \
+        assert commands and any(re.search(r"`(time )?(specrun|python3?) ", line) for line in commands), (
             f"## {heading}: no '- Command:' line with a backticked command"
+        )
 
 
 # --- links -----------------------------------------------------------------------------

@@ -110,7 +110,13 @@ def test_a_copy_stops_after_a_blank_line_of_its_source_until_copies_go_on_past_o
     history = [9, *block, 1, 9, 10, 11]
     assert lookup.propose(history, DraftRequest(8, FixedK(8), GREEDY)).tokens == [12, BLANK]  # the end of a block, maybe
     history += [12, BLANK, 13]  # the text went on as the source did past the blank line
-    assert lookup.propose(history, DraftRequest(5, FixedK(5), GREEDY)).tokens == [14, 15, BLANK, 16, 17]  # now it goes on past one
+    assert lookup.propose(history, DraftRequest(5, FixedK(5), GREEDY)).tokens == [
+        14,
+        15,
+        BLANK,
+        16,
+        17,
+    ]  # now it goes on past one
 
 
 def test_a_copy_that_ended_at_a_blank_line_keeps_stopping_there():

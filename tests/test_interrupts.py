@@ -73,8 +73,7 @@ def interrupt(process: subprocess.Popen) -> tuple[int, str, str]:
 
 
 def test_ctrl_c_ends_generate(tiny):
-    process = start(["-m", "specrun", "generate", PROMPT, "--target", str(tiny["endless"]), "--lookup", *LONG],
-                    printed("stdout"))
+    process = start(["-m", "specrun", "generate", PROMPT, "--target", str(tiny["endless"]), "--lookup", *LONG], printed("stdout"))
     code, _, err = interrupt(process)
     assert code == 130 and err.strip().splitlines()[-1] == "interrupted", err
 
@@ -82,8 +81,24 @@ def test_ctrl_c_ends_generate(tiny):
 def test_ctrl_c_ends_bench(tiny, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(PROMPT + "\n")
-    process = start(["-m", "specrun", "bench", str(prompts), "--target", str(tiny["endless"]), "--methods", "lookup",
-                     "--k", "4", "--warmup", "0", *LONG], printed("stderr"))
+    process = start(
+        [
+            "-m",
+            "specrun",
+            "bench",
+            str(prompts),
+            "--target",
+            str(tiny["endless"]),
+            "--methods",
+            "lookup",
+            "--k",
+            "4",
+            "--warmup",
+            "0",
+            *LONG,
+        ],
+        printed("stderr"),
+    )
     code, _, err = interrupt(process)
     assert code == 130 and err.strip().splitlines()[-1] == "interrupted", err
 

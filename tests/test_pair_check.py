@@ -75,12 +75,14 @@ def test_gpt2_and_neox_fail_llama_cpps_rule_with_evidence_and_draft_translated(c
 def test_every_failed_criterion_is_named_and_the_tokenizers_line_up(capsys) -> None:
     code, out, _ = run(capsys, GPT2, LLAMA_SPM)
     assert code == 0
-    for problem in ("vocab type differs: target bpe, draft spm",
-                    "add_bos differs: target False, draft True",
-                    "vocab sizes differ by 18257",
-                    "token 5 differs: target '&', draft '<0x02>'",
-                    "specrun drafts translated, through text",
-                    "57% of the draft's 31901 text tokens have a target token with the same bytes"):
+    for problem in (
+        "vocab type differs: target bpe, draft spm",
+        "add_bos differs: target False, draft True",
+        "vocab sizes differ by 18257",
+        "token 5 differs: target '&', draft '<0x02>'",
+        "specrun drafts translated, through text",
+        "57% of the draft's 31901 text tokens have a target token with the same bytes",
+    ):
         assert problem in out
 
 
@@ -186,11 +188,14 @@ def test_hub_vocab_file_compared_with_local(hub, capsys) -> None:
     assert code == 0 and "compatible: yes" in out, err
 
 
-@pytest.mark.parametrize("case, message", [
-    ("missing", "other.gguf is not in org/repo"),
-    ("gated", "gated or private"),
-    ("no-range", "ignored the Range request"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "other.gguf is not in org/repo"),
+        ("gated", "gated or private"),
+        ("no-range", "ignored the Range request"),
+    ],
+)
 def test_hub_errors_are_one_line(hub, capsys, case: str, message: str) -> None:
     hub.add("org/repo", "m.gguf", LLAMA_SPM)
     if case == "gated":
@@ -217,6 +222,5 @@ def test_gemma_with_itself_is_compatible_but_cannot_be_faster(capsys) -> None:
     assert code == 0 and report["compatible"] and report["cost_ratio"] == 1.0
     assert report["verdict"] == "draft costs 100% of the target per token: no speed-up possible"
     # The tied 262144 x 640 head is read in full per token: most of the model.
-    assert report["draft"]["head_tied"] and report["draft"]["head_bytes"] > 0.7 * report[
-        "draft"]["bytes_per_token"]
+    assert report["draft"]["head_tied"] and report["draft"]["head_bytes"] > 0.7 * report["draft"]["bytes_per_token"]
     assert any("output head (262144 x 640" in w for w in report["warnings"])

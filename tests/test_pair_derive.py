@@ -30,8 +30,7 @@ def test_parse_layers() -> None:
     assert parse_layers("0-2,15-17", 18) == [0, 1, 2, 15, 16, 17]
     assert parse_layers("5, 1,3-4,3", 8) == [1, 3, 4, 5]
     assert describe_layers([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
-    for bad, message in [("0-20", "not 18"), ("a", "ranges like"), ("4-2", "backwards"),
-                         ("0-17", "keeps all 18 layers")]:
+    for bad, message in [("0-20", "not 18"), ("a", "ranges like"), ("4-2", "backwards"), ("0-17", "keeps all 18 layers")]:
         with pytest.raises(SpecrunError, match=message):
             parse_layers(bad, 18)
 
@@ -60,8 +59,9 @@ def test_derived_draft_generates_through_the_engine(tmp_path: Path, capsys) -> N
     target = write_tiny_llama(tmp_path / "t.gguf", n_layer=4, seed=5)
     draft = tmp_path / "d.gguf"
     assert derive(capsys, "--target", target, "--layers", "0-1", "-o", draft)[0] == 0
-    code = run_app(["generate", "hello world", "--target", str(target), "--draft", str(draft),
-                    "-n", "12", "--k", "3", "-t", "1", "--json"])
+    code = run_app(
+        ["generate", "hello world", "--target", str(target), "--draft", str(draft), "-n", "12", "--k", "3", "-t", "1", "--json"]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     stats = json.loads(out)["stats"]
@@ -92,8 +92,9 @@ def _requantize_q8(src: Path, dst: Path) -> None:
     for t in reader.tensors:
         data = np.asarray(t.data)
         if data.ndim == 2 and t.name.startswith("blk."):
-            writer.add_tensor(t.name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
-                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(
+                t.name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0
+            )
         else:
             writer.add_tensor(t.name, data)
     writer.write_header_to_file()
@@ -134,8 +135,7 @@ def test_gemma_subset_keeps_each_layers_attention_kind(tmp_path: Path, capsys) -
     from specrun.hub.embedded import embedded_model_path
 
     out = tmp_path / "g.gguf"
-    code, text, err = derive(capsys, "--target", embedded_model_path(), "--layers", "3-5,11",
-                             "-o", out)
+    code, text, err = derive(capsys, "--target", embedded_model_path(), "--layers", "3-5,11", "-o", out)
     assert code == 0, err
     fields = open_reader(out).fields
     # Gemma 3: layers 5, 11, 17 are global (i % 6 == 5); the rest use the sliding window.

@@ -30,15 +30,23 @@ LAYOUTS = {
     "nemotron_h": (dict(), dict(d_inner=256, d_state=32, n_group=4, n_ssm_head=16)),
     "mamba": (dict(), dict(n_embd=128)),
 }
-WRITERS = {"qwen35": write_tiny_qwen35, "qwen35+mtp": write_tiny_qwen35, "lfm2": write_tiny_lfm2,
-           "nemotron_h": write_tiny_nemotron_h, "mamba": write_tiny_mamba}
+WRITERS = {
+    "qwen35": write_tiny_qwen35,
+    "qwen35+mtp": write_tiny_qwen35,
+    "lfm2": write_tiny_lfm2,
+    "nemotron_h": write_tiny_nemotron_h,
+    "mamba": write_tiny_mamba,
+}
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("hybrid-headers")
-    written = {f"{name}/{size}": WRITERS[name](root / f"{name}-{size}.gguf", **shape)
-               for name, shapes in LAYOUTS.items() for size, shape in zip(("small", "large"), shapes)}
+    written = {
+        f"{name}/{size}": WRITERS[name](root / f"{name}-{size}.gguf", **shape)
+        for name, shapes in LAYOUTS.items()
+        for size, shape in zip(("small", "large"), shapes)
+    }
     written["llama"] = write_tiny_llama(root / "llama.gguf")
     written["mtp-only"] = write_tiny_qwen35(root / "mtp-qwen35.gguf", mtp_only=True)
     written["draft"] = write_tiny_qwen35(root / "qwen35-draft.gguf", n_layer=2, full_attention_interval=2)
@@ -126,17 +134,34 @@ def test_what_the_traits_say():
     qwen = {"general.architecture": "qwen35", "qwen35.block_count": 5, "qwen35.nextn_predict_layers": 1}
     trunk = ["blk.0.attn_norm.weight", "blk.4.nextn.eh_proj.weight"]
     traits = header_traits(qwen, trunk)
-    assert traits.notes() == ["drafts for itself: --draft mtp (1 MTP (NextN) layer)",
-                              "hybrid: it keeps a recurrent state, which llama.cpp rolls back for drafts"]
+    assert traits.notes() == [
+        "drafts for itself: --draft mtp (1 MTP (NextN) layer)",
+        "hybrid: it keeps a recurrent state, which llama.cpp rolls back for drafts",
+    ]
     assert traits.short == "drafts itself (--draft mtp); hybrid, rolls back"
     assert header_traits(qwen, trunk[1:]).mtp == DRAFTER  # NextN layers alone: a separate drafter, as llama.cpp tells
     gemma = header_traits({"general.architecture": "gemma4"}, trunk)
     assert gemma.mtp == SEPARATE and "(gemma4-assistant), which specrun cannot run yet" in gemma.notes()[0]
-    assert header_traits({"general.architecture": "gemma4-assistant", "gemma4-assistant.block_count": 4,
-                          "gemma4-assistant.nextn_predict_layers": 4}, ["blk.0.attn_q.weight"]).mtp == DRAFTER
+    assert (
+        header_traits(
+            {
+                "general.architecture": "gemma4-assistant",
+                "gemma4-assistant.block_count": 4,
+                "gemma4-assistant.nextn_predict_layers": 4,
+            },
+            ["blk.0.attn_q.weight"],
+        ).mtp
+        == DRAFTER
+    )
     mamba = header_traits({"general.architecture": "mamba"}, trunk)
-    assert mamba.notes() == ["recurrent: llama.cpp cannot roll its state back (mamba), so no draft can be verified: "
-                             "no speculation, plain decoding only"] and not mamba.speculates
+    assert (
+        mamba.notes()
+        == [
+            "recurrent: llama.cpp cannot roll its state back (mamba), so no draft can be verified: "
+            "no speculation, plain decoding only"
+        ]
+        and not mamba.speculates
+    )
     assert header_traits({"general.architecture": "llama"}, trunk).notes() == []
     profile = profile_traits(HEADS, True)
     assert profile.rolls_back is None and profile.speculates and "per its profile" in profile.notes()[0]
@@ -145,19 +170,39 @@ def test_what_the_traits_say():
 def test_state_sizes_follow_each_architectures_layers():
     """Layer rules beyond the tiny models: Qwen3.5's explicit list, Nemotron-H's MLP layers, and an
     architecture whose state specrun cannot size."""
-    qwen = {"general.architecture": "qwen35", "qwen35.block_count": 4, "qwen35.ssm.conv_kernel": 4,
-            "qwen35.ssm.inner_size": 8, "qwen35.ssm.state_size": 2, "qwen35.ssm.group_count": 1}
+    qwen = {
+        "general.architecture": "qwen35",
+        "qwen35.block_count": 4,
+        "qwen35.ssm.conv_kernel": 4,
+        "qwen35.ssm.inner_size": 8,
+        "qwen35.ssm.state_size": 2,
+        "qwen35.ssm.group_count": 1,
+    }
     per_layer = (3 * (8 + 2 * 2) + 2 * 8) * 4
     assert state_bytes(qwen) == 3 * per_layer  # every fourth layer attends (llama.cpp's default interval)
     assert state_bytes({**qwen, "qwen35.attention.recurrent_layers": [True, False, False, False]}) == per_layer
-    nemotron = {"general.architecture": "nemotron_h", "nemotron_h.block_count": 3, "nemotron_h.ssm.conv_kernel": 4,
-                "nemotron_h.ssm.inner_size": 8, "nemotron_h.ssm.state_size": 2, "nemotron_h.ssm.group_count": 1,
-                "nemotron_h.attention.head_count_kv": [0, 0, 2], "nemotron_h.feed_forward_length": [0, 16, 0]}
+    nemotron = {
+        "general.architecture": "nemotron_h",
+        "nemotron_h.block_count": 3,
+        "nemotron_h.ssm.conv_kernel": 4,
+        "nemotron_h.ssm.inner_size": 8,
+        "nemotron_h.ssm.state_size": 2,
+        "nemotron_h.ssm.group_count": 1,
+        "nemotron_h.attention.head_count_kv": [0, 0, 2],
+        "nemotron_h.feed_forward_length": [0, 16, 0],
+    }
     assert state_bytes(nemotron) == per_layer  # layer 1 is an MLP, layer 2 attends
     assert state_bytes({"general.architecture": "kimi-k3"}) is None  # its layout is not one specrun knows
-    qwen_08b = {"general.architecture": "qwen35", "qwen35.block_count": 25, "qwen35.nextn_predict_layers": 1,
-                "qwen35.full_attention_interval": 4, "qwen35.ssm.conv_kernel": 4, "qwen35.ssm.inner_size": 2048,
-                "qwen35.ssm.state_size": 128, "qwen35.ssm.group_count": 16}
+    qwen_08b = {
+        "general.architecture": "qwen35",
+        "qwen35.block_count": 25,
+        "qwen35.nextn_predict_layers": 1,
+        "qwen35.full_attention_interval": 4,
+        "qwen35.ssm.conv_kernel": 4,
+        "qwen35.ssm.inner_size": 2048,
+        "qwen35.ssm.state_size": 128,
+        "qwen35.ssm.group_count": 16,
+    }
     assert state_bytes(qwen_08b) == 18 * (18_432 + 262_144) * 4  # Qwen3.5-0.8B: 19.27 MiB a copy
     assert state_bytes({"general.architecture": "gemma3"}) == 0
 
@@ -212,11 +257,17 @@ def test_pair_check_of_the_targets_own_mtp_layers(models, capsys):
     assert code == 0 and "draft   mtp: the target's own MTP layers (--draft mtp)" in out and "MTP/target 0." in out
 
 
-@pytest.mark.parametrize(("name", "fragment"), [
-    ("qwen35/small", "the target model qwen35-small.gguf has no MTP (NextN) layers, so it cannot draft for itself: "
-                     "check a draft model instead (specrun pair suggest --target"),
-    ("mtp-only", "mtp-qwen35.gguf is an MTP drafter (qwen35), not a model to generate with"),
-])
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        (
+            "qwen35/small",
+            "the target model qwen35-small.gguf has no MTP (NextN) layers, so it cannot draft for itself: "
+            "check a draft model instead (specrun pair suggest --target",
+        ),
+        ("mtp-only", "mtp-qwen35.gguf is an MTP drafter (qwen35), not a model to generate with"),
+    ],
+)
 def test_pair_check_mtp_without_mtp_layers_is_one_line(models, capsys, name, fragment):
     code, out, err = cli(capsys, "pair", "check", models[name], "mtp")
     assert code == 2 and out == "" and err.count("\n") == 1 and fragment in err
@@ -249,8 +300,13 @@ def test_models_says_what_each_file_is(stores, capsys):
     code, out, err = cli(capsys, "models", "--json")
     assert code == 0, err
     rows = {row["name"]: row for row in json.loads(out)}
-    assert {key: rows["qwen35+mtp-small.gguf"][key] for key in ("architecture", "mtp", "mtp_layers", "hybrid", "rolls_back")} \
-        == {"architecture": "qwen35", "mtp": "heads", "mtp_layers": 1, "hybrid": True, "rolls_back": True}
+    assert {key: rows["qwen35+mtp-small.gguf"][key] for key in ("architecture", "mtp", "mtp_layers", "hybrid", "rolls_back")} == {
+        "architecture": "qwen35",
+        "mtp": "heads",
+        "mtp_layers": 1,
+        "hybrid": True,
+        "rolls_back": True,
+    }
     assert (rows["mamba-small.gguf"]["hybrid"], rows["mamba-small.gguf"]["rolls_back"]) == (True, False)
     assert (rows["llama.gguf"]["mtp"], rows["llama.gguf"]["hybrid"]) == (None, False)
     assert rows["mtp-qwen35.gguf"]["mtp"] == "drafter"
@@ -263,8 +319,11 @@ def test_models_says_what_each_file_is(stores, capsys):
 def test_models_aliases_say_what_each_model_is(isolated, capsys):
     code, out, _ = cli(capsys, "models", "--aliases", "--json")
     rows = {row["alias"]: row for row in json.loads(out)}
-    assert (rows["qwen3.5-35b-a3b"]["mtp"], rows["qwen3.5-35b-a3b"]["hybrid"], rows["qwen3.5-35b-a3b"]["active"]) == \
-        ("heads", True, 3_000_000_000)
+    assert (rows["qwen3.5-35b-a3b"]["mtp"], rows["qwen3.5-35b-a3b"]["hybrid"], rows["qwen3.5-35b-a3b"]["active"]) == (
+        "heads",
+        True,
+        3_000_000_000,
+    )
     assert rows["gemma-4-31b"]["mtp"] == "separate" and rows["llama-8b"]["mtp"] is None
     code, out, _ = cli(capsys, "models", "--aliases")
     assert "drafts itself (--draft mtp); hybrid" in next(line for line in out.splitlines() if line.startswith("qwen3.5-9b "))

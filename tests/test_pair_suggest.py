@@ -100,12 +100,17 @@ def test_human_output_states_the_model(env, capsys) -> None:
 def test_finetuned_target_is_flagged(tmp_path: Path) -> None:
     base = read_local(write_tiny_llama(tmp_path / "base.gguf", n_layer=2))
     draft = read_local(write_tiny_llama(tmp_path / "draft.gguf", n_layer=1))
-    tuned = replace(base, meta={**base.meta, "general.finetune": "Instruct",
-                                "general.base_model.count": 1,
-                                "general.base_model.0.repo_url": "https://huggingface.co/org/base"})
+    tuned = replace(
+        base,
+        meta={
+            **base.meta,
+            "general.finetune": "Instruct",
+            "general.base_model.count": 1,
+            "general.base_model.0.repo_url": "https://huggingface.co/org/base",
+        },
+    )
     result = check_pair(tuned, draft)
-    assert any("fine-tuned (instruct) from org/base: prefer a draft tuned the same way" in w
-               for w in result.warnings())
+    assert any("fine-tuned (instruct) from org/base: prefer a draft tuned the same way" in w for w in result.warnings())
     assert acceptance_prior(tuned, draft).alpha < acceptance_prior(base, draft).alpha
     same_tune = replace(draft, meta={**draft.meta, "general.finetune": "instruct"})
     assert not any("fine-tuned" in w for w in check_pair(tuned, same_tune).warnings())

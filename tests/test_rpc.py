@@ -40,17 +40,20 @@ def test_endpoints_as_llama_cpp_takes_them():
     assert rpc.parse_endpoints("h:050052") == ("h:50052",)
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("10.0.0.2", "is not HOST:PORT"),
-    (":50052", "is not HOST:PORT"),
-    ("a:1,,b:2", "'' is not HOST:PORT"),
-    ("[::1]:50052", "not IPv6"),
-    ("h:0", "from 1 to 65535"),
-    ("h:65536", "from 1 to 65535"),
-    ("h:port", "from 1 to 65535"),
-    ("h:\u00b2", "from 1 to 65535"),
-    ("h:1,h:1", "lists h:1 twice"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("10.0.0.2", "is not HOST:PORT"),
+        (":50052", "is not HOST:PORT"),
+        ("a:1,,b:2", "'' is not HOST:PORT"),
+        ("[::1]:50052", "not IPv6"),
+        ("h:0", "from 1 to 65535"),
+        ("h:65536", "from 1 to 65535"),
+        ("h:port", "from 1 to 65535"),
+        ("h:\u00b2", "from 1 to 65535"),
+        ("h:1,h:1", "lists h:1 twice"),
+    ],
+)
 def test_bad_endpoints_are_one_line_naming_the_option(text, fragment):
     with pytest.raises(SpecrunError, match="--draft-rpc") as caught:
         rpc.parse_endpoints(text, "--draft-rpc")
@@ -191,8 +194,11 @@ def test_doctor_reaches_each_server():
     assert result.returncode == 1  # one server is down
     report = json.loads(result.stdout)
     ok, down = report["rpc_servers"]
-    assert ok == {"endpoint": server.endpoint, "protocol": "7.0.0",
-                  "devices": [{"memory_free": 2 * 2**30, "memory_total": 4 * 2**30}]}
+    assert ok == {
+        "endpoint": server.endpoint,
+        "protocol": "7.0.0",
+        "devices": [{"memory_free": 2 * 2**30, "memory_total": 4 * 2**30}],
+    }
     assert down["endpoint"] == gone and "refused the connection" in down["error"]
     assert report["rpc_protocol"] == rpc.version_text(rpc.client_protocol())
     assert "GGML_RPC=ON" in report["rpc_server_build"] and report["llama_cpp_python"] in report["rpc_server_build"]
@@ -214,13 +220,16 @@ def test_doctor_gives_the_rpc_install_command_when_the_build_lacks_it(monkeypatc
 
 
 # --- commands ---------------------------------------------------------------------------
-@pytest.mark.parametrize("args, fragments", [
-    (["--rpc", "REFUSED"], ["REFUSED refused the connection"]),
-    (["--rpc", "127.0.0.1"], ["--rpc", "is not HOST:PORT"]),
-    (["--draft-rpc", "127.0.0.1:1"], ["--draft-rpc", "give --draft too"]),
-    (["--tensor-split", "1,x"], ["--tensor-split"]),
-    (["--rpc-timeout", "-1"], ["--rpc-timeout", ">= 0"]),
-])
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--rpc", "REFUSED"], ["REFUSED refused the connection"]),
+        (["--rpc", "127.0.0.1"], ["--rpc", "is not HOST:PORT"]),
+        (["--draft-rpc", "127.0.0.1:1"], ["--draft-rpc", "give --draft too"]),
+        (["--tensor-split", "1,x"], ["--tensor-split"]),
+        (["--rpc-timeout", "-1"], ["--rpc-timeout", ">= 0"]),
+    ],
+)
 def test_generate_rpc_errors_are_one_line(tiny, args, fragments):
     endpoint = refused_endpoint()
     args = [a.replace("REFUSED", endpoint) for a in args]
@@ -237,8 +246,13 @@ def test_bench_and_chat_take_rpc(tiny):
     endpoint = refused_endpoint()
     bench = specrun("bench", "--target", tiny["target"], "--methods", "plain,lookup", "--rpc", endpoint)
     assert_one_line_error(bench, 2, f"{endpoint} refused")
-    chat = subprocess.run([sys.executable, "-m", "specrun", "chat", "--target", str(tiny["target"]), "--rpc", endpoint],
-                          input="", capture_output=True, text=True, timeout=120)
+    chat = subprocess.run(
+        [sys.executable, "-m", "specrun", "chat", "--target", str(tiny["target"]), "--rpc", endpoint],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert chat.returncode == 2 and f"{endpoint} refused" in chat.stderr
 
 
@@ -259,18 +273,21 @@ for attempt in range(2):  # the second finds llama.cpp's RPC client stuck, and s
 print(f"a local model loads: {{Model(sys.argv[1]).n_vocab > 0}}")
 {after}
 """
-STUCK = ("RpcLost: llama.cpp's RPC client in this process is stuck since an RPC server was lost or stopped answering: "
-         "start a new process to use RPC servers")
+STUCK = (
+    "RpcLost: llama.cpp's RPC client in this process is stuck since an RPC server was lost or stopped answering: "
+    "start a new process to use RPC servers"
+)
 
 
 def load_on(server, tiny, setup: str = "", after: str = "") -> subprocess.CompletedProcess:
     from specrun import backend
 
     if not backend.rpc_supported():
-        pytest.skip("llama-cpp-python was built without the RPC backend (CMAKE_ARGS=\"-DGGML_RPC=on\"; .ci/run builds it)")
+        pytest.skip('llama-cpp-python was built without the RPC backend (CMAKE_ARGS="-DGGML_RPC=on"; .ci/run builds it)')
     script = LOAD_ON_SERVER.format(setup=setup, after=after)
-    return subprocess.run([sys.executable, "-c", script, str(tiny["target"]), server.endpoint],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", script, str(tiny["target"]), server.endpoint], capture_output=True, text=True, timeout=60
+    )
 
 
 def assert_lost_then_stuck(result, line: str):
@@ -283,16 +300,22 @@ def test_llama_cpp_refusing_the_version_raises_rpc_lost(tiny):
     """A release missing from the pinned table is checked by llama.cpp itself; its abort becomes RpcLost."""
     with FakeRpcServer(version=(99, 0, 0)) as server:
         result = load_on(server, tiny, "rpc.PROTOCOL_BY_RELEASE.clear()")
-    assert_lost_then_stuck(result, f"RpcLost: RPC server {server.endpoint} speaks another RPC protocol version than this "
-                                   "llama-cpp-python (RPC server version mismatch: 99.0.0): build rpc-server from the "
-                                   "llama.cpp that llama-cpp-python bundles")
+    assert_lost_then_stuck(
+        result,
+        f"RpcLost: RPC server {server.endpoint} speaks another RPC protocol version than this "
+        "llama-cpp-python (RPC server version mismatch: 99.0.0): build rpc-server from the "
+        "llama.cpp that llama-cpp-python bundles",
+    )
 
 
 def test_a_server_gone_after_the_check_raises_rpc_lost(tiny):
     with FakeRpcServer(behaviour="gone_after_check") as server:
         result = load_on(server, tiny)
-    assert_lost_then_stuck(result, f"RpcLost: RPC server {server.endpoint} cannot be reached any more (llama.cpp could "
-                                   "not connect): is rpc-server still running there?")
+    assert_lost_then_stuck(
+        result,
+        f"RpcLost: RPC server {server.endpoint} cannot be reached any more (llama.cpp could "
+        "not connect): is rpc-server still running there?",
+    )
 
 
 def test_a_server_failing_during_the_load_raises_rpc_lost(tiny):
@@ -300,15 +323,21 @@ def test_a_server_failing_during_the_load_raises_rpc_lost(tiny):
     dispatcher thread, which aborts there: that thread is parked, the caller gets RpcLost."""
     with FakeRpcServer() as server:
         result = load_on(server, tiny)
-    assert_lost_then_stuck(result, f"RpcLost: an RPC server ({server.endpoint}) closed the connection or sent a "
-                                   "malformed reply: restart rpc-server and run again")
+    assert_lost_then_stuck(
+        result,
+        f"RpcLost: an RPC server ({server.endpoint}) closed the connection or sent a "
+        "malformed reply: restart rpc-server and run again",
+    )
 
 
 def test_a_server_that_stops_answering_after_the_check_is_not_waited_for(tiny):
     with FakeRpcServer(behaviour="answer_once") as server:
         result = load_on(server, tiny, "rpc.ANSWER_TIMEOUT_S = 1")
-    assert_lost_then_stuck(result, f"RpcTimeout: no answer from the RPC servers ({server.endpoint}) for 1 s at the RPC "
-                                   "hello: one is stuck or the network is down")
+    assert_lost_then_stuck(
+        result,
+        f"RpcTimeout: no answer from the RPC servers ({server.endpoint}) for 1 s at the RPC "
+        "hello: one is stuck or the network is down",
+    )
 
 
 def test_an_abort_that_is_not_rpcs_still_aborts(tiny):

@@ -47,8 +47,9 @@ class RpcServerProcess:
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
-            self.proc = subprocess.Popen([binary, "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [binary, "-H", "127.0.0.1", "-p", str(port), "-t", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             self.endpoint = f"127.0.0.1:{port}"
             if self._answers():
                 return
@@ -76,7 +77,7 @@ def servers():
     from specrun import backend
 
     if not backend.rpc_supported():
-        pytest.skip("llama-cpp-python was built without the RPC backend (CMAKE_ARGS=\"-DGGML_RPC=on\"; .ci/run builds it)")
+        pytest.skip('llama-cpp-python was built without the RPC backend (CMAKE_ARGS="-DGGML_RPC=on"; .ci/run builds it)')
     binary = find_rpc_server()
     if binary is None:
         pytest.skip(f"no rpc-server binary: set {RPC_SERVER_ENV} to llama.cpp's ggml-rpc-server (.ci/run builds one)")
@@ -95,8 +96,13 @@ def generate(*args, debug: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "SPECRUN_DEBUG": "1"} if debug else None
     # One local thread: the two rpc-servers compute too, and spinning OpenMP threads that
     # outnumber the cores slow every decode a hundredfold.
-    return subprocess.run([sys.executable, "-m", "specrun", "generate", PROMPT, "--temp", "0", "--json", "-t", "1", *map(str, args)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "specrun", "generate", PROMPT, "--temp", "0", "--json", "-t", "1", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def rpc_flag(servers) -> str:
@@ -130,8 +136,23 @@ def test_split_target_gives_the_local_output(servers, tiny, drafting):
 
 def test_draft_rpc_and_tensor_split_place_the_layers(servers, tiny):
     a, b = servers
-    result = generate("--target", tiny["target"], "--draft", tiny["draft"], "-n", 8, "-c", 256,
-                      "--rpc", rpc_flag(servers), "--tensor-split", "0,1", "--draft-rpc", a.endpoint, debug=True)
+    result = generate(
+        "--target",
+        tiny["target"],
+        "--draft",
+        tiny["draft"],
+        "-n",
+        8,
+        "-c",
+        256,
+        "--rpc",
+        rpc_flag(servers),
+        "--tensor-split",
+        "0,1",
+        "--draft-rpc",
+        a.endpoint,
+        debug=True,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     _, target, draft = model_sections(result.stderr)[:3]
     assert any(f"[{b.endpoint}]" in line for line in buffer_lines(target))
@@ -150,9 +171,27 @@ def test_gemma_split_gives_the_local_output(servers, gemma):
 def start_long_generation(tiny, servers, *extra) -> subprocess.Popen:
     """A generation that runs for seconds (its model never ends one); returns once it has printed its first text."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specrun", "generate", PROMPT, "--target", str(tiny["endless"]), "--lookup",
-         "-n", "3000", "-c", "4096", "-t", "1", "--rpc", rpc_flag(servers), *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "specrun",
+            "generate",
+            PROMPT,
+            "--target",
+            str(tiny["endless"]),
+            "--lookup",
+            "-n",
+            "3000",
+            "-c",
+            "4096",
+            "-t",
+            "1",
+            "--rpc",
+            rpc_flag(servers),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     ready, _, _ = select.select([proc.stdout], [], [], 120)
     assert ready and proc.stdout.read1(1), proc.stderr.read().decode() if proc.poll() is not None else "no output"
@@ -234,10 +273,15 @@ with specrun.load(sys.argv[1], lookup=True, rpc=sys.argv[2], threads=1, n_ctx=40
 
 def start_python_user(tiny, servers, timeout: float, script: str = PYTHON_USER) -> subprocess.Popen:
     """A Python program generating on the servers; returns once it is streaming."""
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tiny["target"]), rpc_flag(servers), str(timeout), PROMPT],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tiny["target"]), rpc_flag(servers), str(timeout), PROMPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     ready, _, _ = select.select([proc.stdout], [], [], 120)
-    assert ready and proc.stdout.readline() == b"streaming\n", proc.stderr.read().decode() if proc.poll() is not None else "no output"
+    assert ready and proc.stdout.readline() == b"streaming\n", (
+        proc.stderr.read().decode() if proc.poll() is not None else "no output"
+    )
     return proc
 
 
@@ -258,8 +302,10 @@ def test_a_python_user_gets_rpc_timeout_from_a_stuck_server(servers, tiny):
     code, out, err = finish(proc)
     lines = out.splitlines()
     assert code == 0 and time.monotonic() - started < 30, err
-    assert lines[0] == (f"RpcTimeout: no answer from the RPC servers ({', '.join(s.endpoint for s in servers)}) for 2 s during a decode: "
-                        "one is stuck or the network is down (raise --rpc-timeout if decodes are this slow)"), lines
+    assert lines[0] == (
+        f"RpcTimeout: no answer from the RPC servers ({', '.join(s.endpoint for s in servers)}) for 2 s during a decode: "
+        "one is stuck or the network is down (raise --rpc-timeout if decodes are this slow)"
+    ), lines
     assert lines[1:] == ["then RpcTimeout", "a local model generates 4 tokens"]
 
 
@@ -282,9 +328,27 @@ def test_a_server_whose_rpc_server_died_answers_503_and_keeps_serving(servers, t
     and every later one get OpenAI's error object with code rpc_lost, /health says so too, and when
     stopped the server exits 1 with the lost server's line, so a supervisor knows to restart it."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "specrun", "serve", "--target", str(tiny["target"]), "--lookup", "-t", "1",
-                             "-c", "4096", "--port", str(port), "--rpc", rpc_flag(servers)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specrun",
+            "serve",
+            "--target",
+            str(tiny["target"]),
+            "--lookup",
+            "-t",
+            "1",
+            "-c",
+            "4096",
+            "--port",
+            str(port),
+            "--rpc",
+            rpc_flag(servers),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, 120)
@@ -317,8 +381,12 @@ def test_the_pinned_protocol_matches_a_server_built_from_the_same_source(servers
 
 
 def test_doctor_reports_the_servers_devices(servers):
-    result = subprocess.run([sys.executable, "-m", "specrun", "doctor", "--json", "--rpc", rpc_flag(servers)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "specrun", "doctor", "--json", "--rpc", rpc_flag(servers)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     for server, found in zip(servers, json.loads(result.stdout)["rpc_servers"]):
         assert found["endpoint"] == server.endpoint and found["protocol"] == rpc.version_text(rpc.client_protocol())

@@ -106,7 +106,8 @@ def test_greedy_verification_keeps_drafts_while_they_equal_argmax():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"temperature": -1}, {"top_k": -2}, {"top_p": 0}, {"top_p": 1.5}, {"min_p": 2}, {"temperature": float("nan")}, {"seed": -1}]
+    "kwargs",
+    [{"temperature": -1}, {"top_k": -2}, {"top_p": 0}, {"top_p": 1.5}, {"min_p": 2}, {"temperature": float("nan")}, {"seed": -1}],
 )
 def test_bad_sampler_settings_name_the_value(kwargs):
     with pytest.raises(SpecrunError, match="but is"):

@@ -17,8 +17,12 @@ PROMPT = "the cat sat on the mat and the dog"
 
 def start(*args) -> tuple[subprocess.Popen, str]:
     """Start `specrun serve` on a free port; return it and its URL once it says it is ready."""
-    process = subprocess.Popen([sys.executable, "-m", "specrun", "serve", "--port", "0", *map(str, args)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specrun", "serve", "--port", "0", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -45,8 +49,13 @@ def stop(process: subprocess.Popen, sig: int) -> tuple[int, str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_serves_the_same_greedy_output_as_generate_and_stops_cleanly(tiny, sig):
-    generated = subprocess.run([sys.executable, "-m", "specrun", "generate", PROMPT, "--target", tiny["target"], "-n", "24",
-                                "--json", *COMMON], capture_output=True, text=True, timeout=120, check=True)
+    generated = subprocess.run(
+        [sys.executable, "-m", "specrun", "generate", PROMPT, "--target", tiny["target"], "-n", "24", "--json", *COMMON],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     expected = json.loads(generated.stdout)["text"]
     process, url = start("--target", tiny["target"], *COMMON)
     try:
@@ -60,17 +69,27 @@ def test_serves_the_same_greedy_output_as_generate_and_stops_cleanly(tiny, sig):
 
 
 def test_bad_options_and_a_port_in_use_are_one_line_errors(tiny):
-    bad = subprocess.run([sys.executable, "-m", "specrun", "serve", "--target", tiny["target"], "--queue", "0"],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "specrun", "serve", "--target", tiny["target"], "--queue", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --queue has to be an integer from 1 to 1000000, but is 0"
     process, url = start("--target", tiny["target"], "--threads", "1", "--ctx-size", "256")
     try:
         port = url.rsplit(":", 1)[1]
-        taken = subprocess.run([sys.executable, "-m", "specrun", "serve", "--target", tiny["target"], "--port", port],
-                               capture_output=True, text=True, timeout=60)
+        taken = subprocess.run(
+            [sys.executable, "-m", "specrun", "serve", "--target", tiny["target"], "--port", port],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert taken.returncode == 2
-        assert re.fullmatch(rf"error: cannot listen on 127\.0\.0\.1:{port} \(.+\): pick another --host or --port",
-                            taken.stderr.strip().splitlines()[-1])
+        assert re.fullmatch(
+            rf"error: cannot listen on 127\.0\.0\.1:{port} \(.+\): pick another --host or --port",
+            taken.stderr.strip().splitlines()[-1],
+        )
         assert "Traceback" not in taken.stderr
     finally:
         stop(process, signal.SIGTERM)

@@ -49,15 +49,20 @@ def stores(fake_hub, tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_CACHE", str(llama_cache))
     ollama_model(ollama, "llama3.2", "1b", LLAMA_VOCAB, extra=("projector", "template", "license", "params"))
     ollama_model(ollama, "gpt2", "latest", GPT2_VOCAB, family="gpt2", file_type="F16")
-    ollama_model(ollama, "Llama-3.2-3B-Instruct-GGUF", "Q8_0", LLAMA_VOCAB, file_type="Q8_0",
-                 host="hf.co", namespace="bartowski")
+    ollama_model(ollama, "Llama-3.2-3B-Instruct-GGUF", "Q8_0", LLAMA_VOCAB, file_type="Q8_0", host="hf.co", namespace="bartowski")
     ollama_tensor_model(ollama, "newformat", "latest")
     lm_file = lmstudio_file(lmstudio / "models", LLAMA_1B, "Llama-3.2-1B-Instruct-Q4_K_M.gguf", LLAMA_VOCAB)
     lmstudio_file(lmstudio / "models", LLAMA_1B, "mmproj-Llama-3.2-1B-f16.gguf", GPT2_VOCAB)
     lmstudio_file(lmstudio / "models", LLAMA_1B, "README.md", b"# notes")
     cached = hf_layout_file(llama_cache, LLAMA_8B, "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", LLAMA_VOCAB)
-    return {"ollama": ollama, "lmstudio": lmstudio / "models", "llama_cache": llama_cache,
-            "lm_file": lm_file, "cached": cached, "hub": fake_hub}
+    return {
+        "ollama": ollama,
+        "lmstudio": lmstudio / "models",
+        "llama_cache": llama_cache,
+        "lm_file": lm_file,
+        "cached": cached,
+        "hub": fake_hub,
+    }
 
 
 def cli_json(capsys, *args: str) -> tuple[int, object, str]:
@@ -71,15 +76,21 @@ def test_models_lists_every_store_beside_the_hf_cache(stores, capsys):
     assert code == 0, err
     by_name = {(r["source"], r["name"]): r for r in rows}
     assert set(by_name) == {
-        ("ollama", "llama3.2:1b"), ("ollama", "gpt2:latest"),
-        ("ollama", f"hf.co/{LLAMA_3B}:Q8_0"), ("ollama", "newformat:latest"),
+        ("ollama", "llama3.2:1b"),
+        ("ollama", "gpt2:latest"),
+        ("ollama", f"hf.co/{LLAMA_3B}:Q8_0"),
+        ("ollama", "newformat:latest"),
         ("lmstudio", f"{LLAMA_1B}/Llama-3.2-1B-Instruct-Q4_K_M.gguf"),  # not its mmproj or README
         ("llama.cpp", LLAMA_8B),
     }
     llama = by_name[("ollama", "llama3.2:1b")]
     assert llama["path"] == str(blob_of(LLAMA_VOCAB, stores["ollama"]))  # the model layer, not the projector
-    assert (llama["quant"], llama["family"], llama["size"], llama["usable"]) == \
-        ("Q4_K_M", "llama", LLAMA_VOCAB.stat().st_size, True)
+    assert (llama["quant"], llama["family"], llama["size"], llama["usable"]) == (
+        "Q4_K_M",
+        "llama",
+        LLAMA_VOCAB.stat().st_size,
+        True,
+    )
     hub_pull = by_name[("ollama", f"hf.co/{LLAMA_3B}:Q8_0")]
     assert (hub_pull["repo"], hub_pull["alias"], hub_pull["quant"]) == (LLAMA_3B, "llama-3b", "Q8_0")
     tensors = by_name[("ollama", "newformat:latest")]
@@ -219,8 +230,9 @@ def test_suggest_judges_stored_files_by_their_headers(fake_hub, tmp_path, monkey
     draft = write_tiny_llama(tmp_path / "draft.gguf", n_layer=1, seed=1, **shape)
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
     ollama_model(tmp_path / "ollama", "tinydraft", "latest", draft, extra=("projector", "license"))
-    stored_target = lmstudio_file(tmp_path / "no-stores" / "home" / ".lmstudio" / "models", "org/Tiny-GGUF",
-                                  "tiny-Q8_0.gguf", target)
+    stored_target = lmstudio_file(
+        tmp_path / "no-stores" / "home" / ".lmstudio" / "models", "org/Tiny-GGUF", "tiny-Q8_0.gguf", target
+    )
     code, report, err = cli_json(capsys, "pair", "suggest", "--target", str(stored_target), "--offline")
     assert code == 0, err
     assert report["target_evidence"] == "local header"

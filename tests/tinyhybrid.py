@@ -71,24 +71,24 @@ def _uniform(seed: int, name: str, shape, lo: float, hi: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Qwen35Shapes:
-    n_layer: int            # trunk layers (without the MTP block)
+    n_layer: int  # trunk layers (without the MTP block)
     n_embd: int
     n_ff: int
     n_head: int
     n_head_kv: int
-    head_dim: int           # qwen35.attention.key_length == value_length
-    n_rot: int              # qwen35.rope.dimension_count (partial rotary: head_dim/4 in Qwen3.5)
+    head_dim: int  # qwen35.attention.key_length == value_length
+    n_rot: int  # qwen35.rope.dimension_count (partial rotary: head_dim/4 in Qwen3.5)
     rope_sections: tuple[int, int, int, int]  # qwen35.rope.dimension_sections, sum == n_rot/2
-    ssm_d_state: int        # linear_key_head_dim (== linear_value_head_dim in llama.cpp's loader)
-    ssm_n_group: int        # linear_num_key_heads
-    ssm_dt_rank: int        # linear_num_value_heads
-    ssm_d_conv: int         # linear_conv_kernel_dim
+    ssm_d_state: int  # linear_key_head_dim (== linear_value_head_dim in llama.cpp's loader)
+    ssm_n_group: int  # linear_num_key_heads
+    ssm_dt_rank: int  # linear_num_value_heads
+    ssm_d_conv: int  # linear_conv_kernel_dim
     full_attention_interval: int
     rope_freq_base: float
     rms_eps: float
     n_ctx_train: int
     tie_embeddings: bool
-    n_vocab: int | None     # None = tiny vocab (BASE_VOCAB_SIZE); else padded up to this
+    n_vocab: int | None  # None = tiny vocab (BASE_VOCAB_SIZE); else padded up to this
 
     @property
     def ssm_d_inner(self) -> int:  # linear_value_head_dim * linear_num_value_heads
@@ -98,10 +98,24 @@ class Qwen35Shapes:
 QWEN35_SHAPES: dict[str, Qwen35Shapes] = {
     # ~0.5 MB f32 (with MTP); 3 gated-delta-net layers + 1 full-attention layer (layers 0,1,2 = linear, 3 = full)
     "tiny": Qwen35Shapes(
-        n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, head_dim=32, n_rot=8,
-        rope_sections=(2, 1, 1, 0), ssm_d_state=16, ssm_n_group=2, ssm_dt_rank=4, ssm_d_conv=4,
-        full_attention_interval=4, rope_freq_base=10_000_000.0, rms_eps=1e-6, n_ctx_train=4096,
-        tie_embeddings=False, n_vocab=None,
+        n_layer=4,
+        n_embd=64,
+        n_ff=128,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=32,
+        n_rot=8,
+        rope_sections=(2, 1, 1, 0),
+        ssm_d_state=16,
+        ssm_n_group=2,
+        ssm_dt_rank=4,
+        ssm_d_conv=4,
+        full_attention_interval=4,
+        rope_freq_base=10_000_000.0,
+        rms_eps=1e-6,
+        n_ctx_train=4096,
+        tie_embeddings=False,
+        n_vocab=None,
     ),
     # Qwen/Qwen3.5-0.8B text config (config.json "text_config"): hidden 1024, 24 layers
     # (layer_types = [linear x3, full] x6, full_attention_interval 4), intermediate 3584,
@@ -111,10 +125,24 @@ QWEN35_SHAPES: dict[str, Qwen35Shapes] = {
     # mtp_num_hidden_layers 1, tie_word_embeddings true, vocab 248320, max_position 262144.
     # (llama.cpp's qwen35 loader calls 24 layers with n_embd 1024 "0.8B".)
     "qwen3.5-0.8b": Qwen35Shapes(
-        n_layer=24, n_embd=1024, n_ff=3584, n_head=8, n_head_kv=2, head_dim=256, n_rot=64,
-        rope_sections=(11, 11, 10, 0), ssm_d_state=128, ssm_n_group=16, ssm_dt_rank=16, ssm_d_conv=4,
-        full_attention_interval=4, rope_freq_base=10_000_000.0, rms_eps=1e-6, n_ctx_train=262144,
-        tie_embeddings=True, n_vocab=248320,
+        n_layer=24,
+        n_embd=1024,
+        n_ff=3584,
+        n_head=8,
+        n_head_kv=2,
+        head_dim=256,
+        n_rot=64,
+        rope_sections=(11, 11, 10, 0),
+        ssm_d_state=128,
+        ssm_n_group=16,
+        ssm_dt_rank=16,
+        ssm_d_conv=4,
+        full_attention_interval=4,
+        rope_freq_base=10_000_000.0,
+        rms_eps=1e-6,
+        n_ctx_train=262144,
+        tie_embeddings=True,
+        n_vocab=248320,
     ),
 }
 
@@ -155,17 +183,19 @@ def qwen35_tensor_shapes(sh: Qwen35Shapes, n_vocab: int, nextn: bool) -> dict[st
         out[f"blk.{i}.attn_norm.weight"] = (E,)
         out[f"blk.{i}.post_attention_norm.weight"] = (E,)
         if qwen35_is_recurrent(sh, i):
-            out.update({
-                f"blk.{i}.attn_qkv.weight": (conv_dim, E),       # q (key_dim) | k (key_dim) | v (value_dim)
-                f"blk.{i}.attn_gate.weight": (value_dim, E),     # z
-                f"blk.{i}.ssm_conv1d.weight": (conv_dim, sh.ssm_d_conv),
-                f"blk.{i}.ssm_dt.bias": (sh.ssm_dt_rank,),
-                f"blk.{i}.ssm_a": (sh.ssm_dt_rank,),             # = -exp(A_log), no ".weight"
-                f"blk.{i}.ssm_beta.weight": (sh.ssm_dt_rank, E),
-                f"blk.{i}.ssm_alpha.weight": (sh.ssm_dt_rank, E),
-                f"blk.{i}.ssm_norm.weight": (sh.ssm_d_state,),
-                f"blk.{i}.ssm_out.weight": (E, value_dim),
-            })
+            out.update(
+                {
+                    f"blk.{i}.attn_qkv.weight": (conv_dim, E),  # q (key_dim) | k (key_dim) | v (value_dim)
+                    f"blk.{i}.attn_gate.weight": (value_dim, E),  # z
+                    f"blk.{i}.ssm_conv1d.weight": (conv_dim, sh.ssm_d_conv),
+                    f"blk.{i}.ssm_dt.bias": (sh.ssm_dt_rank,),
+                    f"blk.{i}.ssm_a": (sh.ssm_dt_rank,),  # = -exp(A_log), no ".weight"
+                    f"blk.{i}.ssm_beta.weight": (sh.ssm_dt_rank, E),
+                    f"blk.{i}.ssm_alpha.weight": (sh.ssm_dt_rank, E),
+                    f"blk.{i}.ssm_norm.weight": (sh.ssm_d_state,),
+                    f"blk.{i}.ssm_out.weight": (E, value_dim),
+                }
+            )
         else:
             out.update(attn_block(i))
         out.update(ffn_block(i))
@@ -175,7 +205,7 @@ def qwen35_tensor_shapes(sh: Qwen35Shapes, n_vocab: int, nextn: bool) -> dict[st
         out[f"blk.{i}.post_attention_norm.weight"] = (E,)
         out.update(attn_block(i))
         out.update(ffn_block(i))
-        out[f"blk.{i}.nextn.eh_proj.weight"] = (E, 2 * E)   # input = concat(enorm(embd(tok)), hnorm(h)), embedding first
+        out[f"blk.{i}.nextn.eh_proj.weight"] = (E, 2 * E)  # input = concat(enorm(embd(tok)), hnorm(h)), embedding first
         out[f"blk.{i}.nextn.enorm.weight"] = (E,)
         out[f"blk.{i}.nextn.hnorm.weight"] = (E,)
         out[f"blk.{i}.nextn.shared_head_norm.weight"] = (E,)  # optional (falls back to output_norm)
@@ -183,8 +213,16 @@ def qwen35_tensor_shapes(sh: Qwen35Shapes, n_vocab: int, nextn: bool) -> dict[st
     return out
 
 
-def _qwen35_tensors(sh: Qwen35Shapes, n_vocab: int, nextn: bool, seed: int, trunk_scale: float,
-                    mtp_agree: float, mtp_scale: float, logit_std: float) -> dict[str, np.ndarray]:
+def _qwen35_tensors(
+    sh: Qwen35Shapes,
+    n_vocab: int,
+    nextn: bool,
+    seed: int,
+    trunk_scale: float,
+    mtp_agree: float,
+    mtp_scale: float,
+    logit_std: float,
+) -> dict[str, np.ndarray]:
     shapes = qwen35_tensor_shapes(sh, n_vocab, nextn)
     E = sh.n_embd
     t: dict[str, np.ndarray] = {}
@@ -199,7 +237,7 @@ def _qwen35_tensors(sh: Qwen35Shapes, n_vocab: int, nextn: bool, seed: int, trun
                 dt = np.exp(_uniform(seed, name, shape, np.log(1e-3), np.log(1e-1)))
                 t[name] = np.log(np.expm1(dt)).astype(np.float32)
             else:
-                t[name] = np.ones(shape, np.float32)     # all RMSNorm weights (GGUF stores 1+w)
+                t[name] = np.ones(shape, np.float32)  # all RMSNorm weights (GGUF stores 1+w)
             continue
         if name == "token_embd.weight":
             t[name] = _normal(seed, name, shape, 1.0)
@@ -207,7 +245,7 @@ def _qwen35_tensors(sh: Qwen35Shapes, n_vocab: int, nextn: bool, seed: int, trun
             continue
         if name == "output.weight":
             w = _normal(seed, name, shape, logit_std / np.sqrt(E))
-            w[BASE_VOCAB_SIZE:] = 0.0   # padded tokens get logit 0
+            w[BASE_VOCAB_SIZE:] = 0.0  # padded tokens get logit 0
             t[name] = w
             continue
         if name.endswith("nextn.eh_proj.weight"):
@@ -227,9 +265,14 @@ def _qwen35_tensors(sh: Qwen35Shapes, n_vocab: int, nextn: bool, seed: int, trun
 def _write(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray], wtype: str) -> None:
     """wtype: f32 | f16 | q8_0 | q4_0 | q5_0 ...: 2-D matmul weights (n_in % 32 == 0) get that type,
     1-D tensors and ssm_conv1d stay f32 (llama.cpp's ssm_conv needs f32)."""
-    qt = {"f16": None, "q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
-          "q4_1": gguf.GGMLQuantizationType.Q4_1, "q5_0": gguf.GGMLQuantizationType.Q5_0,
-          "q5_1": gguf.GGMLQuantizationType.Q5_1}
+    qt = {
+        "f16": None,
+        "q8_0": gguf.GGMLQuantizationType.Q8_0,
+        "q4_0": gguf.GGMLQuantizationType.Q4_0,
+        "q4_1": gguf.GGMLQuantizationType.Q4_1,
+        "q5_0": gguf.GGMLQuantizationType.Q5_0,
+        "q5_1": gguf.GGMLQuantizationType.Q5_1,
+    }
     for name, a in tensors.items():
         if wtype == "f32" or a.ndim == 1 or "ssm_conv1d" in name:
             w.add_tensor(name, a)
@@ -285,11 +328,16 @@ def write_tiny_qwen35(
     arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN35]  # "qwen35"
     w = gguf.GGUFWriter(path, arch)
     w.add_name(f"tiny-qwen35{'-mtp' if nextn else ''}-seed{seed}")
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if wtype == "f32" else gguf.LlamaFileType.MOSTLY_F16 if wtype == "f16"
-                    else getattr(gguf.LlamaFileType, "MOSTLY_" + wtype.upper()))
+    w.add_file_type(
+        gguf.LlamaFileType.ALL_F32
+        if wtype == "f32"
+        else gguf.LlamaFileType.MOSTLY_F16
+        if wtype == "f16"
+        else getattr(gguf.LlamaFileType, "MOSTLY_" + wtype.upper())
+    )
     w.add_context_length(sh.n_ctx_train)
     w.add_embedding_length(sh.n_embd)
-    w.add_block_count(sh.n_layer + (1 if nextn else 0))      # n_layer_all (trunk + MTP)
+    w.add_block_count(sh.n_layer + (1 if nextn else 0))  # n_layer_all (trunk + MTP)
     if nextn:
         w.add_nextn_predict_layers(1)
     w.add_feed_forward_length(sh.n_ff)
@@ -298,7 +346,7 @@ def write_tiny_qwen35(
     w.add_key_length(sh.head_dim)
     w.add_value_length(sh.head_dim)
     w.add_rope_dimension_count(sh.n_rot)
-    w.add_rope_dimension_sections(list(sh.rope_sections))   # required by the qwen35 loader (4 ints)
+    w.add_rope_dimension_sections(list(sh.rope_sections))  # required by the qwen35 loader (4 ints)
     w.add_rope_freq_base(sh.rope_freq_base)
     w.add_layer_norm_rms_eps(sh.rms_eps)
     w.add_ssm_conv_kernel(sh.ssm_d_conv)
@@ -325,8 +373,16 @@ def write_tiny_qwen35(
 # ---------------------------------------------------------------------------------------------
 
 
-def write_tiny_lfm2(path: str | os.PathLike[str], *, seed: int = 0, n_embd: int = 64, n_head: int = 4,
-                    n_head_kv: int = 2, l_cache: int = 3, attention: tuple[bool, ...] = (False, False, True, False)) -> Path:
+def write_tiny_lfm2(
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    l_cache: int = 3,
+    attention: tuple[bool, ...] = (False, False, True, False),
+) -> Path:
     """A random LFM2 (llama_model_lfm2): a layer is a short convolution where its head_count_kv is 0."""
     tokens = vocab_tokens()
     n_vocab, head_dim, n_ff = len(tokens), n_embd // n_head, 2 * n_embd
@@ -343,9 +399,11 @@ def write_tiny_lfm2(path: str | os.PathLike[str], *, seed: int = 0, n_embd: int 
     w.add_layer_norm_rms_eps(1e-5)
     w.add_shortconv_l_cache(l_cache)
     _add_spm_vocab(w, tokens)
-    t = {"token_embd.weight": _normal(seed, "token_embd", (n_vocab, n_embd), 1.0),
-         "token_embd_norm.weight": np.ones(n_embd, np.float32),  # LFM2's output norm keeps this name
-         "output.weight": _normal(seed, "output", (n_vocab, n_embd), 3.0 / np.sqrt(n_embd))}
+    t = {
+        "token_embd.weight": _normal(seed, "token_embd", (n_vocab, n_embd), 1.0),
+        "token_embd_norm.weight": np.ones(n_embd, np.float32),  # LFM2's output norm keeps this name
+        "output.weight": _normal(seed, "output", (n_vocab, n_embd), 3.0 / np.sqrt(n_embd)),
+    }
     for i, attends in enumerate(attention):
         b = f"blk.{i}"
         t[f"{b}.attn_norm.weight"] = np.ones(n_embd, np.float32)
@@ -377,8 +435,17 @@ def write_tiny_lfm2(path: str | os.PathLike[str], *, seed: int = 0, n_embd: int 
 # ---------------------------------------------------------------------------------------------
 
 
-def write_tiny_nemotron_h(path: str | os.PathLike[str], *, seed: int = 0, n_embd: int = 64, layers: str = "M-*M",
-                          d_inner: int = 128, d_state: int = 16, n_group: int = 2, n_ssm_head: int = 8) -> Path:
+def write_tiny_nemotron_h(
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    n_embd: int = 64,
+    layers: str = "M-*M",
+    d_inner: int = 128,
+    d_state: int = 16,
+    n_group: int = 2,
+    n_ssm_head: int = 8,
+) -> Path:
     """A random Nemotron-H (llama_model_nemotron_h): `layers` spells its layers as NVIDIA's
     hybrid_override_pattern does, M a Mamba-2 layer, * attention, - an MLP. A layer keeps a
     recurrent state where both its head_count_kv and its feed_forward_length are 0."""
@@ -402,9 +469,11 @@ def write_tiny_nemotron_h(path: str | os.PathLike[str], *, seed: int = 0, n_embd
     w.add_ssm_time_step_rank(n_ssm_head)
     w.add_ssm_group_count(n_group)
     _add_spm_vocab(w, tokens)
-    t = {"token_embd.weight": _normal(seed, "token_embd", (n_vocab, n_embd), 1.0),
-         "output_norm.weight": np.ones(n_embd, np.float32),
-         "output.weight": _normal(seed, "output", (n_vocab, n_embd), 3.0 / np.sqrt(n_embd))}
+    t = {
+        "token_embd.weight": _normal(seed, "token_embd", (n_vocab, n_embd), 1.0),
+        "output_norm.weight": np.ones(n_embd, np.float32),
+        "output.weight": _normal(seed, "output", (n_vocab, n_embd), 3.0 / np.sqrt(n_embd)),
+    }
     for i, kind in enumerate(layers):
         b = f"blk.{i}"
         t[f"{b}.attn_norm.weight"] = np.ones(n_embd, np.float32)
@@ -458,9 +527,11 @@ def write_tiny_mamba(path: str | os.PathLike[str], *, seed: int = 0, n_layer: in
     w.add_ssm_time_step_rank(dt_rank)
     w.add_layer_norm_rms_eps(1e-6)
     _add_spm_vocab(w, tokens)
-    t = {"token_embd.weight": _normal(seed, "token_embd", (n_vocab, n_embd), 1.0),
-         "output_norm.weight": np.ones(n_embd, np.float32),
-         "output.weight": _normal(seed, "output", (n_vocab, n_embd), 3.0 / np.sqrt(n_embd))}
+    t = {
+        "token_embd.weight": _normal(seed, "token_embd", (n_vocab, n_embd), 1.0),
+        "output_norm.weight": np.ones(n_embd, np.float32),
+        "output.weight": _normal(seed, "output", (n_vocab, n_embd), 3.0 / np.sqrt(n_embd)),
+    }
     for i in range(n_layer):
         b = f"blk.{i}"
         t[f"{b}.attn_norm.weight"] = np.ones(n_embd, np.float32)

@@ -81,7 +81,9 @@ _PERMUTATION = np.random.default_rng(12345).permutation(len(_PIECES))  # "differ
 def vocab_tokens(vocab: Vocab = "base") -> list[tuple[str, float, gguf.TokenType]]:
     """(text, score, type) for every id of a vocabulary variant."""
     if vocab == "alien":
-        return [(text, 0.0, kind) for text, kind in _SPECIAL] + [(chr(0x4E00 + i), -float(i), gguf.TokenType.NORMAL) for i in range(400)]
+        return [(text, 0.0, kind) for text, kind in _SPECIAL] + [
+            (chr(0x4E00 + i), -float(i), gguf.TokenType.NORMAL) for i in range(400)
+        ]
     head = [(text, 0.0, kind) for text, kind in _SPECIAL + _BYTES]
     pieces = list(_PIECES)
     if vocab == "different":
@@ -100,7 +102,11 @@ def vocab_tokens(vocab: Vocab = "base") -> list[tuple[str, float, gguf.TokenType
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map (its vocabulary spells bytes this way)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\u00a1"), ord("\u00ac") + 1),
+        *range(ord("\u00ae"), ord("\u00ff") + 1),
+    ]
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -145,7 +151,13 @@ def _normal(seed: int, name: str, shape: tuple[int, ...], std: float) -> np.ndar
 
 
 def _tensors(
-    seed: int, n_vocab: int, n_layer: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: int,
+    seed: int,
+    n_vocab: int,
+    n_layer: int,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    n_ff: int,
     logit_std: float = 3.0,
 ) -> dict[str, np.ndarray]:
     """Llama weights, numpy shape (n_out, n_in) (gguf reverses it to ggml's ne order).

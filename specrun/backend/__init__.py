@@ -17,8 +17,22 @@ from specrun.backend.model import Closed, Model, ModelOptions, check_gguf_file
 from specrun.backend.rpc_link import RPC_BUILD, check_rpc, rpc_servers, rpc_supported
 
 __all__ = [
-    "MIN_VERSION", "RAW_API", "RPC_BUILD", "Closed", "Context", "ContextFull", "ContextOptions",
-    "Model", "ModelOptions", "check_gguf_file", "check_install", "check_rpc", "compiled_devices", "llama_cpp_version",
-    "local_gpu_free_bytes", "rpc_servers", "rpc_supported", "system_info",
+    "MIN_VERSION",
+    "RAW_API",
+    "RPC_BUILD",
+    "Closed",
+    "Context",
+    "ContextFull",
+    "ContextOptions",
+    "Model",
+    "ModelOptions",
+    "check_gguf_file",
+    "check_install",
+    "check_rpc",
+    "compiled_devices",
+    "llama_cpp_version",
+    "local_gpu_free_bytes",
+    "rpc_servers",
+    "rpc_supported",
+    "system_info",
 ]
-

@@ -47,8 +47,7 @@ def check_vocab(target: VocabFacts, draft: VocabFacts) -> CompatReport:
     size_gap = abs(target.n_tokens - draft.n_tokens)
     if size_gap > MAX_SIZE_DIFFERENCE:
         problems.append(
-            f"vocab sizes differ by {size_gap} (> {MAX_SIZE_DIFFERENCE}): "
-            f"target {target.n_tokens}, draft {draft.n_tokens}"
+            f"vocab sizes differ by {size_gap} (> {MAX_SIZE_DIFFERENCE}): target {target.n_tokens}, draft {draft.n_tokens}"
         )
     mismatch = first_token_mismatch(target.tokens, draft.tokens)
     if mismatch is not None:
@@ -57,9 +56,7 @@ def check_vocab(target: VocabFacts, draft: VocabFacts) -> CompatReport:
     return CompatReport(tuple(problems), tuple(notes))
 
 
-def _special_token_check(
-    target: VocabFacts, draft: VocabFacts, special: str
-) -> tuple[str | None, str | None]:
+def _special_token_check(target: VocabFacts, draft: VocabFacts, special: str) -> tuple[str | None, str | None]:
     """(problem, note) for bos or eos, as common_speculative_are_compatible checks them.
 
     The add-flags must match; the ids matter only when the token is added to the prompt,
@@ -76,9 +73,7 @@ def _special_token_check(
     return None, f"{special} id differs (target {t_id}, draft {d_id}) but neither adds it"
 
 
-def first_token_mismatch(
-    target_tokens: Sequence[str], draft_tokens: Sequence[str]
-) -> tuple[int, str, str] | None:
+def first_token_mismatch(target_tokens: Sequence[str], draft_tokens: Sequence[str]) -> tuple[int, str, str] | None:
     """First id >= 5 whose text differs, with both texts; None when all agree."""
     for token_id in range(FIRST_CHECKED_TOKEN, min(len(target_tokens), len(draft_tokens))):
         if target_tokens[token_id] != draft_tokens[token_id]:

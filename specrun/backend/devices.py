@@ -61,7 +61,9 @@ def local_gpu_devices() -> list[int]:
                 continue  # the same GPU seen through a second backend
             seen_ids.add(device_id or b"")
             gpus.append(dev)
-        elif kind == "IGPU" and (not igpus or lib.ggml_backend_dev_backend_reg(dev) == lib.ggml_backend_dev_backend_reg(igpus[-1])):
+        elif kind == "IGPU" and (
+            not igpus or lib.ggml_backend_dev_backend_reg(dev) == lib.ggml_backend_dev_backend_reg(igpus[-1])
+        ):
             igpus.append(dev)
     return gpus or igpus
 

@@ -63,7 +63,8 @@ class GrammarState:
     def _apply(self, data: np.ndarray) -> np.ndarray:
         L = llama()
         array = L.llama_token_data_array(
-            data=data.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), size=len(data), selected=-1, sorted=False)
+            data=data.ctypes.data_as(ctypes.POINTER(L.llama_token_data)), size=len(data), selected=-1, sorted=False
+        )
         L.llama_sampler_apply(self._sampler, ctypes.byref(array))
         return data
 

@@ -52,8 +52,10 @@ def check_gguf_file(path: Path, role: str, weights: bool = True) -> None:
     if header[:4] != GGUF_MAGIC:
         raise SpecrunError(f"{role} model is not a GGUF file (bad magic {header[:4]!r}): {path}")
     if weights and len(header) == 16 and int.from_bytes(header[8:16], "little") == 0:
-        raise SpecrunError(f"{role} model {path} holds no weights (no tensors: a vocab-only GGUF, a tokenizer): "
-                           "give a GGUF with the model's weights")
+        raise SpecrunError(
+            f"{role} model {path} holds no weights (no tensors: a vocab-only GGUF, a tokenizer): "
+            "give a GGUF with the model's weights"
+        )
 
 
 class Model:
@@ -104,7 +106,11 @@ class Model:
             if not pointer:
                 rpc_link.release(self.rpc_servers)
         if not pointer:
-            room = " or an RPC server without room for its share (`specrun doctor --rpc` shows their memory)" if self.rpc_servers else ""
+            room = (
+                " or an RPC server without room for its share (`specrun doctor --rpc` shows their memory)"
+                if self.rpc_servers
+                else ""
+            )
             raise SpecrunError(
                 f"llama.cpp could not load the {self.role} model {self.path} "
                 f"(truncated or unsupported GGUF{room}? SPECRUN_DEBUG=1 shows llama.cpp's log)"
@@ -285,8 +291,11 @@ class Model:
         """Tokens whose bytes begin a longer token's: text that ends with one may still be written
         with a longer token instead."""
         by_bytes = sorted((piece, token) for token, piece in enumerate(self.pieces()) if piece)
-        return frozenset(token for (piece, token), (after, _) in zip(by_bytes, by_bytes[1:])
-                         if len(after) > len(piece) and after.startswith(piece))
+        return frozenset(
+            token
+            for (piece, token), (after, _) in zip(by_bytes, by_bytes[1:])
+            if len(after) > len(piece) and after.startswith(piece)
+        )
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
@@ -300,5 +309,3 @@ def _load_from_file(path: bytes, params, keep_alive: tuple) -> Any:
     """llama_model_load_from_file; `keep_alive` holds what params points into while llama.cpp reads it."""
     L = llama()
     return L.llama_model_load_from_file(path, params)
-
-

@@ -27,8 +27,10 @@ class MtpHead:
         L = llama()
         model = target.model
         if not model.n_nextn:
-            raise SpecrunError(f"the target model {model.path.name} has no MTP (NextN) layers, so it cannot draft for "
-                               "itself: drop --draft mtp, or give a draft model (--draft PATH) or --lookup")
+            raise SpecrunError(
+                f"the target model {model.path.name} has no MTP (NextN) layers, so it cannot draft for "
+                "itself: drop --draft mtp, or give a draft model (--draft PATH) or --lookup"
+            )
         params = L.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = target.n_ctx, target.n_batch, target.n_batch
         params.n_threads = params.n_threads_batch = target.n_threads
@@ -38,8 +40,9 @@ class MtpHead:
         self.model = model
         self._ctx = L.llama_init_from_model(model._model, params)
         if not self._ctx:
-            raise SpecrunError(f"llama.cpp could not create an MTP context for {model.path.name} "
-                               "(SPECRUN_DEBUG=1 shows llama.cpp's log)")
+            raise SpecrunError(
+                f"llama.cpp could not create an MTP context for {model.path.name} (SPECRUN_DEBUG=1 shows llama.cpp's log)"
+            )
         llama_ext().llama_set_embeddings_nextn(self._ctx, True, True)  # its own hidden rows, for output rows only
         self._batch = L.llama_batch_ext_init(self._ctx)
         self._pos = (L.llama_pos * 4)()  # text rows use the first of the four positions
@@ -88,8 +91,11 @@ class MtpHead:
             self._pos[0] = pos
             row = np.ascontiguousarray(hidden, dtype=np.float32)
             embd = L.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)  # copied by the call
-            if index < 0 or not L.llama_batch_ext_set_pos(self._batch, index, self._pos) or \
-                    not L.llama_batch_ext_set_embd_token(self._batch, index, embd):
+            if (
+                index < 0
+                or not L.llama_batch_ext_set_pos(self._batch, index, self._pos)
+                or not L.llama_batch_ext_set_embd_token(self._batch, index, embd)
+            ):
                 raise SpecrunError("llama.cpp refused a row of the MTP head's batch")
             if output:
                 L.llama_batch_ext_set_output_logits(self._batch, index, True)

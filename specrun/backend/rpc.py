@@ -64,7 +64,9 @@ def parse_endpoints(text: str | None, option: str = "--rpc") -> tuple[str, ...]:
         host, sep, port = item.partition(":")
         if not item or not sep or not host or ":" in port:
             ipv6 = " (llama.cpp's RPC client takes IPv4 addresses and host names, not IPv6)" if item.count(":") > 1 else ""
-            raise SpecrunError(f"{option} {text!r}: {item!r} is not HOST:PORT{ipv6}; e.g. {option} 192.168.1.20:50052,192.168.1.21:50052")
+            raise SpecrunError(
+                f"{option} {text!r}: {item!r} is not HOST:PORT{ipv6}; e.g. {option} 192.168.1.20:50052,192.168.1.21:50052"
+            )
         if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
             raise SpecrunError(f"{option} {text!r}: the port of {item!r} has to be a number from 1 to 65535")
         endpoint = f"{host}:{int(port)}"
@@ -100,16 +102,19 @@ def version_text(version: Version | None) -> str:
     return ".".join(map(str, version)) if version else "unknown"
 
 
-def check_server(endpoint: str, connect_timeout: float = CONNECT_TIMEOUT_S,
-                 answer_timeout: float = ANSWER_TIMEOUT_S) -> RpcServer:
+def check_server(
+    endpoint: str, connect_timeout: float = CONNECT_TIMEOUT_S, answer_timeout: float = ANSWER_TIMEOUT_S
+) -> RpcServer:
     """Connect to one rpc-server and read its version and devices, or fail with one line."""
     with _connect(endpoint, connect_timeout) as sock:
         sock.settimeout(answer_timeout)
         try:
             version = _hello(sock)
             (count,) = struct.unpack("<I", _call(sock, CMD_DEVICE_COUNT, b"", 4))
-            devices = tuple(DeviceMemory(*struct.unpack("<QQ", _call(sock, CMD_GET_DEVICE_MEMORY, struct.pack("<I", i), 16)))
-                            for i in range(count))
+            devices = tuple(
+                DeviceMemory(*struct.unpack("<QQ", _call(sock, CMD_GET_DEVICE_MEMORY, struct.pack("<I", i), 16)))
+                for i in range(count)
+            )
         except socket.timeout:
             raise SpecrunError(
                 f"RPC server {endpoint} accepted the connection but did not answer within {answer_timeout:g} s: "
@@ -118,7 +123,9 @@ def check_server(endpoint: str, connect_timeout: float = CONNECT_TIMEOUT_S,
         except _BadReply as exc:
             raise SpecrunError(f"RPC server {endpoint} {exc}") from None
         except OSError as exc:
-            raise SpecrunError(f"RPC server {endpoint} dropped the connection ({exc.strerror or exc}): is it an rpc-server?") from None
+            raise SpecrunError(
+                f"RPC server {endpoint} dropped the connection ({exc.strerror or exc}): is it an rpc-server?"
+            ) from None
     if not devices:
         raise SpecrunError(f"RPC server {endpoint} has no devices to hold layers: start rpc-server with a device")
     return RpcServer(endpoint, version, devices)
@@ -140,6 +147,7 @@ def check_servers(endpoints: tuple[str, ...], held: tuple[str, ...] = ()) -> lis
 
 def lost_servers(endpoints: tuple[str, ...], timeout: float = LOST_CHECK_TIMEOUT_S) -> list[str]:
     """The endpoints that no longer accept a TCP connection (refused, unreachable, silent)."""
+
     def lost(endpoint: str) -> bool:
         try:
             with _connect(endpoint, timeout):

@@ -47,8 +47,11 @@ class Waiting:
 
     def timed_out_line(self) -> str:
         hint = " (raise --rpc-timeout if decodes are this slow)" if self.doing == DURING_DECODE else ""
-        return lost_line(self.servers, f"no answer from the RPC servers ({', '.join(self.servers)}) for {self.timeout:g} s "
-                                       f"{self.doing}: one is stuck or the network is down{hint}")
+        return lost_line(
+            self.servers,
+            f"no answer from the RPC servers ({', '.join(self.servers)}) for {self.timeout:g} s "
+            f"{self.doing}: one is stuck or the network is down{hint}",
+        )
 
 
 class RpcLink:
@@ -68,8 +71,10 @@ class RpcLink:
     def ensure_usable(self) -> None:
         """Refuse new work on RPC servers once the link is lost."""
         if self._failure is not None:
-            raise RpcLost("llama.cpp's RPC client in this process is stuck since an RPC server was lost or stopped "
-                          "answering: start a new process to use RPC servers")
+            raise RpcLost(
+                "llama.cpp's RPC client in this process is stuck since an RPC server was lost or stopped "
+                "answering: start a new process to use RPC servers"
+            )
 
     def call(self, waiting: Waiting, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args) on the link's thread. Raises RpcLost when a server goes away meanwhile,
@@ -138,8 +143,12 @@ class RpcLink:
         try:
             self._wait(job, waiting, deadline)
         except KeyboardInterrupt:
-            self.fail(RpcLost(f"interrupted {waiting.doing}, with the RPC servers ({', '.join(waiting.servers)}) still at "
-                              "work: llama.cpp's RPC client cannot carry on in this process; start a new one"))
+            self.fail(
+                RpcLost(
+                    f"interrupted {waiting.doing}, with the RPC servers ({', '.join(waiting.servers)}) still at "
+                    "work: llama.cpp's RPC client cannot carry on in this process; start a new one"
+                )
+            )
         except Exception:
             pass  # the call's own error: the caller hears of the interrupt
 
@@ -222,16 +231,23 @@ def abort_line(text: str) -> str | None:
     """One line for an abort of ggml-rpc.cpp's client; None for any other abort."""
     if "Failed to connect to " in text:
         endpoint = text.split("Failed to connect to ", 1)[1].strip()
-        return f"RPC server {endpoint} cannot be reached any more (llama.cpp could not connect): is rpc-server still running there?"
+        return (
+            f"RPC server {endpoint} cannot be reached any more (llama.cpp could not connect): is rpc-server still running there?"
+        )
     if "RPC handshake failed for " in text:
         endpoint = text.split("RPC handshake failed for ", 1)[1].strip()
         said = next((line.strip() for line in reversed(recent_log()) if "version mismatch" in line), "")
-        return (f"RPC server {endpoint} speaks another RPC protocol version than this llama-cpp-python"
-                f"{f' ({said})' if said else ''}: build rpc-server from the llama.cpp that llama-cpp-python bundles")
+        return (
+            f"RPC server {endpoint} speaks another RPC protocol version than this llama-cpp-python"
+            f"{f' ({said})' if said else ''}: build rpc-server from the llama.cpp that llama-cpp-python bundles"
+        )
     if "Remote RPC server crashed" in text:
         held = held_endpoints()
-        return lost_line(held, f"an RPC server ({', '.join(held)}) closed the connection or sent a malformed reply: "
-                               "restart rpc-server and run again")
+        return lost_line(
+            held,
+            f"an RPC server ({', '.join(held)}) closed the connection or sent a malformed reply: "
+            "restart rpc-server and run again",
+        )
     return None
 
 
@@ -240,8 +256,10 @@ def lost_line(endpoints: tuple[str, ...], otherwise: str) -> str:
     lost = rpc.lost_servers(endpoints)
     if not lost:
         return otherwise
-    return (f"lost RPC server {', '.join(lost)}: it no longer accepts connections (stopped, or its machine or "
-            "network went down); the layers it held are gone: restart rpc-server and run again")
+    return (
+        f"lost RPC server {', '.join(lost)}: it no longer accepts connections (stopped, or its machine or "
+        "network went down); the layers it held are gone: restart rpc-server and run again"
+    )
 
 
 @cache

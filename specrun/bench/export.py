@@ -10,9 +10,27 @@ from specrun.bench.methods import PLAIN
 from specrun.bench.results import Results, recommend
 
 CSV_COLUMNS = [
-    "prompt", "source", "group", "prompt_tokens", "method", "k", "runs", "tokens", "tokens_per_s", "speedup",
-    "acceptance_rate", "mean_accepted_length", "tokens_per_step", "drafted", "accepted", "acceptance_by_position",
-    "prefill_tokens_per_s", "draft_share", "verify_share", "matches_plain", "stop_reasons",
+    "prompt",
+    "source",
+    "group",
+    "prompt_tokens",
+    "method",
+    "k",
+    "runs",
+    "tokens",
+    "tokens_per_s",
+    "speedup",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "tokens_per_step",
+    "drafted",
+    "accepted",
+    "acceptance_by_position",
+    "prefill_tokens_per_s",
+    "draft_share",
+    "verify_share",
+    "matches_plain",
+    "stop_reasons",
 ]
 
 
@@ -37,7 +55,12 @@ def csv_rows(document: dict) -> list[dict]:
     """One row per prompt x method x k (plain included, with k = 0)."""
     rows = []
     for prompt in document["prompts"]:
-        head = {"prompt": prompt["index"], "source": prompt["source"], "group": prompt["group"], "prompt_tokens": prompt["prompt_tokens"]}
+        head = {
+            "prompt": prompt["index"],
+            "source": prompt["source"],
+            "group": prompt["group"],
+            "prompt_tokens": prompt["prompt_tokens"],
+        }
         plain = {"method": PLAIN, "k": 0, **prompt["plain"]}
         for row in [plain, *prompt["results"].values()]:
             flat = {**head, **row}

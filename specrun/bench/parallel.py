@@ -35,14 +35,26 @@ class Served:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def serve_all(session: Session, prompts: Sequence[list[int]], variants: Sequence[Variant], settings: SamplerSettings,
-              max_tokens: int, grammars: Sequence[Grammar | None]) -> list[Served]:
+def serve_all(
+    session: Session,
+    prompts: Sequence[list[int]],
+    variants: Sequence[Variant],
+    settings: SamplerSettings,
+    max_tokens: int,
+    grammars: Sequence[Grammar | None],
+) -> list[Served]:
     """Each variant in turn: all prompts arrive at once and run `parallel` at a time, from empty caches."""
     return [_serve(session, prompts, variant, settings, max_tokens, grammars) for variant in variants]
 
 
-def _serve(session: Session, prompts: Sequence[list[int]], variant: Variant, settings: SamplerSettings, max_tokens: int,
-           grammars: Sequence[Grammar | None]) -> Served:
+def _serve(
+    session: Session,
+    prompts: Sequence[list[int]],
+    variant: Variant,
+    settings: SamplerSettings,
+    max_tokens: int,
+    grammars: Sequence[Grammar | None],
+) -> Served:
     slots = list(range(session.config.parallel))
     for slot in slots:
         session.target.sequence(slot).truncate(0)
@@ -54,8 +66,9 @@ def _serve(session: Session, prompts: Sequence[list[int]], variant: Variant, set
             drafter = METHODS[variant.method](session, slot)
             if drafter is not None:
                 drafter.rollback([])
-            generator = session.generator(plain=drafter is None, policy=variant.k, sampler=settings, drafter=drafter,
-                                          grammar=grammars[index], slot=slot)
+            generator = session.generator(
+                plain=drafter is None, policy=variant.k, sampler=settings, drafter=drafter, grammar=grammars[index], slot=slot
+            )
 
             def first(event: TokenEvent, index: int = index) -> None:
                 if index not in served.outputs:
@@ -84,9 +97,15 @@ def table(runs: list[Served], parallel: int) -> Table:
         result.add_column(column, justify="left" if column == "method" else "right")
     for run in runs:
         same = sum(run.outputs[i] == plain.outputs[i] for i in plain.outputs)
-        result.add_row(run.variant.method, str(run.variant.k or ""), f"{run.tokens_per_s:.1f}",
-                       f"{run.tokens_per_s / plain.tokens_per_s:.2f}x", _percentiles(run.first_token_s),
-                       _percentiles(run.done_s), f"{same}/{len(plain.outputs)}")
+        result.add_row(
+            run.variant.method,
+            str(run.variant.k or ""),
+            f"{run.tokens_per_s:.1f}",
+            f"{run.tokens_per_s / plain.tokens_per_s:.2f}x",
+            _percentiles(run.first_token_s),
+            _percentiles(run.done_s),
+            f"{same}/{len(plain.outputs)}",
+        )
     return result
 
 
@@ -98,7 +117,15 @@ def _percentiles(seconds: list[float]) -> str:
 
 
 def as_json(runs: list[Served]) -> list[dict]:
-    return [{"method": run.variant.method, "k": run.variant.k, "tokens": run.tokens, "seconds": run.seconds,
-             "tokens_per_s": run.tokens_per_s, "first_token_s": run.first_token_s, "done_s": run.done_s} for run in runs]
-
-
+    return [
+        {
+            "method": run.variant.method,
+            "k": run.variant.k,
+            "tokens": run.tokens,
+            "seconds": run.seconds,
+            "tokens_per_s": run.tokens_per_s,
+            "first_token_s": run.first_token_s,
+            "done_s": run.done_s,
+        }
+        for run in runs
+    ]

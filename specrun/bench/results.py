@@ -152,4 +152,3 @@ def recommend(summary: dict[str, dict]) -> str:
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
-

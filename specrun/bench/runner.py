@@ -88,7 +88,12 @@ def measure(
 
 
 def run_variant(
-    session: Session, variant: Variant, prompt: list[int], settings: SamplerSettings, seed: int, max_tokens: int,
+    session: Session,
+    variant: Variant,
+    prompt: list[int],
+    settings: SamplerSettings,
+    seed: int,
+    max_tokens: int,
     grammar: Grammar | None = None,
 ) -> tuple[list[int], Stats]:
     """One timed generation of `variant` from empty caches: its tokens and stats."""
@@ -99,7 +104,8 @@ def run_variant(
         drafter.rollback([])
     # Same seed for every method, so at temperature > 0 all start from the same stream;
     # auto measures verify costs once per session.
-    generator = session.generator(plain=drafter is None, policy=variant.k, sampler=replace(settings, seed=seed),
-                                  drafter=drafter, grammar=grammar)
+    generator = session.generator(
+        plain=drafter is None, policy=variant.k, sampler=replace(settings, seed=seed), drafter=drafter, grammar=grammar
+    )
     run = generator.run(prompt, max_tokens)
     return run.tokens, run.stats

@@ -81,16 +81,25 @@ def translation_table(document: dict) -> Table | None:
     rows = [row for row in document["summary"].values() if row.get("reencoded_share") is not None]
     if not rows:
         return None
-    table = Table(title="Translated drafts (a draft with another vocabulary)", caption=(
-        "re-encoded: of the tokens fed to the draft's cache, the share re-encoded from a window of the accepted text "
-        "(the rest: its own guesses the text confirmed); translating: share of the time "
-        "spent converting between the vocabularies"),
-        caption_justify="left")
+    table = Table(
+        title="Translated drafts (a draft with another vocabulary)",
+        caption=(
+            "re-encoded: of the tokens fed to the draft's cache, the share re-encoded from a window of the accepted text "
+            "(the rest: its own guesses the text confirmed); translating: share of the time "
+            "spent converting between the vocabularies"
+        ),
+        caption_justify="left",
+    )
     for column in ("method", "k", "re-encoded", "translating", "accepted"):
         table.add_column(column, justify="left" if column == "method" else "right")
     for row in rows:
-        table.add_row(row["method"], str(row["k"]), f"{100 * row['reencoded_share']:.0f}%", f"{100 * row['translate_share']:.1f}%",
-                      f"{100 * row['acceptance_rate']:.0f}%")
+        table.add_row(
+            row["method"],
+            str(row["k"]),
+            f"{100 * row['reencoded_share']:.0f}%",
+            f"{100 * row['translate_share']:.1f}%",
+            f"{100 * row['acceptance_rate']:.0f}%",
+        )
     return table
 
 
@@ -126,8 +135,7 @@ def _prompt_table(document: dict, keys: list[str], title: str | None) -> Table:
         table.add_column(f"{row['method']}\nk={row['k']}", justify="right", no_wrap=True)
     for prompt in document["prompts"]:
         cells = [
-            f"{_speedup(r['speedup'])} ({100 * r['acceptance_rate']:.0f}%)"
-            for r in (prompt["results"][key] for key in keys)
+            f"{_speedup(r['speedup'])} ({100 * r['acceptance_rate']:.0f}%)" for r in (prompt["results"][key] for key in keys)
         ]
         plain = prompt["plain"]
         table.add_row(prompt["source"], str(prompt["prompt_tokens"]), f"{plain['tokens_per_s']:.1f}", *cells)

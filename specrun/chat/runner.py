@@ -24,7 +24,9 @@ def check_reply_tokens(max_tokens: int, n_ctx: int) -> None:
     """A reply's budget is kept free in the context, so it may take at most half of it."""
     check(max_tokens=max_tokens)
     if max_tokens > n_ctx // 2:
-        raise SettingError("max_tokens", f"at most half the context ({n_ctx // 2} tokens; a larger context allows more)", max_tokens)
+        raise SettingError(
+            "max_tokens", f"at most half the context ({n_ctx // 2} tokens; a larger context allows more)", max_tokens
+        )
 
 
 class ChatRunner:
@@ -56,16 +58,18 @@ class ChatRunner:
         """The prompt for the next reply (raises SpecrunError if even the message alone does not fit)."""
         return self.conversation.prompt(user_text, reserve=self.max_tokens)
 
-    def reply(self, turn: Turn, view: ReplyView, started: float | None = None,
-              cancelled: Callable[[], bool] = lambda: False) -> Reply:
+    def reply(
+        self, turn: Turn, view: ReplyView, started: float | None = None, cancelled: Callable[[], bool] = lambda: False
+    ) -> Reply:
         """Stream the reply to a prepared turn and make both part of the conversation; `cancelled`
         is asked after every event and ends the reply as Ctrl-C does (its stop reason is "interrupted")."""
         started = time.perf_counter() if started is None else started
         if self.plain_rate:
             self.plain_rate.reset_step_clock()
         generator = self.session.generator(policy=self.policy, sampler=self.sampler)
-        reply = stream_reply(generator, turn.tokens, self.max_tokens, turn.stops, _Tap(view, self._observe_step), started,
-                             cancelled)
+        reply = stream_reply(
+            generator, turn.tokens, self.max_tokens, turn.stops, _Tap(view, self._observe_step), started, cancelled
+        )
         if turn.dropped:
             del self.replies[: turn.dropped]
         self.conversation.add_reply(turn, reply.tokens, reply.text)
@@ -111,8 +115,13 @@ class ChatRunner:
         turns = []
         for (user, assistant), reply in zip(self.conversation.exchanges, self.replies):
             turns.append(
-                {"user": user["content"], "assistant": assistant["content"], "stop_reason": reply.stop_reason,
-                 "ttft_s": reply.ttft_s, "stats": reply.stats.to_dict()}
+                {
+                    "user": user["content"],
+                    "assistant": assistant["content"],
+                    "stop_reason": reply.stop_reason,
+                    "ttft_s": reply.ttft_s,
+                    "stats": reply.stats.to_dict(),
+                }
             )
         t = self.totals
         return {
@@ -122,8 +131,13 @@ class ChatRunner:
             "system": self.conversation.system,
             "turns": turns,
             "session": {
-                "replies": len(t.turns), "tokens": t.tokens, "drafted": t.drafted, "accepted": t.accepted,
-                "acceptance_rate": t.acceptance_rate, "mean_accepted_length": t.mean_accepted_length, "tokens_per_step": t.tokens_per_step,
+                "replies": len(t.turns),
+                "tokens": t.tokens,
+                "drafted": t.drafted,
+                "accepted": t.accepted,
+                "acceptance_rate": t.acceptance_rate,
+                "mean_accepted_length": t.mean_accepted_length,
+                "tokens_per_step": t.tokens_per_step,
                 "tokens_per_s": t.tokens_per_s,
                 "plain_tokens_per_s": self.plain_rate.tokens_per_s if self.plain_rate else None,
             },
@@ -131,8 +145,10 @@ class ChatRunner:
 
     def _markdown(self) -> str:
         data = self.transcript()
-        lines = [f"# specrun chat\n\ntarget: {data['target']}; drafter: {data['drafter'] or 'none (plain)'}; "
-                 f"format: {data['chat_format']}\n"]
+        lines = [
+            f"# specrun chat\n\ntarget: {data['target']}; drafter: {data['drafter'] or 'none (plain)'}; "
+            f"format: {data['chat_format']}\n"
+        ]
         if data["system"]:
             lines.append(f"**System:** {data['system']}\n")
         for turn in data["turns"]:

@@ -95,7 +95,12 @@ def _is_click_error(exc: object) -> TypeIs[_ClickError]:
 
 
 # The option of each library setting whose name is not just `--` and its name with dashes.
-SETTING_OPTIONS = {"temperature": "--temp", "n_ctx": "--ctx-size", "n_ubatch": "--ubatch-size", "translation": "--draft-translation"}
+SETTING_OPTIONS = {
+    "temperature": "--temp",
+    "n_ctx": "--ctx-size",
+    "n_ubatch": "--ubatch-size",
+    "translation": "--draft-translation",
+}
 
 
 def option_for(setting: str) -> str:

@@ -47,7 +47,9 @@ def chat(
     lookup: o.Lookup = False,
     store_tokens: o.StoreTokens = 0,
     k: o.K = "auto",
-    system: Annotated[Optional[str], typer.Option("--system", help="System message for the conversation (default: none).")] = None,
+    system: Annotated[
+        Optional[str], typer.Option("--system", help="System message for the conversation (default: none).")
+    ] = None,
     chat_format: o.ChatFormat = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens per reply.")] = 512,
     *,
@@ -77,11 +79,15 @@ def chat(
 def base_model_notes(name: str) -> None:
     """A model without a chat template is most likely a base model: it continues text, so a
     newcomer asking it a question gets the question back. Say so, and how to chat instead."""
-    note(f"note: {name} has no chat template, so it is likely a base model, which continues text rather than "
-         "answering (it may repeat your message): using a plain User:/Assistant: transcript, where a reply ends "
-         "at a line starting User: or Assistant:")
-    note(f"note: to chat, give an instruct model: --target {INSTRUCT_EXAMPLE} (an alias, fetched once; "
-         "`specrun models --aliases` lists the others) or --target PATH.gguf; --chat-format picks another format")
+    note(
+        f"note: {name} has no chat template, so it is likely a base model, which continues text rather than "
+        "answering (it may repeat your message): using a plain User:/Assistant: transcript, where a reply ends "
+        "at a line starting User: or Assistant:"
+    )
+    note(
+        f"note: to chat, give an instruct model: --target {INSTRUCT_EXAMPLE} (an alias, fetched once; "
+        "`specrun models --aliases` lists the others) or --target PATH.gguf; --chat-format picks another format"
+    )
 
 
 def note(text: str, style: str = "dim") -> None:

@@ -138,11 +138,17 @@ class LivePanel:
         totals = self.runner.totals if self.reply else self.runner.totals.with_running(s, elapsed)
         rows = [self._speculation_row(s, totals), self._speed_row(rate)]
         if self.runner.speculative and elapsed > 0:
-            rows.append(Text.assemble(
-                ("time: draft ", "dim"), f"{s.draft_s / elapsed:.0%}", ("  verify ", "dim"), f"{s.verify_s / elapsed:.0%}",
-                ("  other ", "dim"), f"{max(elapsed - s.draft_s - s.verify_s, 0) / elapsed:.0%}",
-                *translation_cells(s, elapsed),
-            ))
+            rows.append(
+                Text.assemble(
+                    ("time: draft ", "dim"),
+                    f"{s.draft_s / elapsed:.0%}",
+                    ("  verify ", "dim"),
+                    f"{s.verify_s / elapsed:.0%}",
+                    ("  other ", "dim"),
+                    f"{max(elapsed - s.draft_s - s.verify_s, 0) / elapsed:.0%}",
+                    *translation_cells(s, elapsed),
+                )
+            )
         if self.reply:
             rows.append(self._turn_row(self.reply))
         return rows
@@ -151,32 +157,51 @@ class LivePanel:
         if not self.runner.speculative:
             return Text("plain decoding (no --draft or --lookup)", style="dim")
         return Text.assemble(
-            ("k ", "dim"), self.runner.k_label,
+            ("k ", "dim"),
+            self.runner.k_label,
             ("" if self.last_drafted is None else (f" (last step drafted {self.last_drafted})", "dim")),
-            ("  accepted ", "dim"), f"{s.acceptance_rate:.0%}", (" this reply, ", "dim"),
-            f"{totals.acceptance_rate:.0%}", (" session", "dim"),
-            ("  mean accepted length ", "dim"), f"{s.mean_accepted_length:.2f}",
-            ("  tokens/step ", "dim"), f"{s.tokens_per_step:.2f}",
+            ("  accepted ", "dim"),
+            f"{s.acceptance_rate:.0%}",
+            (" this reply, ", "dim"),
+            f"{totals.acceptance_rate:.0%}",
+            (" session", "dim"),
+            ("  mean accepted length ", "dim"),
+            f"{s.mean_accepted_length:.2f}",
+            ("  tokens/step ", "dim"),
+            f"{s.tokens_per_step:.2f}",
         )
 
     def _speed_row(self, rate: float) -> Text:
         row = Text.assemble(f"{rate:.1f}", (" tok/s", "dim"))
         plain = self.runner.plain_rate
         if self.runner.speculative and plain and plain.tokens_per_s > 0:
-            row.append_text(Text.assemble(
-                "  ", f"{rate / plain.tokens_per_s:.2f}×", (f" vs plain {plain.tokens_per_s:.1f} tok/s ({plain.how})", "dim"),
-            ))
+            row.append_text(
+                Text.assemble(
+                    "  ",
+                    f"{rate / plain.tokens_per_s:.2f}×",
+                    (f" vs plain {plain.tokens_per_s:.1f} tok/s ({plain.how})", "dim"),
+                )
+            )
         return row
 
     def _turn_row(self, reply: Reply) -> Text:
         s = reply.stats
         ttft = f"{reply.ttft_s:.2f} s" if reply.ttft_s is not None else "-"
-        note = {"interrupted": "stopped (Ctrl-C), kept what was written", "max_tokens": "hit --max-tokens",
-                "context_full": "context full", "eog": "end of turn", "stop_string": "stop string (next turn)"}.get(
-            reply.stop_reason, reply.stop_reason)
+        note = {
+            "interrupted": "stopped (Ctrl-C), kept what was written",
+            "max_tokens": "hit --max-tokens",
+            "context_full": "context full",
+            "eog": "end of turn",
+            "stop_string": "stop string (next turn)",
+        }.get(reply.stop_reason, reply.stop_reason)
         return Text.assemble(
-            ("prefilled ", "dim"), str(s.prefilled_tokens), (f" of {s.prompt_tokens} prompt tokens", "dim"),
-            ("  first token after ", "dim"), ttft, ("  ", ""), (note, "yellow" if reply.stop_reason in ("interrupted", "context_full", "max_tokens") else "dim"),
+            ("prefilled ", "dim"),
+            str(s.prefilled_tokens),
+            (f" of {s.prompt_tokens} prompt tokens", "dim"),
+            ("  first token after ", "dim"),
+            ttft,
+            ("  ", ""),
+            (note, "yellow" if reply.stop_reason in ("interrupted", "context_full", "max_tokens") else "dim"),
         )
 
 
@@ -185,8 +210,13 @@ def translation_cells(s: Stats, elapsed: float) -> tuple[tuple[str, str] | str, 
     translation = TranslationStats.of(s.counters)
     if translation is None:
         return ()
-    return (("  translated: ", "dim"), f"{translation.reencoded_share:.0%}", (" re-encoded, ", "dim"), f"{translation.seconds / elapsed:.1%}",
-            (" of the time", "dim"))
+    return (
+        ("  translated: ", "dim"),
+        f"{translation.reencoded_share:.0%}",
+        (" re-encoded, ", "dim"),
+        f"{translation.seconds / elapsed:.1%}",
+        (" of the time", "dim"),
+    )
 
 
 def reply_line(reply: Reply) -> str:

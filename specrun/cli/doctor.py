@@ -26,10 +26,12 @@ GPU_BUILDS = {
 
 def rpc_server_build(version: str) -> str:
     """How to build an rpc-server that speaks this llama-cpp-python's RPC protocol: from its own source."""
-    return (f"pip download --no-deps --no-binary :all: llama-cpp-python=={version} && "
-            f"tar xzf llama_cpp_python-{version}.tar.gz && "
-            f"cmake -S llama_cpp_python-{version}/vendor/llama.cpp -B rpc-build -DGGML_RPC=ON -DLLAMA_CURL=OFF && "
-            "cmake --build rpc-build --target ggml-rpc-server -j && rpc-build/bin/ggml-rpc-server -H 0.0.0.0 -p 50052")
+    return (
+        f"pip download --no-deps --no-binary :all: llama-cpp-python=={version} && "
+        f"tar xzf llama_cpp_python-{version}.tar.gz && "
+        f"cmake -S llama_cpp_python-{version}/vendor/llama.cpp -B rpc-build -DGGML_RPC=ON -DLLAMA_CURL=OFF && "
+        "cmake --build rpc-build --target ggml-rpc-server -j && rpc-build/bin/ggml-rpc-server -H 0.0.0.0 -p 50052"
+    )
 
 
 def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -90,7 +92,13 @@ def _server_report(endpoint: str) -> dict[str, object]:
 @app.command()
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    rpc_servers: Annotated[Optional[str], typer.Option("--rpc", help="Also reach these rpc-servers, HOST:PORT[,...], and report their devices and free memory (default: none).")] = None,
+    rpc_servers: Annotated[
+        Optional[str],
+        typer.Option(
+            "--rpc",
+            help="Also reach these rpc-servers, HOST:PORT[,...], and report their devices and free memory (default: none).",
+        ),
+    ] = None,
 ) -> None:
     """Show versions, compiled backends, GPU offload, RPC, CPU features and cache locations."""
     report = diagnose(rpc.parse_endpoints(rpc_servers, "--rpc"))
@@ -125,14 +133,18 @@ def _print_report(report: dict[str, Any]) -> None:
             print(f"rpc-server for the other machines (same llama.cpp as here): {value}")
         elif key == "recurrent_snapshots":
             auto, llama_cpp = value["auto"], value["llama.cpp"]
-            print(f"hybrid targets (Qwen3.5, Nemotron-H, LFM2, ...): llama.cpp keeps their recurrent state and a copy "
-                  f"of it for each token of the longest draft: k with --k N, {auto} with --k auto, {llama_cpp} with "
-                  "--k llama.cpp; `specrun pair check` gives a model's bytes")
+            print(
+                f"hybrid targets (Qwen3.5, Nemotron-H, LFM2, ...): llama.cpp keeps their recurrent state and a copy "
+                f"of it for each token of the longest draft: k with --k N, {auto} with --k auto, {llama_cpp} with "
+                "--k llama.cpp; `specrun pair check` gives a model's bytes"
+            )
         elif key == "serve_slots":
             free = value["memory_available"]
             room = f"the {free / 2**30:.1f} GiB available" if free else "memory (unknown here, so 1)"
-            print(f"serve slots without --parallel: up to {value['most']}, as many KV caches of --ctx-size tokens as "
-                  f"fit beside the weights in {room}; 1 with --draft mtp")
+            print(
+                f"serve slots without --parallel: up to {value['most']}, as many KV caches of --ctx-size tokens as "
+                f"fit beside the weights in {room}; 1 with --draft mtp"
+            )
         elif key == "rpc_servers":
             for server in value:
                 print(_server_line(server))

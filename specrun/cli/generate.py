@@ -25,17 +25,37 @@ from specrun.settings import check
 @app.command()
 @o.model_options
 def generate(
-    prompt: Annotated[Optional[str], typer.Argument(help="Text to continue (default: --prompt-file, else standard input).")] = None,
-    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", "-f", help="Read the prompt from a file (default: PROMPT, else standard input).")] = None,
+    prompt: Annotated[
+        Optional[str], typer.Argument(help="Text to continue (default: --prompt-file, else standard input).")
+    ] = None,
+    prompt_file: Annotated[
+        Optional[Path],
+        typer.Option("--prompt-file", "-f", help="Read the prompt from a file (default: PROMPT, else standard input)."),
+    ] = None,
     lookup: o.Lookup = False,
     k: o.K = "auto",
     max_tokens: o.MaxTokens = 256,
-    compare_plain: Annotated[bool, typer.Option("--compare-plain", help="Also decode plainly; report speed-up and match.")] = False,
-    json_schema: Annotated[Optional[Path], typer.Option("--json-schema", help="Hold the output to the JSON schema in FILE (default: free text).")] = None,
-    grammar_file: Annotated[Optional[Path], typer.Option("--grammar", help="Hold the output to the GBNF grammar in FILE, llama.cpp's format (default: free text).")] = None,
+    compare_plain: Annotated[
+        bool, typer.Option("--compare-plain", help="Also decode plainly; report speed-up and match.")
+    ] = False,
+    json_schema: Annotated[
+        Optional[Path], typer.Option("--json-schema", help="Hold the output to the JSON schema in FILE (default: free text).")
+    ] = None,
+    grammar_file: Annotated[
+        Optional[Path],
+        typer.Option("--grammar", help="Hold the output to the GBNF grammar in FILE, llama.cpp's format (default: free text)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
-    batch: Annotated[Optional[Path], typer.Option("--batch", help="Continue every prompt of FILE (.txt: one a line; .jsonl: prompt or messages, and a schema) and print one JSON line each, in order (default: one prompt, PROMPT).")] = None,
-    parallel: Annotated[int, typer.Option("--parallel", "-np", help="With --batch: prompts run at once, each with --ctx-size tokens of context.")] = 4,
+    batch: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--batch",
+            help="Continue every prompt of FILE (.txt: one a line; .jsonl: prompt or messages, and a schema) and print one JSON line each, in order (default: one prompt, PROMPT).",
+        ),
+    ] = None,
+    parallel: Annotated[
+        int, typer.Option("--parallel", "-np", help="With --batch: prompts run at once, each with --ctx-size tokens of context.")
+    ] = 4,
     *,
     model: o.ModelOptions,
 ) -> None:
@@ -71,8 +91,9 @@ def generate(
         _report(result)
 
 
-def generate_batch(prompts: list[Prompt], model: o.ModelOptions, lookup: bool, k: str, max_tokens: int,
-                   grammar: Grammar | None, parallel: int) -> None:
+def generate_batch(
+    prompts: list[Prompt], model: o.ModelOptions, lookup: bool, k: str, max_tokens: int, grammar: Grammar | None, parallel: int
+) -> None:
     """Every prompt, `parallel` at a time in one batch; one JSON line per prompt on stdout."""
     config = replace(model.session_config(lookup, k), parallel=parallel, n_ctx=model.ctx_size * parallel)
     grammars = [grammar_from_json_schema(p.schema) if p.schema is not None else grammar for p in prompts]
@@ -80,8 +101,17 @@ def generate_batch(prompts: list[Prompt], model: o.ModelOptions, lookup: bool, k
         fmt = choose_format(session.target_model, None)
         results = session.generate_many([render(p, fmt) for p in prompts], max_tokens, grammar=grammars)
     for index, (source, result) in enumerate(zip(prompts, results)):
-        print(json.dumps({"index": index, "source": source.source, "text": result.text, "tokens": result.tokens,
-                          "stats": result.stats.to_dict()}))
+        print(
+            json.dumps(
+                {
+                    "index": index,
+                    "source": source.source,
+                    "text": result.text,
+                    "tokens": result.tokens,
+                    "stats": result.stats.to_dict(),
+                }
+            )
+        )
 
 
 def read_grammar(json_schema: Path | None, grammar_file: Path | None) -> Grammar | None:
@@ -95,7 +125,9 @@ def read_grammar(json_schema: Path | None, grammar_file: Path | None) -> Grammar
     try:
         schema = json.loads(read_text(json_schema, "--json-schema"))
     except json.JSONDecodeError as exc:
-        raise SpecrunError(f"--json-schema {json_schema}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        raise SpecrunError(
+            f"--json-schema {json_schema}: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        ) from None
     try:
         return grammar_from_json_schema(schema)
     except SpecrunError as exc:
@@ -118,6 +150,5 @@ def _report(result: dict) -> None:
     if "plain" in result:
         match = "identical" if result["matches_plain"] else "different"
         err_console.print(
-            f"[dim]plain: {result['plain']['tokens_per_s']:.1f} tok/s; speed-up {result['speedup']:.2f}x; "
-            f"output {match}[/]"
+            f"[dim]plain: {result['plain']['tokens_per_s']:.1f} tok/s; speed-up {result['speedup']:.2f}x; output {match}[/]"
         )

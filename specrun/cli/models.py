@@ -27,8 +27,17 @@ def models(
     profiles = load_profiles()
     if aliases:
         rows = [
-            {"alias": p.alias, "family": p.family, "repo": p.repo, "params": p.params, "active": p.active_params,
-             "drafts": list(p.drafts), "k": p.k, "mtp": p.mtp or None, "hybrid": p.hybrid}
+            {
+                "alias": p.alias,
+                "family": p.family,
+                "repo": p.repo,
+                "params": p.params,
+                "active": p.active_params,
+                "drafts": list(p.drafts),
+                "k": p.k,
+                "mtp": p.mtp or None,
+                "hybrid": p.hybrid,
+            }
             for p in profiles.values()
         ]
         if not as_json:
@@ -40,8 +49,10 @@ def models(
         places = [f"{SOURCE_LABELS[source]} ({root})" for source, root in store_roots().items()]
         err_console.print(f"no GGUF models in {', '.join(places[:-1])} or {places[-1]}", highlight=False)
     kinds = [_traits(m) for m in found]
-    rows = [{**m.as_json(), "architecture": (t.arch or None) if t else None, **(t.as_json() if t else UNKNOWN_TRAITS)}
-            for m, t in zip(found, kinds)]
+    rows = [
+        {**m.as_json(), "architecture": (t.arch or None) if t else None, **(t.as_json() if t else UNKNOWN_TRAITS)}
+        for m, t in zip(found, kinds)
+    ]
     if as_json:
         return _print(rows, True, [])
     for row, m, t in zip(rows, found, kinds):

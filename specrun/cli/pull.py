@@ -13,7 +13,14 @@ from specrun.hub import resolve_model
 @app.command()
 def pull(
     specs: Annotated[List[str], typer.Argument(help="alias[:QUANT], owner/repo[:QUANT], owner/repo/file.gguf")],
-    quant: Annotated[Optional[str], typer.Option("--quant", "-q", help="Quant to fetch, e.g. Q4_K_M, overriding :QUANT (default: the spec's :QUANT, else the largest that fits in memory).")] = None,
+    quant: Annotated[
+        Optional[str],
+        typer.Option(
+            "--quant",
+            "-q",
+            help="Quant to fetch, e.g. Q4_K_M, overriding :QUANT (default: the spec's :QUANT, else the largest that fits in memory).",
+        ),
+    ] = None,
     offline: Annotated[bool, typer.Option("--offline", help="Only check the cache; never use the network.")] = False,
 ) -> None:
     """Download models (with their split parts) into the Hugging Face cache; print their paths."""

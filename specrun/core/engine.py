@@ -86,8 +86,16 @@ DEFAULT_K = 8
 class Generator:
     """Speculative (or, without a drafter, plain) generation on one target context."""
 
-    def __init__(self, target: Context, drafter: DraftSource | None, sampler: Sampler, policy: DraftPolicy | None = None,
-                 eog: frozenset[int] | None = None, constraint: OutputConstraint | None = None, catch_up: CatchUp = "all"):
+    def __init__(
+        self,
+        target: Context,
+        drafter: DraftSource | None,
+        sampler: Sampler,
+        policy: DraftPolicy | None = None,
+        eog: frozenset[int] | None = None,
+        constraint: OutputConstraint | None = None,
+        catch_up: CatchUp = "all",
+    ):
         """`policy`: how many tokens to draft (default: up to DEFAULT_K); `eog`: the tokens that end a
         generation (default: the target model's end-of-generation tokens); `constraint`: the grammar
         the output is held to (each row's distribution masked by it); `catch_up`: how much of the
@@ -134,7 +142,9 @@ class Generator:
         already when a stream sizes its draft."""
         history = self._checked_prompt(prompt)
         # Also kept on the generator: a consumer that stops early (stop string, Ctrl-C) never sees Done.
-        self.stats = stats = Stats(prompt_tokens=len(history), counters=dict.fromkeys(self.drafter.counters if self.drafter else (), 0.0))
+        self.stats = stats = Stats(
+            prompt_tokens=len(history), counters=dict.fromkeys(self.drafter.counters if self.drafter else (), 0.0)
+        )
         started = time.perf_counter()
         cached = self.target.reuse_prefix(history[:-1])  # the last is decoded for its logits
         prefill = yield Decode(history[cached:], 1)
@@ -145,8 +155,9 @@ class Generator:
         try:
             while not (stop := self._stop_reason(stats, max_tokens)):
                 # A recurrent target can drop again only as many drafted tokens as it keeps snapshots for.
-                limit = min(max_tokens - stats.tokens - 1, self.target.free_slots - 1, self.policy.max_k,
-                            self.target.rollback_limit)
+                limit = min(
+                    max_tokens - stats.tokens - 1, self.target.free_slots - 1, self.policy.max_k, self.target.rollback_limit
+                )
                 step = yield from self._step(history, limit, prompt_logits, rows_before)
                 prompt_logits = None
                 self._count(step, stats)
@@ -168,8 +179,9 @@ class Generator:
             stats.generate_s = time.perf_counter() - started
         yield Done(stats)
 
-    def run(self, prompt: Sequence[int], max_tokens: int, on_token: OnToken | None = None,
-            on_step: OnStep | None = None) -> RunResult:
+    def run(
+        self, prompt: Sequence[int], max_tokens: int, on_token: OnToken | None = None, on_step: OnStep | None = None
+    ) -> RunResult:
         """Drive `generate` to its end: the one consumer of the event stream.
 
         `on_token` and `on_step` see each event as it comes; one that returns a stop reason
@@ -212,15 +224,18 @@ class Generator:
             )
         return list(prompt)
 
-    def _step(self, history: list[int], limit: int, prompt_logits: np.ndarray | None,
-              rows_before: Callable[[], int]) -> PyGenerator[Decode, Verified, Step]:
+    def _step(
+        self, history: list[int], limit: int, prompt_logits: np.ndarray | None, rows_before: Callable[[], int]
+    ) -> PyGenerator[Decode, Verified, Step]:
         """One round: draft, verify last token + drafts in one decode, keep the agreed prefix.
 
         The first round samples from `prompt_logits`, the prefill's last row, without a draft.
         """
         started = time.perf_counter()
         first = prompt_logits is not None
-        draft = self._proposed(history, limit, rows_before()) if limit > 0 and self.drafter is not None and not first else NO_DRAFT
+        draft = (
+            self._proposed(history, limit, rows_before()) if limit > 0 and self.drafter is not None and not first else NO_DRAFT
+        )
         drafted_at = time.perf_counter()
         if prompt_logits is None:
             verified = yield Decode([history[-1], *draft.tokens], len(draft.tokens) + 1)
@@ -241,8 +256,19 @@ class Generator:
             self.constraint.commit(accepted, [token for token, _ in emitted])
         step = Step(draft, accepted, emitted, drafted_at - started, verify_s, time.perf_counter() - checked_at, prefill=first)
         if not first:  # the prefill's decode says nothing of verify costs
-            self.policy.observe(StepRecord(draft.budget, draft.declined, len(draft.tokens), accepted, draft.confidences,
-                                           step.draft_s, step.verify_s + step.check_s, draft.catch_up_s, width))
+            self.policy.observe(
+                StepRecord(
+                    draft.budget,
+                    draft.declined,
+                    len(draft.tokens),
+                    accepted,
+                    draft.confidences,
+                    step.draft_s,
+                    step.verify_s + step.check_s,
+                    draft.catch_up_s,
+                    width,
+                )
+            )
         return step
 
     def _proposed(self, history: list[int], limit: int, rows_before: int) -> Draft:
@@ -250,8 +276,10 @@ class Generator:
         assert self.drafter is not None
         draft = self.drafter.propose(history, DraftRequest(limit, self.policy, self.sampler, self.catch_up, rows_before))
         if draft.tokens and (draft.budget is None or draft.budget.k < 1):
-            raise SpecrunError(f"a draft source ({', '.join(self.drafter.names)}) proposed tokens the policy granted no "
-                               "budget for: draft under request.policy.offer(...) and return its Budget with the draft")
+            raise SpecrunError(
+                f"a draft source ({', '.join(self.drafter.names)}) proposed tokens the policy granted no "
+                "budget for: draft under request.policy.offer(...) and return its Budget with the draft"
+            )
         return self._verifiable(draft, limit)
 
     @staticmethod

@@ -117,8 +117,14 @@ class Stats:
 
     def to_dict(self) -> dict:
         """Every field and rate; the sources' counters by name, beside the others."""
-        rates = ("acceptance_rate", "mean_accepted_length", "tokens_per_step", "acceptance_by_position", "tokens_per_s",
-                 "overhead_per_step_ms")
+        rates = (
+            "acceptance_rate",
+            "mean_accepted_length",
+            "tokens_per_step",
+            "acceptance_by_position",
+            "tokens_per_s",
+            "overhead_per_step_ms",
+        )
         values = {f.name: getattr(self, f.name) for f in fields(Stats) if f.name != "counters"}
         return {**values, **{name: getattr(self, name) for name in rates}, **self.counters}
 

@@ -46,7 +46,9 @@ class VocabBridge:
     def __init__(self, target: Model, draft: Model):
         self.target, self.draft = target, draft
         self.target_pieces, self.draft_pieces = target.pieces(), draft.pieces()
-        first_target: dict[bytes, int] = {}  # bytes -> the target id the target writes them with: the lowest, bytes fallbacks last
+        first_target: dict[
+            bytes, int
+        ] = {}  # bytes -> the target id the target writes them with: the lowest, bytes fallbacks last
         byte_tokens = target.byte_tokens
         for token, piece in enumerate(self.target_pieces):
             if piece and (piece not in first_target or first_target[piece] in byte_tokens):
@@ -62,8 +64,13 @@ class VocabBridge:
         to_target = []
         for text, piece in zip(draft.vocab_facts().tokens, self.draft_pieces):
             same = entries.get(text)
-            to_target.append(same if piece and same is not None and self.target_pieces[same] == piece
-                             else first_target.get(piece, -1) if piece else -1)
+            to_target.append(
+                same
+                if piece and same is not None and self.target_pieces[same] == piece
+                else first_target.get(piece, -1)
+                if piece
+                else -1
+            )
         self.to_target = np.array(to_target, dtype=np.int64)
         for spelled, token in self.draft_specials.items():
             self.to_target[token] = target_specials.get(spelled, -1)
@@ -167,4 +174,3 @@ class TextStream:
             self.target.append(token)
             self.ends.append(len(self.values))
         return kept
-

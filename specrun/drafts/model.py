@@ -83,7 +83,9 @@ class Picker:
         self._softmax = np.empty(n_vocab, dtype=np.float32)
         self._scratch = np.empty(n_vocab, dtype=bool)
 
-    def pick(self, row: np.ndarray, sampler: Sampler, sample: bool, wants_confidence: bool) -> tuple[int, Distribution | None, float]:
+    def pick(
+        self, row: np.ndarray, sampler: Sampler, sample: bool, wants_confidence: bool
+    ) -> tuple[int, Distribution | None, float]:
         """The next draft token, the distribution it was sampled from (None: argmax), its probability."""
         if sample:
             q = filtered(row, sampler.settings, self._scratch)
@@ -147,8 +149,9 @@ class DraftModel:
             if i < budget.k - 1:
                 logits = self.feed.eval(self.context, [token])
         measured = sample or policy.wants_confidence
-        return Draft(tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None,
-                     catch_up_s=catch_up_s)
+        return Draft(
+            tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None, catch_up_s=catch_up_s
+        )
 
     def _catch_up(self, history: Sequence[int], window: int | None) -> tuple[int, np.ndarray]:
         """Feed the cache what it lacks of its view of `history` (its cached prefix reused; after

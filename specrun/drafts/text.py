@@ -77,4 +77,3 @@ def whole_characters(data: bytes) -> bytes:
             need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
             return data if back >= need else data[:-back]
     return data
-

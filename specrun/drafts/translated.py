@@ -213,9 +213,8 @@ class TranslatingDraft:
             new, new_ends = self._restart(window)
         kept, self._confirmed_guess = self._confirmed_guess, 0
         translating = time.perf_counter() - started
-        pending = self.stream.values[new_ends[-1] if new_ends else self.ends[-1] if self.ends else 0:]
-        if (not new and not self.ends) or any(v >= SPECIAL for v in pending) or \
-                len(new) + budget.k + 1 > self.context.free_slots:
+        pending = self.stream.values[new_ends[-1] if new_ends else self.ends[-1] if self.ends else 0 :]
+        if (not new and not self.ends) or any(v >= SPECIAL for v in pending) or len(new) + budget.k + 1 > self.context.free_slots:
             return Draft()  # nothing to draft from yet, or no room left in the draft's cache
         started = time.perf_counter()
         logits = self._decode(new, new_ends, from_stream=True)
@@ -229,8 +228,9 @@ class TranslatingDraft:
         tokens, dists, confidences = self._for_target(guess, bytes(pending))
         translating += time.perf_counter() - started
         counters = {TRANSLATE_S: translating, REENCODED: len(new), KEPT: kept}
-        return Draft(tokens[: request.limit], budget, dists=dists, confidences=confidences, counters=counters,
-                     catch_up_s=catch_up_s)
+        return Draft(
+            tokens[: request.limit], budget, dists=dists, confidences=confidences, counters=counters, catch_up_s=catch_up_s
+        )
 
     def _guess(self, logits: np.ndarray, budget: Budget, request: DraftRequest) -> Guess:
         """Up to budget.k draft tokens from the cache's end, each decoded onto it but the last."""
@@ -276,7 +276,7 @@ class TranslatingDraft:
         text = b"".join(pieces[token] for token in (guess.draft[:-1] if ended else guess.draft))
         if not text.startswith(pending):
             return []  # the draft did not finish the character the target began
-        drafted = text[len(pending):]
+        drafted = text[len(pending) :]
         seen = whole_characters(drafted)
         tokens = (self.bridge.target_tokens(seen) or []) if seen else []
         return tokens + [self.bridge.target_end] if ended and seen == drafted else tokens

@@ -82,5 +82,3 @@ class Constraint:
             return "", False
         walk = self.reader.forced(FORCED_CHARS)
         return walk.text, walk.ends
-
-

@@ -65,7 +65,7 @@ class Parser:
     def _name(self) -> str:
         match = self.NAME.match(self.text, self.at)
         if not match:
-            raise GrammarSyntaxError(f"expected a rule name at {self.text[self.at:self.at + 20]!r}")
+            raise GrammarSyntaxError(f"expected a rule name at {self.text[self.at : self.at + 20]!r}")
         self.at = match.end()
         return match.group()
 

@@ -21,14 +21,46 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 from specrun.errors import SpecrunError
 
 # Keywords llama-cpp-python's converter enforces; annotations that do not constrain the value.
-ENFORCED = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
-    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "pattern", "minLength", "maxLength", "format",
-})
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "$defs", "definitions",
-    "deprecated", "readOnly", "writeOnly", "strict", "name",
-})
+ENFORCED = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "enum",
+        "const",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "$ref",
+        "pattern",
+        "minLength",
+        "maxLength",
+        "format",
+    }
+)
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$schema",
+        "$id",
+        "$comment",
+        "$defs",
+        "definitions",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "strict",
+        "name",
+    }
+)
 FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keyword -> {name: schema}
@@ -93,7 +125,9 @@ def check_schema(schema: Any, path: str) -> None:
         if key not in ENFORCED and key not in ANNOTATIONS:
             raise SchemaError(f"unsupported JSON schema feature '{key}' at {path}: the output could not be held to it", where)
         if key == "format" and value not in FORMATS:
-            raise SchemaError(f"unsupported JSON schema format '{value}' at {path} (supported: {', '.join(sorted(FORMATS))})", where)
+            raise SchemaError(
+                f"unsupported JSON schema format '{value}' at {path} (supported: {', '.join(sorted(FORMATS))})", where
+            )
         if key == "type":
             for kind in value if isinstance(value, list) else [value]:
                 if kind not in TYPES:

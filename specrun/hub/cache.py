@@ -16,8 +16,7 @@ from specrun.hub.quants import RepoFile, missing_parts, quant_sets
 from specrun.hub.stores.base import StoredModel, alias_for, family_of
 
 
-def cached_models(profiles: dict[str, ModelProfile], cache_dir: Path | None = None,
-                  source: str = "hf") -> list[StoredModel]:
+def cached_models(profiles: dict[str, ModelProfile], cache_dir: Path | None = None, source: str = "hf") -> list[StoredModel]:
     try:
         cache = scan_cache_dir(cache_dir or hub_cache_dir())
     except CacheNotFound:

@@ -88,10 +88,7 @@ def cached_listing(repo: str) -> RepoListing | None:
     for cached_repo in cache.repos:
         if cached_repo.repo_id.lower() == repo.lower() and cached_repo.repo_type == "model":
             revision = max(cached_repo.revisions, key=lambda r: ("main" in r.refs, r.last_modified))
-            files = [
-                RepoFile(f.file_path.relative_to(revision.snapshot_path).as_posix(), f.size_on_disk)
-                for f in revision.files
-            ]
+            files = [RepoFile(f.file_path.relative_to(revision.snapshot_path).as_posix(), f.size_on_disk) for f in revision.files]
             return RepoListing(cached_repo.repo_id, revision.commit_hash, files, gated=False, cached=True)
     return None
 

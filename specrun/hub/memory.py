@@ -39,8 +39,10 @@ def memory_budget(rpc: tuple[str, ...] = ()) -> MemoryBudget | None:
     remote = MemoryBudget(sum(s.free_bytes for s in servers), f"{len(servers)} RPC server{'s' * (len(servers) > 1)}")
     if local is None:
         return remote
-    return MemoryBudget(local.bytes + remote.bytes, f"{local.where} ({format_bytes(local.bytes)}) and "
-                                                    f"{remote.where} ({format_bytes(remote.bytes)})")
+    return MemoryBudget(
+        local.bytes + remote.bytes,
+        f"{local.where} ({format_bytes(local.bytes)}) and {remote.where} ({format_bytes(remote.bytes)})",
+    )
 
 
 def local_budget() -> MemoryBudget | None:

@@ -24,8 +24,16 @@ from specrun.hub.spec import is_repo_id
 
 PARAMS_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([MB])", re.IGNORECASE)
 FAMILY_KEYS = {"family": True, "tokenizer": False, "default_k": True, "models": True}  # key -> required
-MODEL_KEYS = {"repo": True, "file": True, "params": True, "active": False, "drafts": False, "k": False,
-              "mtp": False, "hybrid": False}
+MODEL_KEYS = {
+    "repo": True,
+    "file": True,
+    "params": True,
+    "active": False,
+    "drafts": False,
+    "k": False,
+    "mtp": False,
+    "hybrid": False,
+}
 MAX_K = 64
 MTP_HEADS, MTP_SEPARATE = "heads", "separate"  # `mtp: true`, `mtp: separate`
 
@@ -160,9 +168,7 @@ def _family_profiles(data: Any, path: Path) -> list[ModelProfile]:
     ]
 
 
-def _model_profile(
-    alias: str, entry: Any, family: str, default_k: int, path: Path, line: int, tokenizer: str
-) -> ModelProfile:
+def _model_profile(alias: str, entry: Any, family: str, default_k: int, path: Path, line: int, tokenizer: str) -> ModelProfile:
     prefix = f"models.{alias}."
     if not isinstance(entry, _Mapping):
         raise _ProfileError(line, f"models.{alias}", "must be a mapping with repo, file and params")
@@ -181,7 +187,8 @@ def _model_profile(
         check_name(file_pattern, prefix + "file")
     except SpecrunError:
         raise _ProfileError(
-            entry.key_lines["file"], prefix + "file",
+            entry.key_lines["file"],
+            prefix + "file",
             f"must be a file inside the repository (no '..', no absolute path), got {file_pattern!r}",
         ) from None
     drafts = entry.get("drafts", [])
@@ -191,8 +198,9 @@ def _model_profile(
     params = _params(entry, "params", prefix)
     active = _params(entry, "active", prefix) if "active" in entry else 0
     if active > params:
-        raise _ProfileError(entry.key_lines["active"], prefix + "active",
-                            f"must be at most params ({entry['params']}), got {entry['active']!r}")
+        raise _ProfileError(
+            entry.key_lines["active"], prefix + "active", f"must be at most params ({entry['params']}), got {entry['active']!r}"
+        )
     return ModelProfile(
         alias=alias,
         family=family,
@@ -240,9 +248,7 @@ def _params(mapping: _Mapping, key: str, prefix: str) -> int:
         return value
     match = PARAMS_RE.fullmatch(str(value).strip())
     if not match:
-        raise _ProfileError(
-            mapping.key_lines[key], prefix + key, f"must be a count such as 8.03B or 270M, got {value!r}"
-        )
+        raise _ProfileError(mapping.key_lines[key], prefix + key, f"must be a count such as 8.03B or 270M, got {value!r}")
     scale = 1e9 if match.group(2).upper() == "B" else 1e6
     return int(float(match.group(1)) * scale)
 
@@ -268,6 +274,4 @@ def _check_drafts(profiles: dict[str, ModelProfile]) -> None:
     for profile in profiles.values():
         for draft in profile.drafts:
             if draft not in profiles:
-                raise SpecrunError(
-                    f"bad profile {profile.source}: models.{profile.alias}.drafts: unknown alias {draft!r}"
-                )
+                raise SpecrunError(f"bad profile {profile.source}: models.{profile.alias}.drafts: unknown alias {draft!r}")

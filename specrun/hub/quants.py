@@ -126,6 +126,4 @@ def missing_parts(parts: list[RepoFile]) -> list[str]:
     count = index[1]
     have = {split_index(p.path)[0] for p in parts if split_index(p.path)}  # type: ignore[index]
     first = parts[0].path
-    return [
-        SPLIT_RE.sub(f"-{i:05d}-of-{count:05d}.gguf", first) for i in range(1, count + 1) if i not in have
-    ]
+    return [SPLIT_RE.sub(f"-{i:05d}-of-{count:05d}.gguf", first) for i in range(1, count + 1) if i not in have]

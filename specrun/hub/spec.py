@@ -89,7 +89,7 @@ def checked_repo_id(repo: str, context: str) -> str:
 
 def ollama_name(text: str) -> str | None:
     """NAME[:TAG] of an `ollama:NAME[:TAG]` spec; None for any other spec."""
-    return text[len(OLLAMA_PREFIX):] if text.lower().startswith(OLLAMA_PREFIX) else None
+    return text[len(OLLAMA_PREFIX) :] if text.lower().startswith(OLLAMA_PREFIX) else None
 
 
 def split_quant(text: str) -> tuple[str, str | None]:
@@ -105,18 +105,13 @@ def checked_quant(quant: str, context: str) -> str:
     try:
         return normalize_quant(quant)
     except ValueError:
-        raise SpecrunError(
-            f"{context}: {quant!r} is not a GGUF quant name (e.g. Q4_K_M, Q8_0, IQ4_XS, F16)"
-        ) from None
+        raise SpecrunError(f"{context}: {quant!r} is not a GGUF quant name (e.g. Q4_K_M, Q8_0, IQ4_XS, F16)") from None
 
 
 def unknown_model_message(name: str, aliases: Collection[str]) -> str:
     close = difflib.get_close_matches(name.lower(), list(aliases), n=3)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    return (
-        f"unknown model {name!r}: not a file, an alias or owner/repo; {hint}"
-        f"`specrun models --aliases` lists the aliases"
-    )
+    return f"unknown model {name!r}: not a file, an alias or owner/repo; {hint}`specrun models --aliases` lists the aliases"
 
 
 def has_gguf_magic(path: Path) -> bool:

@@ -19,15 +19,43 @@ from typing import Any, Iterable, Mapping
 from specrun.hub.profiles import MTP_HEADS, MTP_SEPARATE
 
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
-HYBRID_ARCHS = frozenset({
-    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
-    "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp",
-    "deepseek4", "minimax-01",
-})
-ROLLBACK_ARCHS = frozenset({
-    "kimi-k3", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "glm5-next", "nemotron_h", "nemotron_h_moe",
-    "lfm2", "lfm2moe", "bailingmoe3",
-})
+HYBRID_ARCHS = frozenset(
+    {
+        "jamba",
+        "falcon-h1",
+        "plamo2",
+        "granitehybrid",
+        "lfm2",
+        "lfm2moe",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "qwen3next",
+        "kimi-linear",
+        "bailingmoe3",
+        "kimi-k3",
+        "glm5-next",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "minimax-01",
+    }
+)
+ROLLBACK_ARCHS = frozenset(
+    {
+        "kimi-k3",
+        "qwen35",
+        "qwen35moe",
+        "qwen4exp",
+        "deepseek4",
+        "glm5-next",
+        "nemotron_h",
+        "nemotron_h_moe",
+        "lfm2",
+        "lfm2moe",
+        "bailingmoe3",
+    }
+)
 # Architectures whose MTP drafter is a model of its own, and that drafter's architecture.
 SEPARATE_DRAFTERS = {"gemma4": "gemma4-assistant"}
 STATE_BYTES_PER_VALUE = 4  # llama.cpp allocates the recurrent state (its r and s tensors) in f32
@@ -54,43 +82,53 @@ class Traits:
         """What this means for drafting, a line each; [] for a plain transformer."""
         found = []
         if self.mtp == HEADS and self.mtp_layers is None:
-            found.append("drafts for itself: --draft mtp (MTP heads, per its profile; a GGUF converted without "
-                         "them has none: its header's nextn_predict_layers says)")
+            found.append(
+                "drafts for itself: --draft mtp (MTP heads, per its profile; a GGUF converted without "
+                "them has none: its header's nextn_predict_layers says)"
+            )
         elif self.mtp == HEADS:
             found.append(f"drafts for itself: --draft mtp ({plural(self.mtp_layers or 0, 'MTP (NextN) layer')})")
         elif self.mtp == SEPARATE:
             drafter = f" ({SEPARATE_DRAFTERS[self.arch]})" if self.arch in SEPARATE_DRAFTERS else ""
-            found.append(f"its MTP drafter is a model of its own{drafter}, which specrun cannot run yet "
-                         "(llama.cpp's draft-mtp can); --draft mtp needs MTP layers in the target's own GGUF")
+            found.append(
+                f"its MTP drafter is a model of its own{drafter}, which specrun cannot run yet "
+                "(llama.cpp's draft-mtp can); --draft mtp needs MTP layers in the target's own GGUF"
+            )
         elif self.mtp == DRAFTER:
-            found.append("an MTP drafter without a model to draft for (a gemma4-assistant, or NextN layers alone), "
-                         "which specrun cannot run yet (llama.cpp's draft-mtp can)")
+            found.append(
+                "an MTP drafter without a model to draft for (a gemma4-assistant, or NextN layers alone), "
+                "which specrun cannot run yet (llama.cpp's draft-mtp can)"
+            )
         if self.recurrent:
             found.append(self.recurrent_note())
         return found
 
     def recurrent_note(self) -> str:
         if self.rolls_back is None:
-            return ("hybrid, per its profile: it keeps a recurrent state; whether llama.cpp rolls it back "
-                    "for drafts shows in its header")
+            return (
+                "hybrid, per its profile: it keeps a recurrent state; whether llama.cpp rolls it back "
+                "for drafts shows in its header"
+            )
         if self.rolls_back:
             return "hybrid: it keeps a recurrent state, which llama.cpp rolls back for drafts"
-        return (f"recurrent: llama.cpp cannot roll its state back ({self.arch}), so no draft can be verified: "
-                "no speculation, plain decoding only")
+        return (
+            f"recurrent: llama.cpp cannot roll its state back ({self.arch}), so no draft can be verified: "
+            "no speculation, plain decoding only"
+        )
 
     @property
     def short(self) -> str:
         """A few words for a table cell; "" for a plain transformer."""
-        words = {HEADS: "drafts itself (--draft mtp)", SEPARATE: "separate MTP drafter",
-                 DRAFTER: "an MTP drafter"}.get(self.mtp, "")
+        words = {HEADS: "drafts itself (--draft mtp)", SEPARATE: "separate MTP drafter", DRAFTER: "an MTP drafter"}.get(
+            self.mtp, ""
+        )
         if self.recurrent:
             state = {True: "hybrid, rolls back", False: "recurrent, no speculation", None: "hybrid"}[self.rolls_back]
             words = f"{words}; {state}" if words else state
         return words
 
     def as_json(self) -> dict[str, Any]:
-        return {"mtp": self.mtp or None, "mtp_layers": self.mtp_layers, "hybrid": self.recurrent,
-                "rolls_back": self.rolls_back}
+        return {"mtp": self.mtp or None, "mtp_layers": self.mtp_layers, "hybrid": self.recurrent, "rolls_back": self.rolls_back}
 
     @property
     def speculates(self) -> bool:
@@ -149,8 +187,7 @@ def state_bytes(meta: Mapping[str, Any]) -> int | None:
         per_layer = key("embedding_length") * (l_cache - 1)
     else:  # Mamba-2 and gated delta nets: the convolution's last d_conv - 1 inputs, and the state matrix
         d_inner, d_state = key("ssm.inner_size"), key("ssm.state_size")
-        per_layer = (max(key("ssm.conv_kernel") - 1, 0) * (d_inner + 2 * key("ssm.group_count") * d_state)
-                     + d_state * d_inner)
+        per_layer = max(key("ssm.conv_kernel") - 1, 0) * (d_inner + 2 * key("ssm.group_count") * d_state) + d_state * d_inner
     return len(layers) * per_layer * STATE_BYTES_PER_VALUE
 
 

@@ -27,7 +27,7 @@ from specrun.pair.header import ModelFacts, facts_from_reader, open_reader
 
 SAMPLE_PROMPTS = (
     "The history of the printing press begins in the fifteenth century, when",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "Shopping list for the week:\n1. Milk\n2. Eggs\n3.",
 )
 TIMING_STEPS = 12  # one-token decodes timed per candidate; the fastest is kept
@@ -89,8 +89,9 @@ class Probe:
         return np.argmax(logits, axis=1)
 
 
-def measure(target: Path, n_tokens: int = 24, threads: int = 0,
-            report: Callable[[str], None] = lambda line: None) -> list[Measured]:
+def measure(
+    target: Path, n_tokens: int = 24, threads: int = 0, report: Callable[[str], None] = lambda line: None
+) -> list[Measured]:
     """Acceptance, cost ratio and predicted speed-up of each candidate subset."""
     settings.check(threads=threads)
     reader = open_reader(target)
@@ -109,18 +110,25 @@ def measure(target: Path, n_tokens: int = 24, threads: int = 0,
         for layers in candidate_subsets(n_layers):
             path = Path(tmp) / "candidate.gguf"
             write_subset(reader, arch, n_layers, list(layers), target.name, path)
-            result = _measure_one(path, layers, prompts, runs, target_step, threads,
-                                  subset_bytes_ratio(facts, layers))
-            report(f"layers {_short(layers)}: acceptance {result.acceptance:.0%}, "
-                   f"cost {result.cost_ratio:.2f}, predicted {result.speedup:.2f}x")
+            result = _measure_one(path, layers, prompts, runs, target_step, threads, subset_bytes_ratio(facts, layers))
+            report(
+                f"layers {_short(layers)}: acceptance {result.acceptance:.0%}, "
+                f"cost {result.cost_ratio:.2f}, predicted {result.speedup:.2f}x"
+            )
             results.append(result)
             path.unlink()
     return results
 
 
-def _measure_one(path: Path, layers: tuple[int, ...], prompts: list[list[int]],
-                 runs: list[tuple[list[int], list[float]]], target_step: float,
-                 threads: int, bytes_ratio: float) -> Measured:
+def _measure_one(
+    path: Path,
+    layers: tuple[int, ...],
+    prompts: list[list[int]],
+    runs: list[tuple[list[int], list[float]]],
+    target_step: float,
+    threads: int,
+    bytes_ratio: float,
+) -> Measured:
     probe = Probe(path, n_ctx=512, threads=threads)
     try:
         agree = total = 0
@@ -140,8 +148,7 @@ def _measure_one(path: Path, layers: tuple[int, ...], prompts: list[list[int]],
 def subset_bytes_ratio(target: ModelFacts, layers: tuple[int, ...]) -> float:
     """Weights read per token by the subset over the target's (cost.py's model)."""
     kept = set(layers)
-    dropped = sum(t.n_bytes for t in target.tensors
-                  if (m := BLOCK_TENSOR.fullmatch(t.name)) and int(m.group(1)) not in kept)
+    dropped = sum(t.n_bytes for t in target.tensors if (m := BLOCK_TENSOR.fullmatch(t.name)) and int(m.group(1)) not in kept)
     full = decode_cost(target).per_token_bytes
     return (full - dropped) / full
 

@@ -124,15 +124,21 @@ class PairCheck:
     @property
     def verdict(self) -> str:
         if not self.target_traits.speculates:
-            return (f"cannot draft: llama.cpp cannot roll back the target's recurrent state ({self.target.arch}), "
-                    "so no draft can be verified on it; run it plainly")
+            return (
+                f"cannot draft: llama.cpp cannot roll back the target's recurrent state ({self.target.arch}), "
+                "so no draft can be verified on it; run it plainly"
+            )
         if self.draft_traits.mtp == DRAFTER:
-            return ("cannot draft: the draft is a separate MTP drafter (a gemma4-assistant, or MTP layers alone), "
-                    "which specrun cannot run yet; a target with MTP layers of its own drafts with --draft mtp")
+            return (
+                "cannot draft: the draft is a separate MTP drafter (a gemma4-assistant, or MTP layers alone), "
+                "which specrun cannot run yet; a target with MTP layers of its own drafts with --draft mtp"
+            )
         if not self.can_draft:
             o = self.translation.overlap  # type: ignore[union-attr]
-            return (f"cannot draft: the vocabularies share almost nothing ({o.shared} byte strings, "
-                    f"{o.draft_share:.1%} of the draft's text tokens)")
+            return (
+                f"cannot draft: the vocabularies share almost nothing ({o.shared} byte strings, "
+                f"{o.draft_share:.1%} of the draft's text tokens)"
+            )
         if self.cost_ratio is None:
             vocab_only = [m.source for m in (self.target, self.draft) if not m.tensors]
             return f"no cost estimate: vocab-only file without weights: {', '.join(vocab_only)}"
@@ -189,8 +195,16 @@ class PairCheck:
         }
 
 
-def check_models(target: str, draft: str, *, ctx: int = DEFAULT_CTX, acceptance: float | None = None,
-                 offline: bool = False, rpc: tuple[str, ...] = (), k: int | str = "auto") -> PairCheck:
+def check_models(
+    target: str,
+    draft: str,
+    *,
+    ctx: int = DEFAULT_CTX,
+    acceptance: float | None = None,
+    offline: bool = False,
+    rpc: tuple[str, ...] = (),
+    k: int | str = "auto",
+) -> PairCheck:
     """`pair check` of two model specs: their headers (from disk, else the hub's by range
     requests) and the memory they would run in at draft length `k`, the `rpc` servers' free
     memory included."""
@@ -220,14 +234,21 @@ def with_translation(result: PairCheck, target: Path | None, draft: Path | None)
     return result
 
 
-def check_pair(target: ModelFacts, draft: ModelFacts, ctx: int = DEFAULT_CTX,
-               acceptance: float | None = None, why: str = "given", budget: MemoryBudget | None = None) -> PairCheck:
+def check_pair(
+    target: ModelFacts,
+    draft: ModelFacts,
+    ctx: int = DEFAULT_CTX,
+    acceptance: float | None = None,
+    why: str = "given",
+    budget: MemoryBudget | None = None,
+) -> PairCheck:
     """The pair's compatibility, costs and predicted speed-up; memory counted for `ctx` tokens,
     acceptance assumed from the families unless given."""
     settings.check(ctx=ctx, acceptance=acceptance)
     prior = Prior(acceptance, why) if acceptance is not None else acceptance_prior(target, draft)
-    return PairCheck(target, draft, check_vocab(target.vocab, draft.vocab),
-                     decode_cost(target), decode_cost(draft), prior, ctx, budget)
+    return PairCheck(
+        target, draft, check_vocab(target.vocab, draft.vocab), decode_cost(target), decode_cost(draft), prior, ctx, budget
+    )
 
 
 def acceptance_prior(target: ModelFacts, draft: ModelFacts) -> Prior:
@@ -252,8 +273,10 @@ def finetune_hint(target: ModelFacts, draft: ModelFacts) -> str | None:
         return None
     base = ", ".join(target.base_models) or "its base model"
     tuned = f" ({t_tune})" if t_tune else ""
-    return (f"the target is fine-tuned{tuned} from {base}: prefer a draft tuned the same way; "
-            "acceptance with an untuned draft is usually lower")
+    return (
+        f"the target is fine-tuned{tuned} from {base}: prefer a draft tuned the same way; "
+        "acceptance with an untuned draft is usually lower"
+    )
 
 
 def model_json(model: ModelFacts, cost: DecodeCost) -> dict[str, Any]:

@@ -52,8 +52,9 @@ def decode_cost(model: ModelFacts) -> DecodeCost:
 def mtp_cost(model: ModelFacts) -> DecodeCost:
     """What one draft token of the model's MTP (NextN) layers reads: those layers, and the output
     head they share with the model unless they bring their own."""
-    mtp = [t for t in model.tensors if _in_mtp_layer(model, t.name)
-           and not t.name.endswith(NEXTN_EMBEDDING)]  # its own token embedding: rows looked up
+    mtp = [
+        t for t in model.tensors if _in_mtp_layer(model, t.name) and not t.name.endswith(NEXTN_EMBEDDING)
+    ]  # its own token embedding: rows looked up
     own_head = next((t.name for t in mtp if t.name.endswith(NEXTN_HEAD)), None)
     return _cost(model, mtp, own_head or "output.weight")
 
@@ -135,8 +136,7 @@ def expected_speedup(alpha: float, k: int, c: float) -> float:
 
 def best_k(alpha: float, c: float, max_k: int = MAX_K) -> tuple[int, float]:
     """The draft length with the highest predicted speed-up, and that speed-up."""
-    return max(((k, expected_speedup(alpha, k, c)) for k in range(1, max_k + 1)),
-               key=lambda pair: pair[1])
+    return max(((k, expected_speedup(alpha, k, c)) for k in range(1, max_k + 1)), key=lambda pair: pair[1])
 
 
 def verdict(c: float, alpha: float) -> str:
@@ -148,8 +148,10 @@ def verdict(c: float, alpha: float) -> str:
     at = f"{alpha:.0%} acceptance"
     if speedup < 1:
         ceiling_k, ceiling = best_k(1.0, c)
-        return (f"{lead}: slower than the target alone at {at}; even if every draft token "
-                f"were accepted, at most {ceiling:.2f}x (k={ceiling_k})")
+        return (
+            f"{lead}: slower than the target alone at {at}; even if every draft token "
+            f"were accepted, at most {ceiling:.2f}x (k={ceiling_k})"
+        )
     if speedup < 1.1:
         return f"{lead}: no useful speed-up possible (at most {speedup:.2f}x at {at}, k={k})"
     if speedup < 1.5:

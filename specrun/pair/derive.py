@@ -48,8 +48,7 @@ def parse_layers(spec: str, n_layers: int) -> list[int]:
         layers.update(range(first, last + 1))
     outside = sorted(i for i in layers if i >= n_layers)
     if outside:
-        raise SpecrunError(f"--layers {spec!r}: the target has layers 0-{n_layers - 1}, "
-                           f"not {outside[0]}")
+        raise SpecrunError(f"--layers {spec!r}: the target has layers 0-{n_layers - 1}, not {outside[0]}")
     if len(layers) == n_layers:
         raise SpecrunError(f"--layers {spec!r} keeps all {n_layers} layers: that is the target")
     return sorted(layers)
@@ -58,11 +57,15 @@ def parse_layers(spec: str, n_layers: int) -> list[int]:
 def check_derivable(target: ModelFacts) -> None:
     """A draft is cut from the layers of a model llama.cpp can load: say so when this is not one."""
     if "general.architecture" not in target.meta:
-        raise SpecrunError(f"{target.source} has no general.architecture in its header: "
-                           "not a model llama.cpp can load, so no draft can be cut from it")
+        raise SpecrunError(
+            f"{target.source} has no general.architecture in its header: "
+            "not a model llama.cpp can load, so no draft can be cut from it"
+        )
     if target.n_layers < 2:
-        raise SpecrunError(f"{target.source} has {target.n_layers} layers ({target.arch}.block_count): "
-                           "a derived draft needs a target with 2 or more")
+        raise SpecrunError(
+            f"{target.source} has {target.n_layers} layers ({target.arch}.block_count): "
+            "a derived draft needs a target with 2 or more"
+        )
 
 
 def derive_draft(target: Path, layers: list[int], out: Path, verify: bool = True) -> DerivedDraft:
@@ -77,8 +80,7 @@ def derive_draft(target: Path, layers: list[int], out: Path, verify: bool = True
     return DerivedDraft(out, tuple(layers), n_layers)
 
 
-def write_subset(reader: GGUFReader, arch: str, n_layers: int, layers: list[int],
-                 source_name: str, out: Path) -> None:
+def write_subset(reader: GGUFReader, arch: str, n_layers: int, layers: list[int], source_name: str, out: Path) -> None:
     writer = GGUFWriter(out, arch)
     for name, (value, vtype, sub_type) in subset_metadata(reader, arch, n_layers, layers).items():
         writer.add_key_value(name, value, vtype, sub_type=sub_type)
@@ -90,8 +92,7 @@ def write_subset(reader: GGUFReader, arch: str, n_layers: int, layers: list[int]
         new_name = renamed_tensor(tensor.name, renamed)
         if new_name is not None:
             kept.append(tensor)
-            writer.add_tensor_info(new_name, tensor.data.shape, tensor.data.dtype,
-                                   tensor.data.nbytes, tensor.tensor_type)
+            writer.add_tensor_info(new_name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -112,8 +113,7 @@ def renamed_tensor(name: str, renamed: dict[int, int]) -> str | None:
 MetaValue = tuple[Any, GGUFValueType, "GGUFValueType | None"]
 
 
-def subset_metadata(reader: GGUFReader, arch: str, n_layers: int,
-                    layers: list[int]) -> dict[str, MetaValue]:
+def subset_metadata(reader: GGUFReader, arch: str, n_layers: int, layers: list[int]) -> dict[str, MetaValue]:
     """Every key of the target, with block_count and per-layer arrays cut to `layers`."""
     meta: dict[str, MetaValue] = {}
     for field in reader.fields.values():
@@ -152,8 +152,10 @@ def swa_pattern(meta: dict[str, MetaValue], arch: str, n_layers: int) -> list[bo
     if explicit is not None and isinstance(explicit[0], list):
         return None  # already per layer, cut by subset_metadata
     if arch not in SWA_DEFAULT_PATTERNS:
-        raise SpecrunError(f"{arch} uses sliding-window attention with a layout specrun does "
-                           "not know, so a layer subset would change which layers use it")
+        raise SpecrunError(
+            f"{arch} uses sliding-window attention with a layout specrun does "
+            "not know, so a layer subset would change which layers use it"
+        )
     n_pattern, dense_first = SWA_DEFAULT_PATTERNS[arch]
     if explicit is not None:
         n_pattern = int(explicit[0])
@@ -178,6 +180,6 @@ def check_loads(path: Path, shown_as: Path) -> None:
     try:
         Model(path, ModelOptions(n_gpu_layers=0), role="derived draft").close()
     except SpecrunError:
-        raise SpecrunError(f"llama.cpp cannot load the derived draft {shown_as}; nothing was "
-                           "written (SPECRUN_DEBUG=1 shows llama.cpp's log)") from None
-
+        raise SpecrunError(
+            f"llama.cpp cannot load the derived draft {shown_as}; nothing was written (SPECRUN_DEBUG=1 shows llama.cpp's log)"
+        ) from None

@@ -54,16 +54,24 @@ DEFAULT_SPECIAL_IDS = {
 # Default add_bos/add_eos per vocab type; BPE defaults depend on the pre-tokenizer.
 DEFAULT_ADD_FLAGS = {"spm": (True, False), "wpm": (True, False), "ugm": (False, True)}
 BPE_PRE_ADDING_BOS = {
-    "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-    "lfm2", "jina-v5-nano", "tekken", "chameleon",
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "jina-v5-nano",
+    "tekken",
+    "chameleon",
 }
 # Pre-tokenizers for which llama.cpp forces add_bos after reading the keys (its PR 21500).
 BPE_PRE_FORCING_BOS = {"gemma4", "granite-embed-multi-311m"}
 BPE_PRE_WITHOUT_BOS = {"chatglm-bpe", "glm4", "glm5"}
 
 # Tensors read one row per token (a lookup), not multiplied in full.
-LOOKUP_TENSORS = ("token_embd.weight", "position_embd.weight", "token_types.weight",
-                  "per_layer_token_embd.weight")
+LOOKUP_TENSORS = ("token_embd.weight", "position_embd.weight", "token_types.weight", "per_layer_token_embd.weight")
 
 
 @dataclass(frozen=True)
@@ -168,7 +176,7 @@ class PlainArrayReader(GGUFReader):
         buffer, indexes = self.data.data, []  # the array's memoryview, without a copy
         for _ in range(count):
             (length,) = struct.unpack_from("<Q", buffer, offs)
-            parts += [self.data[offs:offs + 8].view(np.uint64), self.data[offs + 8:offs + 8 + length]]
+            parts += [self.data[offs : offs + 8].view(np.uint64), self.data[offs + 8 : offs + 8 + length]]
             indexes.append(len(parts) - 1)
             offs += 8 + length
         return offs - orig_offs, parts, indexes, types
@@ -239,7 +247,7 @@ def _string(data: mmap.mmap, offset: int) -> tuple[str, int]:
     end = offset + 8 + length
     if end > len(data):
         raise ValueError("a string runs past the end of the file")
-    return data[offset + 8:end].decode("utf-8", "replace"), end
+    return data[offset + 8 : end].decode("utf-8", "replace"), end
 
 
 def _value(data: mmap.mmap, offset: int, kind: int, max_array: int) -> tuple[Any, int]:
@@ -288,8 +296,7 @@ def facts_from_reader(reader: GGUFReader, source: str, file_size: int) -> ModelF
     meta = read_metadata(reader)
     arch = str(meta.get("general.architecture", "unknown"))
     tensors = tuple(
-        TensorInfo(t.name, t.tensor_type.name, tuple(int(d) for d in t.shape),
-                   int(t.n_elements), int(t.n_bytes))
+        TensorInfo(t.name, t.tensor_type.name, tuple(int(d) for d in t.shape), int(t.n_elements), int(t.n_bytes))
         for t in reader.tensors
     )
     vocab = vocab_facts(reader, meta, arch)

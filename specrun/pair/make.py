@@ -25,9 +25,16 @@ class MadeDraft:
     measured: list[Measured]  # every subset --auto measured, in the order measured; [] without it
 
 
-def make_draft(target: str, output: Path, *, layers: str | None = None, auto: bool = False,
-               threads: int = 0, force: bool = False,
-               report: Callable[[str], None] = lambda line: None) -> MadeDraft:
+def make_draft(
+    target: str,
+    output: Path,
+    *,
+    layers: str | None = None,
+    auto: bool = False,
+    threads: int = 0,
+    force: bool = False,
+    report: Callable[[str], None] = lambda line: None,
+) -> MadeDraft:
     """Write a draft of TARGET's layers to `output`: the `layers` given (e.g. "0-2,15-17") or,
     with `auto`, the subset that measures fastest on `threads` threads (`report` hears each).
 
@@ -49,8 +56,7 @@ def make_draft(target: str, output: Path, *, layers: str | None = None, auto: bo
     else:
         kept = parse_layers(layers or "", target_facts.n_layers)
     derived = derive_draft(target_path, kept, output)
-    return MadeDraft(derived, check_pair(target_facts, read_local(output), acceptance=acceptance, why=MEASURED),
-                     measured)
+    return MadeDraft(derived, check_pair(target_facts, read_local(output), acceptance=acceptance, why=MEASURED), measured)
 
 
 def check_output(output: Path, target: Path, force: bool) -> None:

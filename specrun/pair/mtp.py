@@ -24,8 +24,9 @@ from specrun.pair.header import ModelFacts
 from specrun.pair.sources import Known, locate
 
 MTP_SPEC = "mtp"  # what --draft takes for the target's own MTP layers
-UNMEASURED = ("acceptance of MTP heads is not assumed: measure it (specrun generate --draft mtp --compare-plain) "
-              "or give --acceptance")
+UNMEASURED = (
+    "acceptance of MTP heads is not assumed: measure it (specrun generate --draft mtp --compare-plain) or give --acceptance"
+)
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,15 @@ class MtpCheck:
         }
 
 
-def check_mtp(target: str, *, ctx: int = DEFAULT_CTX, acceptance: float | None = None, offline: bool = False,
-              rpc: tuple[str, ...] = (), k: int | str = "auto") -> MtpCheck:
+def check_mtp(
+    target: str,
+    *,
+    ctx: int = DEFAULT_CTX,
+    acceptance: float | None = None,
+    offline: bool = False,
+    rpc: tuple[str, ...] = (),
+    k: int | str = "auto",
+) -> MtpCheck:
     """`pair check TARGET mtp`: the target's header, refused in one line when it has no MTP layers."""
     settings.check(ctx=ctx, acceptance=acceptance)
     rollback = rollback_tokens(parse_k(k))
@@ -128,14 +136,16 @@ def refuse_without_heads(model: ModelFacts, spec: str) -> None:
     traits = traits_of(model)
     name = Path(model.source).name
     if traits.mtp == DRAFTER:
-        raise SpecrunError(f"{name} is an MTP drafter ({model.arch}), not a model to generate with: give the model "
-                           "it drafts for as the target")
+        raise SpecrunError(
+            f"{name} is an MTP drafter ({model.arch}), not a model to generate with: give the model it drafts for as the target"
+        )
     if traits.mtp != HEADS:
         drafter = SEPARATE_DRAFTERS.get(model.arch, "a model of its own")
-        separate = (f"; its MTP drafter is a separate {drafter}, which specrun cannot run yet"
-                    if traits.mtp == SEPARATE else "")
-        raise SpecrunError(f"the target model {name} has no MTP (NextN) layers, so it cannot draft for itself{separate}: "
-                           f"check a draft model instead (specrun pair suggest --target {spec} lists some)")
+        separate = f"; its MTP drafter is a separate {drafter}, which specrun cannot run yet" if traits.mtp == SEPARATE else ""
+        raise SpecrunError(
+            f"the target model {name} has no MTP (NextN) layers, so it cannot draft for itself{separate}: "
+            f"check a draft model instead (specrun pair suggest --target {spec} lists some)"
+        )
 
 
 @dataclass(frozen=True)
@@ -148,9 +158,13 @@ class OwnHeads:
     def as_json(self) -> dict[str, Any]:
         check = self.check
         return {
-            "draft": MTP_SPEC, "origin": "own MTP layers", "evidence": self.target.evidence,
-            "on_disk": str(self.target.path) if self.target.path else None, "store": self.target.store,
-            "predicted_speedup": None, "k": None,
+            "draft": MTP_SPEC,
+            "origin": "own MTP layers",
+            "evidence": self.target.evidence,
+            "on_disk": str(self.target.path) if self.target.path else None,
+            "store": self.target.store,
+            "predicted_speedup": None,
+            "k": None,
             "mtp_layers": check.mtp_layers if check else None,
             "cost_ratio": check.cost_ratio if check else None,
             "memory_bytes": check.memory_bytes if check else None,

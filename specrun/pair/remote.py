@@ -29,8 +29,7 @@ MAX_HEADER = 256 << 20  # a header larger than this is not a header we can use
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
-def read_remote(repo_id: str, filename: str, revision: str | None = None,
-                endpoint: str | None = None) -> ModelFacts:
+def read_remote(repo_id: str, filename: str, revision: str | None = None, endpoint: str | None = None) -> ModelFacts:
     check_name(filename, f"{repo_id}: file name")
     # The hub's resolve URL, built like hf_hub_url but with the endpoint the hub
     # package uses (HF_ENDPOINT read now, not at import time).
@@ -51,8 +50,7 @@ def _read_prefix_until_parsed(url: str, source: str, sparse: Path) -> ModelFacts
         if reader is not None:
             return facts_from_reader(reader, source=source, file_size=total)
         if fetched >= min(total, MAX_HEADER):
-            raise SpecrunError(f"{source}: no complete GGUF header in the first "
-                               f"{fetched >> 20} MiB; is it a GGUF file?")
+            raise SpecrunError(f"{source}: no complete GGUF header in the first {fetched >> 20} MiB; is it a GGUF file?")
         want = min(fetched * 2, MAX_HEADER, total)  # doubling: at most 2x the header fetched
         chunk, _ = fetch_range(url, source, fetched, want)
         with sparse.open("r+b") as out:
@@ -85,8 +83,9 @@ def fetch_range(url: str, source: str, start: int, end: int) -> tuple[bytes, int
     except Exception as exc:
         if not _is_transport_error(exc):
             raise
-        raise SpecrunError(f"{source}: cannot read the header from the hub ({exc}); "
-                           "check the connection or pass a local path") from None
+        raise SpecrunError(
+            f"{source}: cannot read the header from the hub ({exc}); check the connection or pass a local path"
+        ) from None
     return body[: end - start], total
 
 
@@ -100,13 +99,13 @@ def _raise_for_status(status: int, source: str) -> None:
     if status == 206:
         return
     if status in (401, 403):
-        raise SpecrunError(f"{source}: the repository is gated or private; accept its terms "
-                           "on the hub and log in (`hf auth login` or HF_TOKEN)")
+        raise SpecrunError(
+            f"{source}: the repository is gated or private; accept its terms on the hub and log in (`hf auth login` or HF_TOKEN)"
+        )
     if status == 404:
         raise SpecrunError(f"{source}: not found on the hub; check owner/repo/file.gguf")
     if status == 200:
-        raise SpecrunError(f"{source}: the server ignored the Range request; "
-                           "reading the header would download the whole file")
+        raise SpecrunError(f"{source}: the server ignored the Range request; reading the header would download the whole file")
     raise SpecrunError(f"{source}: the hub answered HTTP {status}")
 
 

@@ -36,14 +36,18 @@ def model_line(role: str, model: ModelFacts) -> str:
     vocab = f"{v.vocab_type} vocabulary of {v.n_tokens} tokens"
     if not model.tensors:
         return f"{role:<7} {model.source}\n        {model.arch}, vocab only (no weights), {vocab}"
-    return (f"{role:<7} {model.source}\n        {model.arch}, {human_count(model.n_params)} params, "
-            f"{human_bytes(model.file_size)}, {model.n_layers} layers, {vocab}")
+    return (
+        f"{role:<7} {model.source}\n        {model.arch}, {human_count(model.n_params)} params, "
+        f"{human_bytes(model.file_size)}, {model.n_layers} layers, {vocab}"
+    )
 
 
 def cost_line(role: str, cost: DecodeCost) -> str:
     tied = ", tied to token_embd" if cost.head_tied else ""
-    return (f"  {role:<7} {human_bytes(cost.per_token_bytes)} read per token: layers "
-            f"{human_bytes(cost.layer_bytes)} + output head {human_bytes(cost.head_bytes)}{tied}")
+    return (
+        f"  {role:<7} {human_bytes(cost.per_token_bytes)} read per token: layers "
+        f"{human_bytes(cost.layer_bytes)} + output head {human_bytes(cost.head_bytes)}{tied}"
+    )
 
 
 def trait_lines(traits: Traits) -> list[str]:
@@ -52,11 +56,15 @@ def trait_lines(traits: Traits) -> list[str]:
 
 
 def check_lines(result: PairCheck) -> list[str]:
-    lines = [model_line("target", result.target), *trait_lines(result.target_traits),
-             model_line("draft", result.draft), *trait_lines(result.draft_traits), ""]
+    lines = [
+        model_line("target", result.target),
+        *trait_lines(result.target_traits),
+        model_line("draft", result.draft),
+        *trait_lines(result.draft_traits),
+        "",
+    ]
     if result.compat.ok:
-        lines.append("compatible: yes (llama.cpp's rule: vocab type, bos/eos, sizes within 128, "
-                     "token text from id 5)")
+        lines.append("compatible: yes (llama.cpp's rule: vocab type, bos/eos, sizes within 128, token text from id 5)")
     else:
         lines.append("compatible: no, by llama.cpp's rule; specrun drafts translated, through text")
         lines += [f"  - {problem}" for problem in result.compat.problems]
@@ -91,10 +99,8 @@ def translation_lines(result: PairCheck) -> list[str]:
 def ratio_lines(result: PairCheck) -> list[str]:
     t, d = result.target, result.draft
     return [
-        f"params     draft/target {result.param_ratio:.2f} "
-        f"({human_count(d.n_params)} / {human_count(t.n_params)})",
-        f"file size  draft/target {result.size_ratio:.2f} "
-        f"({human_bytes(d.file_size)} / {human_bytes(t.file_size)})",
+        f"params     draft/target {result.param_ratio:.2f} ({human_count(d.n_params)} / {human_count(t.n_params)})",
+        f"file size  draft/target {result.size_ratio:.2f} ({human_bytes(d.file_size)} / {human_bytes(t.file_size)})",
         f"cost       draft/target {result.cost_ratio:.2f} (bytes of weights read per target token drafted)",
         cost_line("target", result.target_cost),
         cost_line("draft", result.draft_cost),
@@ -112,9 +118,11 @@ def memory_line(result: PairCheck | MtpCheck) -> str:
     weights = result.target.file_size + (result.draft.file_size if isinstance(result, PairCheck) else 0)
     states = result.state_memory_bytes or 0
     state = f" + recurrent state {human_bytes(states)} ({state_copies(result)})" if states else ""
-    return (f"memory     {human_bytes(total)} together: weights {human_bytes(weights)} + f16 KV "
-            f"caches at {result.n_ctx} tokens {human_bytes(total - weights - states)}{state} "
-            "(plus compute buffers)")
+    return (
+        f"memory     {human_bytes(total)} together: weights {human_bytes(weights)} + f16 KV "
+        f"caches at {result.n_ctx} tokens {human_bytes(total - weights - states)}{state} "
+        "(plus compute buffers)"
+    )
 
 
 def unknown_state(result: PairCheck | MtpCheck) -> str:
@@ -140,12 +148,20 @@ def state_copies(result: PairCheck | MtpCheck) -> str:
 def mtp_check_lines(result: MtpCheck) -> list[str]:
     """`pair check TARGET mtp`: the target, what its MTP layers cost, the memory, the verdict."""
     cost = result.cost_ratio
-    lines = [model_line("target", result.target), *trait_lines(traits_of(result.target)),
-             "draft   mtp: the target's own MTP layers (--draft mtp), no second model", ""]
+    lines = [
+        model_line("target", result.target),
+        *trait_lines(traits_of(result.target)),
+        "draft   mtp: the target's own MTP layers (--draft mtp), no second model",
+        "",
+    ]
     if cost is not None:
-        lines += [f"cost       MTP/target {cost:.2f} (bytes of weights read per token drafted)",
-                  cost_line("target", decode_cost(result.target)), cost_line("MTP", mtp_cost(result.target)),
-                  memory_line(result), *fit_lines(result)]
+        lines += [
+            f"cost       MTP/target {cost:.2f} (bytes of weights read per token drafted)",
+            cost_line("target", decode_cost(result.target)),
+            cost_line("MTP", mtp_cost(result.target)),
+            memory_line(result),
+            *fit_lines(result),
+        ]
     if result.acceptance is not None:
         lines.append(f"acceptance {result.acceptance:.0%} given")
     lines += [f"verdict    {result.verdict}", f"cost model {MODEL_ASSUMPTIONS}"]
@@ -175,8 +191,10 @@ def derive_lines(derived: DerivedDraft, result: PairCheck) -> list[str]:
     ]
     lines += [f"warning    {w}" for w in result.warnings()]
     if result.prior.why != MEASURED:
-        lines.append("acceptance of a layer subset is not predictable from its size: measure "
-                     "it with --auto or specrun generate --compare-plain")
+        lines.append(
+            "acceptance of a layer subset is not predictable from its size: measure "
+            "it with --auto or specrun generate --compare-plain"
+        )
     return lines
 
 
@@ -185,15 +203,20 @@ def target_lines(target: Known) -> list[str]:
     where = f", on disk in {SOURCE_LABELS[target.store]}" if target.store else ""
     traits = trait_lines(known_traits(target))
     if target.facts is not None:
-        unconverted = (["        its profile lists MTP heads, but this GGUF has none: it was converted without them"]
-                       if target.profile and target.profile.mtp == HEADS and known_traits(target).mtp != HEADS else [])
-        return [model_line("target", target.facts), f"        known from its {target.evidence}{where}",
-                *traits, *unconverted]
+        unconverted = (
+            ["        its profile lists MTP heads, but this GGUF has none: it was converted without them"]
+            if target.profile and target.profile.mtp == HEADS and known_traits(target).mtp != HEADS
+            else []
+        )
+        return [model_line("target", target.facts), f"        known from its {target.evidence}{where}", *traits, *unconverted]
     profile = target.profile
     assert profile is not None  # locate answers with a header or a profile
-    return [f"target  {target.spec}",
-            f"        known from its profile: {profile.family} family, {human_count(profile.params)} params, "
-            f"tokenizer {profile.tokenizer}; no file on disk and no header read", *traits]
+    return [
+        f"target  {target.spec}",
+        f"        known from its profile: {profile.family} family, {human_count(profile.params)} params, "
+        f"tokenizer {profile.tokenizer}; no file on disk and no header read",
+        *traits,
+    ]
 
 
 def suggest_lines(target: Known, own: OwnHeads | None, found: list[Suggestion]) -> list[str]:
@@ -202,26 +225,34 @@ def suggest_lines(target: Known, own: OwnHeads | None, found: list[Suggestion]) 
         lines.append("no draft can work for it: llama.cpp cannot roll its recurrent state back")
         return lines
     if not found and own is None:
-        lines.append("no draft cheaper than the target was found "
-                     "(try without --offline, or `specrun pair derive` for a layer subset)")
+        lines.append(
+            "no draft cheaper than the target was found (try without --offline, or `specrun pair derive` for a layer subset)"
+        )
         return lines
-    lines.append(f"{'#':>2}  {'speed-up':>8}  {'k':>2}  {'cost':>5}  {'accept':>6}  "
-                 f"{'memory':>10}  {'evidence':<13}  {'on disk':<9}  draft (origin)")
+    lines.append(
+        f"{'#':>2}  {'speed-up':>8}  {'k':>2}  {'cost':>5}  {'accept':>6}  "
+        f"{'memory':>10}  {'evidence':<13}  {'on disk':<9}  draft (origin)"
+    )
     if own is not None:
         lines.append(own_heads_row(own))
     for rank, s in enumerate(found, 1 + (own is not None)):
         k, speedup = s.best or (0, 0.0)
         memory = s.memory_bytes
         on_disk = s.draft.store or ("file" if s.draft.path else "-")
-        lines.append(f"{rank:>2}  {speedup:>7.2f}x  {k:>2}  {s.cost_ratio:>5.2f}  "
-                     f"{s.prior.alpha:>6.0%}  {human_bytes(memory) if memory else '?':>10}  "
-                     f"{s.evidence:<13}  {on_disk:<9}  {s.spec} ({s.origin}{', translated' if s.translated else ''})")
+        lines.append(
+            f"{rank:>2}  {speedup:>7.2f}x  {k:>2}  {s.cost_ratio:>5.2f}  "
+            f"{s.prior.alpha:>6.0%}  {human_bytes(memory) if memory else '?':>10}  "
+            f"{s.evidence:<13}  {on_disk:<9}  {s.spec} ({s.origin}{', translated' if s.translated else ''})"
+        )
         lines += [f"      {w}" for w in (s.check.warnings() if s.check else [])]
-    lines += ["", "speed-up is predicted, not measured: cost = draft/target bytes read per token (from "
-              "the headers) or parameters read per token (evidence: profile, no file read), accept = assumed "
-              f"acceptance by family, memory = both models + f16 KV caches at {DEFAULT_CTX} tokens + recurrent "
-              f"states, a hybrid target's with a snapshot per token of the longest draft --k auto grants ({AUTO_ROLLBACK})",
-              f"cost model {MODEL_ASSUMPTIONS}"]
+    lines += [
+        "",
+        "speed-up is predicted, not measured: cost = draft/target bytes read per token (from "
+        "the headers) or parameters read per token (evidence: profile, no file read), accept = assumed "
+        f"acceptance by family, memory = both models + f16 KV caches at {DEFAULT_CTX} tokens + recurrent "
+        f"states, a hybrid target's with a snapshot per token of the longest draft --k auto grants ({AUTO_ROLLBACK})",
+        f"cost model {MODEL_ASSUMPTIONS}",
+    ]
     if own is not None:
         lines.append(f"mtp: the target's own MTP layers draft (--draft mtp); {UNMEASURED}")
     return lines
@@ -232,8 +263,10 @@ def own_heads_row(own: OwnHeads) -> str:
     cost = f"{check.cost_ratio:>5.2f}" if check and check.cost_ratio is not None else f"{'?':>5}"
     memory = check.memory_bytes if check else None
     on_disk = own.target.store or ("file" if own.target.path else "-")
-    return (f"{1:>2}  {'-':>8}  {'-':>2}  {cost}  {'-':>6}  {human_bytes(memory) if memory else '?':>10}  "
-            f"{own.target.evidence:<13}  {on_disk:<9}  {MTP_SPEC} (the target's own MTP layers)")
+    return (
+        f"{1:>2}  {'-':>8}  {'-':>2}  {cost}  {'-':>6}  {human_bytes(memory) if memory else '?':>10}  "
+        f"{own.target.evidence:<13}  {on_disk:<9}  {MTP_SPEC} (the target's own MTP layers)"
+    )
 
 
 def auto_lines(measured: list) -> list[str]:
@@ -244,13 +277,20 @@ def auto_lines(measured: list) -> list[str]:
     names = [describe_layers(list(m.layers)) for m in ranked]
     width = max(6, *(len(n) for n in names))
     lines = [f"{'layers':<{width}} {'accept':>6} {'cost':>5} {'bytes':>5} {'k':>2} {'predicted':>9}"]
-    lines += [f"{name:<{width}} {m.acceptance:>6.0%} {m.cost_ratio:>5.2f} {m.bytes_ratio:>5.2f} "
-              f"{m.k:>2} {m.speedup:>8.2f}x" for name, m in zip(names, ranked)]
+    lines += [
+        f"{name:<{width}} {m.acceptance:>6.0%} {m.cost_ratio:>5.2f} {m.bytes_ratio:>5.2f} {m.k:>2} {m.speedup:>8.2f}x"
+        for name, m in zip(names, ranked)
+    ]
     best = ranked[0]
     if best.speedup < 1:
-        lines.append(f"no layer subset beats the target alone on the sample prompts; wrote the "
-                     f"best one ({best.speedup:.2f}x predicted) so you can measure it yourself")
-    lines += ["accept = greedy agreement with the target along its own output (teacher-forced); "
-              "cost = measured one-token step time, draft/target (noisy on a busy machine); "
-              "bytes = weights read per token, draft/target", ""]
+        lines.append(
+            f"no layer subset beats the target alone on the sample prompts; wrote the "
+            f"best one ({best.speedup:.2f}x predicted) so you can measure it yourself"
+        )
+    lines += [
+        "accept = greedy agreement with the target along its own output (teacher-forced); "
+        "cost = measured one-token step time, draft/target (noisy on a busy machine); "
+        "bytes = weights read per token, draft/target",
+        "",
+    ]
     return lines

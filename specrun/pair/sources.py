@@ -36,8 +36,7 @@ class Known:
     note: str = ""  # why no header was read, when the profile is all there is
 
 
-def locate(spec: str, offline: bool = False, for_draft: bool = False,
-           profile_fallback: bool = False) -> Known:
+def locate(spec: str, offline: bool = False, for_draft: bool = False, profile_fallback: bool = False) -> Known:
     """What is known of a spec, local knowledge first.
 
     profile_fallback: when no header can be read (offline, or the hub failed), an alias
@@ -66,12 +65,14 @@ def remote_facts(location: ModelLocation) -> ModelFacts:
 
     listing = location.listing
     assert listing is not None  # a location without files names its hub files
-    return merge_split_parts([read_remote(listing.repo, part.path, revision=listing.commit or None)
-                              for part in location.hub_files])
+    return merge_split_parts(
+        [read_remote(listing.repo, part.path, revision=listing.commit or None) for part in location.hub_files]
+    )
 
 
-def profile_answer(spec: str, error: SpecrunError, repo: str, profile: ModelProfile | None,
-                   offline: bool, fallback: bool) -> Known:
+def profile_answer(
+    spec: str, error: SpecrunError, repo: str, profile: ModelProfile | None, offline: bool, fallback: bool
+) -> Known:
     """The profile, when no header could be read and the caller takes one; else the error."""
     if not fallback:
         raise error

@@ -102,32 +102,62 @@ class Suggestion:
 
     def as_json(self) -> dict:
         k, speedup = self.best or (None, None)
-        place = {"evidence": self.evidence, "on_disk": str(self.draft.path) if self.draft.path else None,
-                 "store": self.draft.store}
+        place = {
+            "evidence": self.evidence,
+            "on_disk": str(self.draft.path) if self.draft.path else None,
+            "store": self.draft.store,
+        }
         if self.check is None:
-            return {"draft": self.spec, "origin": self.origin, **place, "predicted_speedup": speedup, "k": k,
-                    "draft_model": profile_json(self.draft), **estimate_json(self.estimate)}  # type: ignore[arg-type]
+            return {
+                "draft": self.spec,
+                "origin": self.origin,
+                **place,
+                "predicted_speedup": speedup,
+                "k": k,
+                "draft_model": profile_json(self.draft),
+                **estimate_json(self.estimate),  # type: ignore[arg-type]
+            }
         details = self.check.as_json()
-        shared = {key: value for key, value in details.items()
-                  if key not in ("target", "draft", "cost_model")}
-        return {"draft": self.spec, "origin": self.origin, **place, "predicted_speedup": speedup, "k": k,
-                "draft_model": details["draft"], **shared}
+        shared = {key: value for key, value in details.items() if key not in ("target", "draft", "cost_model")}
+        return {
+            "draft": self.spec,
+            "origin": self.origin,
+            **place,
+            "predicted_speedup": speedup,
+            "k": k,
+            "draft_model": details["draft"],
+            **shared,
+        }
 
 
 def profile_json(model: Known) -> dict:
     profile = model.profile
     assert profile is not None
-    return {"alias": profile.alias, "family": profile.family, "tokenizer": profile.tokenizer,
-            "params": model.facts.n_params if has_weights(model) else profile.params}  # type: ignore[union-attr]
+    return {
+        "alias": profile.alias,
+        "family": profile.family,
+        "tokenizer": profile.tokenizer,
+        "params": model.facts.n_params if has_weights(model) else profile.params,  # type: ignore[union-attr]
+    }
 
 
 def estimate_json(estimate: ProfileEstimate) -> dict:
     k, speedup = estimate.best_k
-    return {"compatible": True, "problems": [], "notes": [f"same tokenizer per the profiles ({estimate.tokenizer})"],
-            "param_ratio": estimate.cost_ratio, "size_ratio": None, "cost_ratio": estimate.cost_ratio,
-            "memory_bytes": None, "acceptance_prior": estimate.prior.alpha,
-            "acceptance_prior_reason": estimate.prior.why, "best_k": k, "predicted_speedup": speedup,
-            "verdict": verdict(estimate.cost_ratio, estimate.prior.alpha), "warnings": []}
+    return {
+        "compatible": True,
+        "problems": [],
+        "notes": [f"same tokenizer per the profiles ({estimate.tokenizer})"],
+        "param_ratio": estimate.cost_ratio,
+        "size_ratio": None,
+        "cost_ratio": estimate.cost_ratio,
+        "memory_bytes": None,
+        "acceptance_prior": estimate.prior.alpha,
+        "acceptance_prior_reason": estimate.prior.why,
+        "best_k": k,
+        "predicted_speedup": speedup,
+        "verdict": verdict(estimate.cost_ratio, estimate.prior.alpha),
+        "warnings": [],
+    }
 
 
 def family_key(text: str) -> str:
@@ -145,8 +175,11 @@ def profile_candidates(target: Known) -> list[Candidate]:
     own = target.profile
     keys = {family_key(target.facts.family), family_key(target.facts.arch)} if target.facts else set()
     ordered = list(own.drafts) if own else []
-    related = [p for p in profiles.values() if family_key(p.family) in keys
-               or (own and (p.family == own.family or p.tokenizer == own.tokenizer))]
+    related = [
+        p
+        for p in profiles.values()
+        if family_key(p.family) in keys or (own and (p.family == own.family or p.tokenizer == own.tokenizer))
+    ]
     ordered += [p.alias for p in sorted(related, key=lambda p: p.params)]
     own_alias = own.alias if own else None
     return [Candidate(alias, "profile") for alias in dict.fromkeys(ordered) if alias != own_alias]
@@ -155,8 +188,11 @@ def profile_candidates(target: Known) -> list[Candidate]:
 def stored_candidates(target: Known, report: Callable[[str], None]) -> list[Candidate]:
     """Single-file GGUFs already on disk, smaller than the target (a larger file is no cheaper draft)."""
     models = [m for m in stored_models(load_profiles()) if m.usable and len(m.parts) == 1]
-    files = [(m.path, m.size, f"ollama:{m.name}" if m.source == "ollama" else str(m.path),
-              STORE_ORIGINS[m.source]) for m in models if m.path is not None]  # all of them: usable ones have a path
+    files = [
+        (m.path, m.size, f"ollama:{m.name}" if m.source == "ollama" else str(m.path), STORE_ORIGINS[m.source])
+        for m in models
+        if m.path is not None
+    ]  # all of them: usable ones have a path
     folder = cache_dir()
     if folder.is_dir():
         files += [(p, p.stat().st_size, str(p), "cache") for p in sorted(folder.glob("*.gguf"))]
@@ -165,14 +201,17 @@ def stored_candidates(target: Known, report: Callable[[str], None]) -> list[Cand
         # files a profile knows are judged through their alias instead.
         unknown = [m.name for m in models if m.alias is None]
         if unknown:
-            report(f"{len(unknown)} models on disk not judged (e.g. {unknown[0]}): no profile knows "
-                   "them and the target's header is needed to compare their vocabulary")
+            report(
+                f"{len(unknown)} models on disk not judged (e.g. {unknown[0]}): no profile knows "
+                "them and the target's header is needed to compare their vocabulary"
+            )
         return []
     if not has_weights(target):
         return [Candidate(spec, origin) for _, _, spec, origin in files]
     own = (target.path or Path()).resolve()
-    return [Candidate(spec, origin) for path, size, spec, origin in files
-            if size < target.facts.file_size and path.resolve() != own]
+    return [
+        Candidate(spec, origin) for path, size, spec, origin in files if size < target.facts.file_size and path.resolve() != own
+    ]
 
 
 def hub_candidates(target: Known, limit: int = HUB_HEADERS_MAX) -> list[Candidate]:
@@ -189,8 +228,9 @@ def hub_candidates(target: Known, limit: int = HUB_HEADERS_MAX) -> list[Candidat
     found: list[Candidate] = []
     for term in dict.fromkeys(terms):
         with hub_errors(term):
-            models = list(api.list_models(search=term, filter="gguf", sort="downloads",
-                                          limit=HUB_SEARCH_LIMIT, expand=["siblings"]))
+            models = list(
+                api.list_models(search=term, filter="gguf", sort="downloads", limit=HUB_SEARCH_LIMIT, expand=["siblings"])
+            )
         for model in models:
             files = [RepoFile(s.rfilename, s.size or 0) for s in model.siblings or []]
             choices = group_quants(files)
@@ -201,8 +241,9 @@ def hub_candidates(target: Known, limit: int = HUB_HEADERS_MAX) -> list[Candidat
     return found[:limit]
 
 
-def suggest(target_spec: str, offline: bool, top: int,
-            report: Callable[[str], None] = lambda line: None) -> tuple[Known, OwnHeads | None, list[Suggestion]]:
+def suggest(
+    target_spec: str, offline: bool, top: int, report: Callable[[str], None] = lambda line: None
+) -> tuple[Known, OwnHeads | None, list[Suggestion]]:
     """The target as known; its own MTP layers, when it has them, which come first; and the drafts
     that fit it best, best first, `top` in all. None for a target llama.cpp cannot roll back."""
     from specrun.hub.download import NetworkUnavailable, offline_mode  # huggingface_hub, as in hub_candidates
@@ -224,7 +265,7 @@ def suggest(target_spec: str, offline: bool, top: int,
             report(f"hub search skipped: {exc}")
     suggestions = judged(target, dedupe(candidates), offline, report)
     suggestions.sort(key=lambda s: (-s.speedup, s.cost_ratio))
-    return target, own, suggestions[:top - (own is not None)]
+    return target, own, suggestions[: top - (own is not None)]
 
 
 def known_traits(model: Known) -> Traits:
@@ -242,8 +283,7 @@ def dedupe(candidates: Iterable[Candidate]) -> list[Candidate]:
     return list(seen.values())
 
 
-def judged(target: Known, candidates: list[Candidate], offline: bool,
-           report: Callable[[str], None]) -> list[Suggestion]:
+def judged(target: Known, candidates: list[Candidate], offline: bool, report: Callable[[str], None]) -> list[Suggestion]:
     """Candidates that can draft for the target and are cheaper, each read once, each file judged once."""
     kept: dict[object, Suggestion] = {}
     skipped: list[str] = []

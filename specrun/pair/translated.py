@@ -31,9 +31,16 @@ class TranslatedPair:
 
     def as_json(self) -> dict:
         o = self.overlap
-        return {"draft_share": o.draft_share, "target_share": o.target_share, "shared_tokens": o.shared,
-                "usable": o.usable, "sample_target_tokens": self.target_tokens, "sample_draft_tokens": self.draft_tokens,
-                "sample_shared_boundaries": self.shared_boundaries, "draft_tokens_per_target_token": self.draft_per_target}
+        return {
+            "draft_share": o.draft_share,
+            "target_share": o.target_share,
+            "shared_tokens": o.shared,
+            "usable": o.usable,
+            "sample_target_tokens": self.target_tokens,
+            "sample_draft_tokens": self.draft_tokens,
+            "sample_shared_boundaries": self.shared_boundaries,
+            "draft_tokens_per_target_token": self.draft_per_target,
+        }
 
 
 def translated_pair(target_path: Path, draft_path: Path) -> TranslatedPair:

@@ -31,8 +31,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 LOCAL_NAMES = ("localhost", socket.gethostname().lower())
 # Browser pages served from this machine may call the API, as Ollama allows by default; other
 # origins only when named (--cors-origin), since any web page could otherwise use the model.
-LOCAL_ORIGINS = (r"(?i)https?://(" + "|".join(map(re.escape, LOCAL_NAMES))
-                 + r"|[\w.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?")
+LOCAL_ORIGINS = (
+    r"(?i)https?://(" + "|".join(map(re.escape, LOCAL_NAMES)) + r"|[\w.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?"
+)
 
 
 # The errors a request can meet that are answered with OpenAI's error object (error_object).
@@ -43,13 +44,25 @@ class ClientGone(Exception):
     """The client closed the connection while its request waited or ran."""
 
 
-def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None = None,
-               cors_origins: tuple[str, ...] = (), local_hosts_only: bool = True) -> FastAPI:
+def create_app(
+    worker: Worker,
+    metrics: Metrics,
+    model: str,
+    api_key: str | None = None,
+    cors_origins: tuple[str, ...] = (),
+    local_hosts_only: bool = True,
+) -> FastAPI:
     """`cors_origins`: browser origins allowed besides this machine's ("*": any).
     `local_hosts_only`: refuse requests addressed to another host name (for a loopback server)."""
     app = FastAPI(title="specrun", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_origin_regex=LOCAL_ORIGINS,
-                       allow_methods=["GET", "POST"], allow_headers=["*"], max_age=3600)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(cors_origins),
+        allow_origin_regex=LOCAL_ORIGINS,
+        allow_methods=["GET", "POST"],
+        allow_headers=["*"],
+        max_age=3600,
+    )
     if local_hosts_only:
         app.add_middleware(LocalHostsOnly, metrics=metrics)
     for kind in REQUEST_ERRORS:
@@ -60,8 +73,14 @@ def create_app(worker: Worker, metrics: Metrics, model: str, api_key: str | None
         refusal = worker.unavailable()
         if refusal is not None:
             return error_response(refusal)
-        return JSONResponse({"status": "ok", "slots_idle": worker.slots - len(worker.running), "slots_processing": len(worker.running),
-                             "requests_waiting": worker.waiting})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "slots_idle": worker.slots - len(worker.running),
+                "slots_processing": len(worker.running),
+                "requests_waiting": worker.waiting,
+            }
+        )
 
     app.include_router(api_routes(worker, metrics, model), dependencies=[Depends(key_check(api_key, metrics))])
     return app
@@ -76,8 +95,12 @@ def key_check(api_key: str | None, metrics: Metrics):
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), api_key.encode()):
             metrics.reject("unauthorized")
-            raise ApiError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     return authorize
 
@@ -94,8 +117,9 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
     @router.get("/metrics")
     async def prometheus() -> Response:
         store = worker.session.store if worker.session is not None else None
-        text = metrics.render(running=len(worker.running), waiting=worker.waiting, slots=worker.slots,
-                              store_tokens=len(store) if store else 0)
+        text = metrics.render(
+            running=len(worker.running), waiting=worker.waiting, slots=worker.slots, store_tokens=len(store) if store else 0
+        )
         return Response(text, media_type=MEDIA_TYPE)
 
     @router.post("/v1/chat/completions")
@@ -123,8 +147,9 @@ async def generate(request: Request, parse, shape: Shape, worker: Worker, metric
         if isinstance(first, Failed):
             raise first.error
         if parsed.stream:
-            return StreamingResponse(_events(job, shape, parsed.include_usage), media_type="text/event-stream",
-                                     headers=SSE_HEADERS)
+            return StreamingResponse(
+                _events(job, shape, parsed.include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+            )
         while not isinstance(report := await _next(job, watch), (Finished, Failed)):
             pass  # the outcome carries the whole text
         if isinstance(report, Failed):
@@ -156,8 +181,9 @@ def as_api_error(request: Request, error: ApiError | ValidationError | SettingEr
             return api.setting_error(error)
         case _:
             kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-            return ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", kind=kind,
-                            headers=error.headers)
+            return ApiError(
+                error.status_code, f"{request.method} {request.url.path}: {error.detail}", kind=kind, headers=error.headers
+            )
 
 
 def error_response(error: ApiError) -> JSONResponse:
@@ -179,9 +205,13 @@ class LocalHostsOnly:
             await self.app(scope, receive, send)
             return
         self.metrics.reject("host")
-        error = ApiError(403, f"Host {host!r} is not this machine: a server on loopback answers only requests to "
-                              "localhost or 127.0.0.1 (start it with --host to serve others).", code="forbidden_host",
-                         kind="permission_error")
+        error = ApiError(
+            403,
+            f"Host {host!r} is not this machine: a server on loopback answers only requests to "
+            "localhost or 127.0.0.1 (start it with --host to serve others).",
+            code="forbidden_host",
+            kind="permission_error",
+        )
         await error_response(error)(scope, receive, send)
 
 

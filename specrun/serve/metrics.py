@@ -90,44 +90,78 @@ class Metrics:
     def render(self, running: int, waiting: int, store_tokens: int, slots: int) -> bytes:
         """The exposition text (media type MEDIA_TYPE), with the gauges at these values."""
         with self._lock:
-            self._gauges = {"num_requests_running": running, "num_requests_waiting": waiting,
-                            "ngram_store_tokens": store_tokens, "slots": slots}
+            self._gauges = {
+                "num_requests_running": running,
+                "num_requests_waiting": waiting,
+                "ngram_store_tokens": store_tokens,
+                "slots": slots,
+            }
         return generate_latest(self.registry)
 
     def collect(self) -> Iterator[Metric]:
         """prometheus_client's collector interface: the counts as metric families."""
         with self._lock:
-            yield _counter("request_success", "Requests finished, by finish reason (abort: the client left or the server stopped).",
-                           self.finished, "finished_reason")
+            yield _counter(
+                "request_success",
+                "Requests finished, by finish reason (abort: the client left or the server stopped).",
+                self.finished,
+                "finished_reason",
+            )
             yield _counter("requests_rejected", "Requests answered with an error, by reason.", self.rejected, "reason")
             yield _counter("prompt_tokens", "Prompt tokens of finished requests.", self.prompt_tokens)
-            yield _counter("prompt_tokens_cached", "Prompt tokens found in the KV cache (not processed again).",
-                           self.cached_prompt_tokens)
+            yield _counter(
+                "prompt_tokens_cached", "Prompt tokens found in the KV cache (not processed again).", self.cached_prompt_tokens
+            )
             yield _counter("generation_tokens", "Tokens generated.", self.generation_tokens)
             yield _counter("spec_decode_num_drafts", "Steps that verified a draft.", self.drafts)
             yield _counter("spec_decode_num_draft_tokens", "Drafted tokens verified.", self.draft_tokens)
             yield _counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", self.accepted_tokens)
-            yield _counter("spec_decode_num_accepted_tokens_per_pos", "Drafted tokens accepted, by position in the draft.",
-                           {str(i): n for i, n in enumerate(self.accepted_by_position)}, "position")
-            yield _counter("spec_decode_draft_tokens_by_source", "Drafted tokens verified, by draft source.",
-                           self.draft_tokens_by_source, "source")
-            yield _counter("spec_decode_accepted_tokens_by_source", "Drafted tokens accepted, by draft source.",
-                           self.accepted_by_source, "source")
-            yield _counter("spec_decode_translate_seconds", "Seconds a draft with another vocabulary spent translating.",
-                           self.translate_s)
-            yield _counter("spec_decode_translated_cache_tokens", "Tokens fed to a translated draft's cache: re-encoded "
-                           "from the accepted text, or kept (its own guesses the text confirmed).",
-                           self.translated_cache_tokens, "how")
+            yield _counter(
+                "spec_decode_num_accepted_tokens_per_pos",
+                "Drafted tokens accepted, by position in the draft.",
+                {str(i): n for i, n in enumerate(self.accepted_by_position)},
+                "position",
+            )
+            yield _counter(
+                "spec_decode_draft_tokens_by_source",
+                "Drafted tokens verified, by draft source.",
+                self.draft_tokens_by_source,
+                "source",
+            )
+            yield _counter(
+                "spec_decode_accepted_tokens_by_source",
+                "Drafted tokens accepted, by draft source.",
+                self.accepted_by_source,
+                "source",
+            )
+            yield _counter(
+                "spec_decode_translate_seconds", "Seconds a draft with another vocabulary spent translating.", self.translate_s
+            )
+            yield _counter(
+                "spec_decode_translated_cache_tokens",
+                "Tokens fed to a translated draft's cache: re-encoded "
+                "from the accepted text, or kept (its own guesses the text confirmed).",
+                self.translated_cache_tokens,
+                "how",
+            )
             yield _counter("decodes", "Target decodes (each verifies every running request's rows).", self.decodes)
             yield _counter("decode_rows", "Rows of those decodes (rows per decode: this over decodes).", self.decode_rows)
-            yield GaugeMetricFamily(PREFIX + "slots", "Requests the model runs at once (--parallel).",
-                                    value=self._gauges["slots"])
-            yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests on the model now (busy slots).",
-                                    value=self._gauges["num_requests_running"])
-            yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting in the queue.",
-                                    value=self._gauges["num_requests_waiting"])
-            yield GaugeMetricFamily(PREFIX + "ngram_store_tokens", "Tokens of earlier requests held for drafting.",
-                                    value=self._gauges["ngram_store_tokens"])
+            yield GaugeMetricFamily(
+                PREFIX + "slots", "Requests the model runs at once (--parallel).", value=self._gauges["slots"]
+            )
+            yield GaugeMetricFamily(
+                PREFIX + "num_requests_running",
+                "Requests on the model now (busy slots).",
+                value=self._gauges["num_requests_running"],
+            )
+            yield GaugeMetricFamily(
+                PREFIX + "num_requests_waiting", "Requests waiting in the queue.", value=self._gauges["num_requests_waiting"]
+            )
+            yield GaugeMetricFamily(
+                PREFIX + "ngram_store_tokens",
+                "Tokens of earlier requests held for drafting.",
+                value=self._gauges["ngram_store_tokens"],
+            )
 
 
 def _counter(name: str, help_text: str, values: float | dict[str, int], label: str = "") -> CounterMetricFamily:

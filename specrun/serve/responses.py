@@ -41,8 +41,15 @@ def timings(outcome: Outcome) -> dict:
     prompt_n, prompt_ms, predicted_ms = _prompt_n(outcome), 1000 * s.prefill_s, 1000 * s.generate_s
     forced = s.accepted_by_source.get("grammar", 0)
     translation = TranslationStats.of(s.counters)
-    translated = {"draft_translate_ms": 1000 * translation.seconds, "draft_n_reencoded": translation.reencoded,
-                  "draft_n_kept": translation.kept} if translation else {}
+    translated = (
+        {
+            "draft_translate_ms": 1000 * translation.seconds,
+            "draft_n_reencoded": translation.reencoded,
+            "draft_n_kept": translation.kept,
+        }
+        if translation
+        else {}
+    )
     return {
         "cache_n": outcome.prompt_tokens - prompt_n,
         "prompt_n": prompt_n,
@@ -85,7 +92,10 @@ class Shape:
         return {**body, "usage": usage(outcome), "timings": timings(outcome)}
 
     def chunk(self, text: str) -> dict:
-        return {**self._head(self.chunk_name), "choices": [{"index": 0, **self.piece(text), "logprobs": None, "finish_reason": None}]}
+        return {
+            **self._head(self.chunk_name),
+            "choices": [{"index": 0, **self.piece(text), "logprobs": None, "finish_reason": None}],
+        }
 
     def final_chunk(self, outcome: Outcome) -> dict:
         choice = {"index": 0, **self.piece(None), "logprobs": None, "finish_reason": outcome.finish_reason}
@@ -115,9 +125,10 @@ class ChatShape(Shape):
     def whole(self, outcome: Outcome) -> dict:
         message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
         if outcome.tool_calls:
-            message["tool_calls"] = [{"id": call.id, "type": "function",
-                                      "function": {"name": call.name, "arguments": call.arguments}}
-                                     for call in outcome.tool_calls]
+            message["tool_calls"] = [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for call in outcome.tool_calls
+            ]
         return {"message": message}
 
     def piece(self, text: str | None) -> dict:
@@ -127,8 +138,12 @@ class ChatShape(Shape):
         """OpenAI's order: the call's index, id, type and name first, then pieces of its arguments."""
         call = {"index": piece.index, "function": {"arguments": piece.arguments}}
         if piece.id is not None:
-            call = {"index": piece.index, "id": piece.id, "type": "function",
-                    "function": {"name": piece.name, "arguments": piece.arguments}}
+            call = {
+                "index": piece.index,
+                "id": piece.id,
+                "type": "function",
+                "function": {"name": piece.name, "arguments": piece.arguments},
+            }
         choice = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}
         return {**self._head(self.chunk_name), "choices": [choice]}
 

@@ -38,8 +38,7 @@ from specrun.serve.tools import prompt_messages, tool_grammar, tool_style
 from specrun.session import Session
 from specrun.settings import SettingError
 
-FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length",
-                  "interrupted": "abort"}
+FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length", "interrupted": "abort"}
 
 
 @dataclass(frozen=True)
@@ -154,9 +153,16 @@ class Worker:
             return None
         if self.state == "lost":  # the RPC servers' layers are gone: every request would fail
             return self._lost()
-        message = {"loading": "Loading model", "stopping": "the server is shutting down"}.get(self.state, "the model failed to load")
-        return ApiError(503, message, code="unavailable", kind="unavailable_error",
-                        headers={"Retry-After": "1"} if self.state == "loading" else None)
+        message = {"loading": "Loading model", "stopping": "the server is shutting down"}.get(
+            self.state, "the model failed to load"
+        )
+        return ApiError(
+            503,
+            message,
+            code="unavailable",
+            kind="unavailable_error",
+            headers={"Retry-After": "1"} if self.state == "loading" else None,
+        )
 
     def _lost(self) -> ApiError:
         return ApiError(503, str(self.error), code="rpc_lost", kind="unavailable_error")
@@ -169,8 +175,13 @@ class Worker:
             if self._jobs.qsize() >= self.queue_size:
                 self.metrics.reject("queue_full")
                 wait = max(1, math.ceil(self._request_s * (self.queue_size + 1)))
-                raise ApiError(429, f"the queue is full ({self.queue_size} requests waiting): retry in {wait} s",
-                               code="queue_full", kind="rate_limit_error", headers={"Retry-After": str(wait)})
+                raise ApiError(
+                    429,
+                    f"the queue is full ({self.queue_size} requests waiting): retry in {wait} s",
+                    code="queue_full",
+                    kind="rate_limit_error",
+                    headers={"Retry-After": str(wait)},
+                )
             job = Job(request, loop)
             self._jobs.put(job)
         return job
@@ -265,8 +276,9 @@ class Worker:
     def _start(self, job: Job) -> None:
         """Put the job's generation on the free slot that has most of its prompt cached."""
         if job.cancelled:
-            job.report(Failed(ApiError(503, "the request was cancelled before it started", code="cancelled",
-                                       kind="unavailable_error")))
+            job.report(
+                Failed(ApiError(503, "the request was cancelled before it started", code="cancelled", kind="unavailable_error"))
+            )
             return
         started = time.perf_counter()
         free = [slot for slot in range(self.slots) if slot not in self.running]
@@ -298,8 +310,9 @@ class Worker:
             self._transcript.record(prompt.tokens, prompt.text, reply.tokens)
         self._loaded.remember(prompt.tokens + reply.tokens)
         outcome = view.outcome(reply, len(prompt.tokens))
-        self.metrics.finish(outcome.finish_reason, outcome.prompt_tokens,
-                            outcome.prompt_tokens - reply.stats.prefilled_tokens, reply.stats)
+        self.metrics.finish(
+            outcome.finish_reason, outcome.prompt_tokens, outcome.prompt_tokens - reply.stats.prefilled_tokens, reply.stats
+        )
         self._request_s = 0.8 * self._request_s + 0.2 * (time.perf_counter() - started)
         job.report(Finished(outcome))
 
@@ -320,9 +333,13 @@ class Worker:
         if not prompt.tokens:
             raise ApiError(400, "the prompt is empty: give some text to continue", "prompt", "invalid_value")
         if len(prompt.tokens) >= n_ctx:
-            raise ApiError(400, f"the prompt has {len(prompt.tokens)} tokens but the context holds {n_ctx}: shorten it, "
-                                "or start the server with a larger --ctx-size",
-                           "messages" if request.chat else "prompt", "context_length_exceeded")
+            raise ApiError(
+                400,
+                f"the prompt has {len(prompt.tokens)} tokens but the context holds {n_ctx}: shorten it, "
+                "or start the server with a larger --ctx-size",
+                "messages" if request.chat else "prompt",
+                "context_length_exceeded",
+            )
         return prompt
 
     def _generator(self, request: GenerationRequest, slot: int) -> Generator:
@@ -340,8 +357,9 @@ class Worker:
         policy = SpeculativeRule(request.speculative) if request.speculative else request.k
         grammar = tool_grammar(self._tool_style.form, request.tools) if request.tools else request.grammar
         try:
-            return self._loaded.generator(policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts,
-                                          slot=slot)
+            return self._loaded.generator(
+                policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts, slot=slot
+            )
         except SpecrunError as exc:  # llama.cpp refused the request's GBNF (the tools' grammar is ours: a bug)
             if request.grammar_param is None:
                 raise

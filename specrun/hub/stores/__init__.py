@@ -14,8 +14,7 @@ from specrun.hub.quants import pattern_regex
 from specrun.hub.stores import llamacpp, lmstudio, ollama
 from specrun.hub.stores.base import SOURCE_LABELS, StoredModel
 
-__all__ = ["SOURCE_LABELS", "StoredModel", "foreign_stores", "matching", "ollama_model", "store_roots",
-           "stored_models"]
+__all__ = ["SOURCE_LABELS", "StoredModel", "foreign_stores", "matching", "ollama_model", "store_roots", "stored_models"]
 
 
 def foreign_stores() -> list[ollama.OllamaStore | lmstudio.LMStudioStore | llamacpp.LlamaCppStore]:
@@ -53,8 +52,9 @@ def ollama_model(name: str, profiles: dict[str, ModelProfile]) -> StoredModel:
     return ollama.OllamaStore(ollama.default_root()).find(name, profiles)
 
 
-def matching(models: list[StoredModel], repo: str, filename: str | None = None,
-             file_pattern: str | None = None) -> list[StoredModel]:
+def matching(
+    models: list[StoredModel], repo: str, filename: str | None = None, file_pattern: str | None = None
+) -> list[StoredModel]:
     """Usable models of `repo`: the named file, or the files a profile's pattern matches.
 
     A store that does not record the file name (Ollama's hf.co models) matches by

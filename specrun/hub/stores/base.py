@@ -42,10 +42,19 @@ class StoredModel:
 
     def as_json(self) -> dict:
         return {
-            "source": self.source, "name": self.name, "alias": self.alias, "family": self.family,
-            "repo": self.repo, "file": self.file, "quant": self.quant, "size": self.size,
-            "path": str(self.path) if self.path else None, "parts": len(self.parts),
-            "complete": self.complete, "usable": self.usable, "problem": self.problem,
+            "source": self.source,
+            "name": self.name,
+            "alias": self.alias,
+            "family": self.family,
+            "repo": self.repo,
+            "file": self.file,
+            "quant": self.quant,
+            "size": self.size,
+            "path": str(self.path) if self.path else None,
+            "parts": len(self.parts),
+            "complete": self.complete,
+            "usable": self.usable,
+            "problem": self.problem,
         }
 
 

@@ -53,21 +53,33 @@ class LlamaCppStore:
         return found + self._flat_models(profiles)
 
     def _flat_models(self, profiles: dict[str, ModelProfile]) -> list[StoredModel]:
-        files = [RepoFile(p.name, p.stat().st_size) for p in sorted(self.root.iterdir())
-                 if p.name.lower().endswith(".gguf") and p.is_file()]
+        files = [
+            RepoFile(p.name, p.stat().st_size)
+            for p in sorted(self.root.iterdir())
+            if p.name.lower().endswith(".gguf") and p.is_file()
+        ]
         chosen = self._manifest_choices()
         models = []
         for parts in gguf_sets(files).values():
             first = self.root / parts[0].path
             repo, file, tag = chosen.get(parts[0].path, (None, None, None))
             alias = alias_for(profiles, repo, file)
-            models.append(StoredModel(
-                self.source, f"{repo}:{tag}" if repo else parts[0].path, first,
-                size=sum(p.size for p in parts), quant=quant_of(file or parts[0].path), repo=repo,
-                file=file, alias=alias, family=family_of(profiles, alias),
-                parts=tuple(self.root / p.path for p in parts), complete=not missing_parts(parts),
-                problem=None if has_gguf_magic(first) else f"{first} is not a GGUF file",
-            ))
+            models.append(
+                StoredModel(
+                    self.source,
+                    f"{repo}:{tag}" if repo else parts[0].path,
+                    first,
+                    size=sum(p.size for p in parts),
+                    quant=quant_of(file or parts[0].path),
+                    repo=repo,
+                    file=file,
+                    alias=alias,
+                    family=family_of(profiles, alias),
+                    parts=tuple(self.root / p.path for p in parts),
+                    complete=not missing_parts(parts),
+                    problem=None if has_gguf_magic(first) else f"{first} is not a GGUF file",
+                )
+            )
         return models
 
     def _manifest_choices(self) -> dict[str, tuple[str, str, str]]:

@@ -65,11 +65,20 @@ class LMStudioStore:
         for parts in gguf_sets(files).values():
             first = repo_dir / parts[0].path
             alias = alias_for(profiles, repo, parts[0].path)
-            models.append(StoredModel(
-                self.source, f"{repo}/{parts[0].path}", first, size=sum(p.size for p in parts),
-                quant=quant_of(parts[0].path), repo=repo, file=parts[0].path, alias=alias,
-                family=family_of(profiles, alias), parts=tuple(repo_dir / p.path for p in parts),
-                complete=not missing_parts(parts),
-                problem=None if has_gguf_magic(first) else f"{first} is not a GGUF file",
-            ))
+            models.append(
+                StoredModel(
+                    self.source,
+                    f"{repo}/{parts[0].path}",
+                    first,
+                    size=sum(p.size for p in parts),
+                    quant=quant_of(parts[0].path),
+                    repo=repo,
+                    file=parts[0].path,
+                    alias=alias,
+                    family=family_of(profiles, alias),
+                    parts=tuple(repo_dir / p.path for p in parts),
+                    complete=not missing_parts(parts),
+                    problem=None if has_gguf_magic(first) else f"{first} is not a GGUF file",
+                )
+            )
         return models

@@ -102,8 +102,7 @@ class OllamaStore:
         host, namespace, model, tag = split_name(text)
         if not self.manifests.is_dir():
             raise SpecrunError(
-                f"ollama:{text}: no Ollama store at {self.root} (set OLLAMA_MODELS to the folder "
-                f"Ollama keeps its models in)"
+                f"ollama:{text}: no Ollama store at {self.root} (set OLLAMA_MODELS to the folder Ollama keeps its models in)"
             )
         manifest = inside(self.manifests, f"{host}/{namespace}/{model}/{tag}", f"ollama:{text}")
         if not manifest.is_file():
@@ -130,8 +129,9 @@ class OllamaStore:
             return _with_problem(broken, f"its manifest {manifest} has no list of layers")
         kinds = {layer.get("mediaType") for layer in layers}
         if TENSOR_LAYER in kinds:
-            return _with_problem(broken, "a newer Ollama keeps it as separate tensor layers, not as "
-                                         "one GGUF file; llama.cpp cannot load it")
+            return _with_problem(
+                broken, "a newer Ollama keeps it as separate tensor layers, not as one GGUF file; llama.cpp cannot load it"
+            )
         model_layers = [layer for layer in layers if layer.get("mediaType") == MODEL_LAYER]
         if not model_layers:
             return _with_problem(broken, f"its manifest {manifest} has no model layer ({MODEL_LAYER})")
@@ -146,8 +146,14 @@ class OllamaStore:
         config = self._config(data, name)
         alias = alias_for(profiles, repo, None)
         return StoredModel(
-            self.source, name, blob, size=blob.stat().st_size, quant=_quant(tag, config),
-            repo=repo, alias=alias, family=family_of(profiles, alias) or _text(config.get("model_family")),
+            self.source,
+            name,
+            blob,
+            size=blob.stat().st_size,
+            quant=_quant(tag, config),
+            repo=repo,
+            alias=alias,
+            family=family_of(profiles, alias) or _text(config.get("model_family")),
             parts=(blob,),
         )
 
