@@ -141,6 +141,41 @@ def test_prompts_arriving_together_prefill_what_they_share_once(tiny):
     assert [results[i].stats.prefilled_tokens for i in (1, 2)] == [len(prompts[i]) - shared[i - 1] for i in (1, 2)]
 
 
+class RecordingLookup(PromptLookup):
+    """Prompt lookup that notes the rows of other streams each of its drafts was priced with."""
+
+    def __init__(self):
+        super().__init__()
+        self.other_rows: list[int] = []
+
+    def propose(self, history, request):
+        self.other_rows.append(request.rows)
+        return super().propose(history, request)
+
+
+def test_each_stream_prices_its_draft_with_every_other_streams_rows(tiny):
+    """The stream that drafts first in a step counts the rows the one after it verified last time;
+    the one after counts what the first just asked for. One stream alone counts none."""
+    model = Model(tiny["target"])
+    try:
+        prompts = [model.tokenize(PROMPTS[0]), model.tokenize(PROMPTS[1])]
+        context = Context(model, ContextOptions(n_ctx=2 * 512, sequences=2))
+        batch, sources = Batch(context), [RecordingLookup(), RecordingLookup()]
+        for i, source in enumerate(sources):
+            generator = Generator(context.sequence(i), source, Sampler.seeded(SamplerSettings()), FixedK(4))
+            batch.add(generator, prompts[i], 8)
+        while batch.streams:
+            batch.step()
+        alone = RecordingLookup()
+        Generator(context.sequence(0), alone, Sampler.seeded(SamplerSettings()), FixedK(4)).run(prompts[0], 8)
+    finally:
+        model.close()
+    first, second = sources
+    assert first.other_rows[:3] and min(first.other_rows[:3]) >= 1
+    assert second.other_rows[:3] and min(second.other_rows[:3]) >= 1
+    assert set(alone.other_rows) == {0}
+
+
 def test_four_streams_sample_like_the_target(tiny, first_layer_draft):  # noqa: F811
     """At temperature 1, the first two tokens of 2,000 generations run four at a time (a draft model
     sampling, verified by the p/q rule) follow the target's own distribution."""

@@ -4,7 +4,7 @@ rows verified in one decode per step.
 A stream is a `Generator`'s `steps` coroutine: it drafts, asks for a `Decode`, and is sent its
 rows back. `Batch.step` collects what every running stream asks, decodes it all at once, and
 resumes each with its rows; each then accepts, rejects, rolls its own sequence back and drafts
-again, sizing its draft for the rows the streams before it put in the next decode. A new
+again, sizing its draft for the rows the other streams will put in the next decode. A new
 prompt is prefilled in chunks that share decodes with the running streams' rows, so they do not
 stall behind a long prompt. A prompt that shares most of itself with one still being prefilled
 (requests with one system prompt, arriving together) waits for that prefill and then shares its
@@ -49,6 +49,7 @@ class Batch:
         self.prefill_chunk = prefill_chunk
         self.streams: list[_Stream] = []
         self._planned = 0  # rows the streams resumed so far this step put in the next decode
+        self._to_come = 0  # the last decode's rows of the streams still to be resumed this step
         self.rows = 0  # the last decode's rows
         self.decodes = 0
 
@@ -63,9 +64,7 @@ class Batch:
     ) -> None:
         """Start a generation on `generator`'s sequence; callbacks as `Generator.run`'s, and
         `on_done` with its result. It joins the next decode."""
-        stream = _Stream(
-            generator, generator.steps(prompt, max_tokens, lambda: self._planned), on_token, on_step, on_done, prompt
-        )
+        stream = _Stream(generator, generator.steps(prompt, max_tokens, self._other_rows), on_token, on_step, on_done, prompt)
         stream.after = self._prefill_to_wait_for(stream)
         self.streams.append(stream)
         if stream.after is None:
@@ -87,9 +86,18 @@ class Batch:
         logits = self.target.decode_many(parts)
         seconds = time.perf_counter() - started
         self.rows, self.decodes, self._planned = sum(len(tokens) for _, tokens, _ in parts), self.decodes + 1, 0
-        for stream, rows in zip(waiting, logits):
-            if stream.asks is not None and stream.fed == len(stream.asks.tokens):
-                self._advance(stream, Verified(rows, seconds, self.rows))
+        done = [(s, rows) for s, rows in zip(waiting, logits) if s.asks is not None and s.fed == len(s.asks.tokens)]
+        self._to_come = sum(s.asks.rows for s, _ in done if s.asks is not None)
+        for stream, rows in done:
+            assert stream.asks is not None
+            self._to_come -= stream.asks.rows
+            self._advance(stream, Verified(rows, seconds, self.rows))
+
+    def _other_rows(self) -> int:
+        """The rows the other streams will hold in the next decode, as a stream drafting now
+        sees them: what those resumed before it asked, and for those still to come, their
+        rows of the last decode (each stream drafts about as much from one step to the next)."""
+        return self._planned + self._to_come
 
     def _prefill_to_wait_for(self, stream: _Stream) -> _Stream | None:
         """A started stream still to be prefilled whose prompt shares more than half of this one's

@@ -135,11 +135,11 @@ class Generator:
         finally:
             steps.close()
 
-    def steps(self, prompt: Sequence[int], max_tokens: int, rows_before: Callable[[], int] = lambda: 0) -> Steps:
+    def steps(self, prompt: Sequence[int], max_tokens: int, other_rows: Callable[[], int] = lambda: 0) -> Steps:
         """The generation as a coroutine: it yields its events, and a `Decode` where it needs the
         target, to be sent the `Verified` rows back. `generate` does that for one stream; a
-        `Batch` decodes several streams' at once, `rows_before` saying what that decode holds
-        already when a stream sizes its draft."""
+        `Batch` decodes several streams' at once, `other_rows` saying how many rows the other
+        streams will put in that decode when a stream sizes its draft."""
         history = self._checked_prompt(prompt)
         # Also kept on the generator: a consumer that stops early (stop string, Ctrl-C) never sees Done.
         self.stats = stats = Stats(
@@ -158,7 +158,7 @@ class Generator:
                 limit = min(
                     max_tokens - stats.tokens - 1, self.target.free_slots - 1, self.policy.max_k, self.target.rollback_limit
                 )
-                step = yield from self._step(history, limit, prompt_logits, rows_before)
+                step = yield from self._step(history, limit, prompt_logits, other_rows)
                 prompt_logits = None
                 self._count(step, stats)
                 history += [token for token, _ in step.emitted]
@@ -225,7 +225,7 @@ class Generator:
         return list(prompt)
 
     def _step(
-        self, history: list[int], limit: int, prompt_logits: np.ndarray | None, rows_before: Callable[[], int]
+        self, history: list[int], limit: int, prompt_logits: np.ndarray | None, other_rows: Callable[[], int]
     ) -> PyGenerator[Decode, Verified, Step]:
         """One round: draft, verify last token + drafts in one decode, keep the agreed prefix.
 
@@ -233,9 +233,7 @@ class Generator:
         """
         started = time.perf_counter()
         first = prompt_logits is not None
-        draft = (
-            self._proposed(history, limit, rows_before()) if limit > 0 and self.drafter is not None and not first else NO_DRAFT
-        )
+        draft = self._proposed(history, limit, other_rows()) if limit > 0 and self.drafter is not None and not first else NO_DRAFT
         drafted_at = time.perf_counter()
         if prompt_logits is None:
             verified = yield Decode([history[-1], *draft.tokens], len(draft.tokens) + 1)
@@ -271,10 +269,10 @@ class Generator:
             )
         return step
 
-    def _proposed(self, history: list[int], limit: int, rows_before: int) -> Draft:
+    def _proposed(self, history: list[int], limit: int, other_rows: int) -> Draft:
         """The drafter's draft, checked against the contract and cut to what can be verified."""
         assert self.drafter is not None
-        draft = self.drafter.propose(history, DraftRequest(limit, self.policy, self.sampler, self.catch_up, rows_before))
+        draft = self.drafter.propose(history, DraftRequest(limit, self.policy, self.sampler, self.catch_up, other_rows))
         if draft.tokens and (draft.budget is None or draft.budget.k < 1):
             raise SpecrunError(
                 f"a draft source ({', '.join(self.drafter.names)}) proposed tokens the policy granted no "

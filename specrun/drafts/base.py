@@ -37,7 +37,7 @@ class DraftRequest:
     policy: DraftPolicy  # sizes the draft: offer() before drafting, extend() before each model-drafted token
     sampler: Sampler  # a source that samples draws from its stream, with its settings
     catch_up: CatchUp = "all"
-    rows: int = 0  # rows other streams hold in the same target decode already (batched streams)
+    rows: int = 0  # rows other streams put in the same target decode (batched streams)
 
     def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
         """The policy's budget for `source` this step, priced in the decode it joins."""
