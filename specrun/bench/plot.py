@@ -11,7 +11,7 @@ from specrun.files import atomic_path
 
 def check_plot_path(path: Path) -> None:
     """Before measuring: matplotlib is there and knows the file type."""
-    try:  # matplotlib is optional (the plot extra) and takes ~320 ms to import: only --plot loads it
+    try:  # matplotlib is optional (the plot extra) and slow to import: only --plot loads it
         from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
         raise SpecrunError("--plot needs matplotlib: run `pip install 'specrun[plot]'`") from None

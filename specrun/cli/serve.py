@@ -94,7 +94,8 @@ def serve(
     model: o.ModelOptions,
 ) -> None:
     """Serve the target over an OpenAI-compatible API (/v1/chat/completions, /v1/completions), drafting as generate does."""
-    # uvicorn and FastAPI load only for this command: ~380 ms that every other command would pay (-X importtime).
+    # uvicorn and FastAPI load only for this command: every other command would pay their import
+    # (docs/benchmarks.md, "Small costs behind the code").
     from specrun.serve.server import ServeOptions, Server
 
     if api_key is not None and not api_key.strip():

@@ -111,8 +111,9 @@ def top_k_ids(logits: np.ndarray, k: int, scratch: np.ndarray | None = None) -> 
     """Ids of the k largest logits, unordered.
 
     The top k of a large vocabulary sit within a few units of the maximum: select that
-    band with one comparison, widening it until it holds k, and partition only the band
-    (a full argpartition of 262k logits costs ~1.5 ms).
+    band with one comparison, widening it until it holds k, and partition only the band:
+    a full argpartition of a 262k vocabulary costs several times as much (docs/benchmarks.md,
+    "Small costs behind the code").
     """
     if scratch is None:
         scratch = np.empty(logits.shape[-1], dtype=bool)

@@ -170,8 +170,8 @@ def locate_model(
 
 
 def _hub() -> ModuleType:
-    """specrun.hub.download: with huggingface_hub it takes about 175 ms to import (`python -X
-    importtime -c 'import specrun.hub.download'`), so only specs that reach the hub pay for it."""
+    """specrun.hub.download: with huggingface_hub it is slow to import (docs/benchmarks.md, "Small
+    costs behind the code"), so only specs that reach the hub pay for it."""
     from specrun.hub import download
 
     return download

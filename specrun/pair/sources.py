@@ -59,8 +59,8 @@ def locate(spec: str, offline: bool = False, for_draft: bool = False, profile_fa
 
 def remote_facts(location: ModelLocation) -> ModelFacts:
     """The header of each hub file a location would download, read by range requests."""
-    # huggingface_hub's HTTP client comes with it: about 175 ms to import (`python -X importtime
-    # -c 'import specrun.pair.remote'`), paid only by headers read from the hub.
+    # huggingface_hub's HTTP client comes with it, slow to import (docs/benchmarks.md, "Small
+    # costs behind the code"): paid only by headers read from the hub.
     from specrun.pair.remote import read_remote
 
     listing = location.listing

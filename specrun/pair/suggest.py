@@ -216,8 +216,8 @@ def stored_candidates(target: Known, report: Callable[[str], None]) -> list[Cand
 
 def hub_candidates(target: Known, limit: int = HUB_HEADERS_MAX) -> list[Candidate]:
     """GGUF repositories the hub finds for the target's family and base models."""
-    # huggingface_hub's client: about 175 ms to import (`python -X importtime -c 'import
-    # specrun.hub.download'`), paid only by a hub search, not by every command's start.
+    # huggingface_hub's client is slow to import (docs/benchmarks.md, "Small costs behind the code"):
+    # paid only by a hub search, not by every command's start.
     from huggingface_hub import HfApi
 
     from specrun.hub.download import hub_endpoint, hub_errors

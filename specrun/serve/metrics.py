@@ -4,7 +4,8 @@ prometheus_client.
 The speculation counters are vLLM's (`spec_decode_num_drafts_total`, ...), which llama-server
 also exposes; the prefix is `specrun:` where theirs are `vllm:` and `llamacpp:`. The counts
 are plain numbers under one lock, updated on every step by the model thread (a
-prometheus_client Counter per draft position would cost ~200 us a step), and handed to
+prometheus_client Counter per draft position would take its own lock and label lookup for
+each position, every step), and handed to
 prometheus_client as metric families when /metrics is read. The event loop counts rejected
 requests. Each server has its own registry, so servers in one process (tests) count apart.
 """

@@ -27,7 +27,8 @@ def foreign_stores() -> list[ollama.OllamaStore | lmstudio.LMStudioStore | llama
 
 
 def store_roots() -> dict[str, Path]:
-    # Lazy like the cache below: specrun.hub.download brings huggingface_hub, about 175 ms to import.
+    # Lazy like the cache below: specrun.hub.download brings huggingface_hub, slow to import
+    # (docs/benchmarks.md, "Small costs behind the code").
     from specrun.hub.download import hub_cache_dir
 
     return {"hf": hub_cache_dir(), **{store.source: store.root for store in foreign_stores()}}
@@ -37,8 +38,8 @@ def stored_models(profiles: dict[str, ModelProfile], include_hf: bool = True) ->
     """Every model file the stores hold, usable or with the reason it is not."""
     found = []
     if include_hf:
-        # huggingface_hub's cache scanner: about 175 ms to import (`python -X importtime -c 'import
-        # specrun.hub.cache'`), kept off the start of commands that never list the cache.
+        # huggingface_hub's cache scanner is slow to import (docs/benchmarks.md, "Small costs
+        # behind the code"): kept off the start of commands that never list the cache.
         from specrun.hub.cache import cached_models
 
         found += cached_models(profiles)

@@ -47,7 +47,7 @@ class LlamaCppStore:
             return []
         found = []
         if any(self.root.glob("models--*")):
-            from specrun.hub.cache import cached_models  # huggingface_hub's scanner: 175 ms, as in stored_models
+            from specrun.hub.cache import cached_models  # huggingface_hub's scanner: slow to import, as in stored_models
 
             found += cached_models(profiles, self.root, source=self.source)
         return found + self._flat_models(profiles)
