@@ -55,8 +55,8 @@ def test_batched_greedy_output_is_each_streams_own(tiny, hybrid, name):  # noqa:
     assert sum(g.stats.drafted for g in together) > 0 or name == "auto"
 
 
-def lookup_generator(context: Context) -> Generator:
-    return Generator(context, PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4))
+def lookup_generator(context: Context, source: PromptLookup | None = None) -> Generator:
+    return Generator(context, source or PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4))
 
 
 def alone(model: Model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -141,6 +141,26 @@ def test_prompts_arriving_together_prefill_what_they_share_once(tiny):
     assert [results[i].stats.prefilled_tokens for i in (1, 2)] == [len(prompts[i]) - shared[i - 1] for i in (1, 2)]
 
 
+def test_prompts_on_a_hybrid_target_do_not_wait_for_a_prefix_they_cannot_share(hybrid):  # noqa: F811
+    """A recurrent state cannot take another sequence's prefix, so prompts with one beginning all go
+    into the first decode rather than waiting for one that shares nothing with them."""
+    model = Model(hybrid["target"])
+    try:
+        system = model.tokenize(" ".join(PROMPTS * 2))
+        prompts = [system + model.tokenize(end, add_special=False) for end in (" so the cat", " hello the dog")]
+        context = Context(model, ContextOptions(n_ctx=2 * 512, sequences=2))
+        batch = Batch(context)
+        for i, prompt in enumerate(prompts):
+            batch.add(lookup_generator(context.sequence(i)), prompt, 4)
+        batch.step()
+        first_decode = batch.rows
+        while batch.streams:
+            batch.step()
+    finally:
+        model.close()
+    assert first_decode == sum(len(prompt) for prompt in prompts)
+
+
 class RecordingLookup(PromptLookup):
     """Prompt lookup that notes the rows of other streams each of its drafts was priced with."""
 
@@ -162,18 +182,17 @@ def test_each_stream_prices_its_draft_with_every_other_streams_rows(tiny):
         context = Context(model, ContextOptions(n_ctx=2 * 512, sequences=2))
         batch, sources = Batch(context), [RecordingLookup(), RecordingLookup()]
         for i, source in enumerate(sources):
-            generator = Generator(context.sequence(i), source, Sampler.seeded(SamplerSettings()), FixedK(4))
-            batch.add(generator, prompts[i], 8)
+            batch.add(lookup_generator(context.sequence(i), source), prompts[i], 8)
         while batch.streams:
             batch.step()
-        alone = RecordingLookup()
-        Generator(context.sequence(0), alone, Sampler.seeded(SamplerSettings()), FixedK(4)).run(prompts[0], 8)
+        single = RecordingLookup()
+        lookup_generator(context.sequence(0), single).run(prompts[0], 8)
     finally:
         model.close()
     first, second = sources
     assert first.other_rows[:3] and min(first.other_rows[:3]) >= 1
     assert second.other_rows[:3] and min(second.other_rows[:3]) >= 1
-    assert set(alone.other_rows) == {0}
+    assert set(single.other_rows) == {0}
 
 
 def test_four_streams_sample_like_the_target(tiny, first_layer_draft):  # noqa: F811

@@ -259,11 +259,11 @@ class Context:
         instead. A recurrent state keeps one only where its snapshots or checkpoint reach back to
         it; otherwise it starts over (returns 0)."""
         common = common_prefix(self.tokens, history)
-        if common < len(self.tokens):
-            self.model._call_llama(self._roll_back, common, False)
         lender, lent = self._longest_lender(history)
-        if lender is not None and lent > len(self.tokens):
+        if lender is not None and lent > common:
             self.model._call_llama(self._share_prefix, lender, lent)
+        elif common < len(self.tokens):
+            self.model._call_llama(self._roll_back, common, False)
         return len(self.tokens)
 
     def prefix_held(self, history: Sequence[int]) -> int:
@@ -271,11 +271,17 @@ class Context:
         _, lent = self._longest_lender(history)
         return max(common_prefix(self.tokens, history), lent)
 
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether it can take a prefix another sequence holds. Not a recurrent state, which holds
+        no cells per position to share, nor a sequence an MTP head listens to, whose head would
+        hold no rows for the shared positions."""
+        return not self.recurrent and self._listener is None
+
     def _longest_lender(self, history: Sequence[int]) -> tuple[Context | None, int]:
-        """The other sequence of the cache holding the longest prefix of `history`, and its length.
-        None for a recurrent state, which holds no cells per position to share, and for a sequence
-        an MTP head listens to, whose head would hold no rows for the shared positions."""
-        if self.recurrent or self._listener is not None:
+        """The other sequence of the cache holding the longest prefix of `history`, and its length
+        (None, 0 where this sequence cannot share)."""
+        if not self.shares_prefixes:
             return None, 0
         held = [(common_prefix(other.tokens, history), other) for other in self._shared.sequences.values() if other is not self]
         lent, lender = max(held, key=lambda pair: pair[0], default=(0, None))

@@ -86,11 +86,11 @@ class Batch:
         logits = self.target.decode_many(parts)
         seconds = time.perf_counter() - started
         self.rows, self.decodes, self._planned = sum(len(tokens) for _, tokens, _ in parts), self.decodes + 1, 0
-        done = [(s, rows) for s, rows in zip(waiting, logits) if s.asks is not None and s.fed == len(s.asks.tokens)]
-        self._to_come = sum(s.asks.rows for s, _ in done if s.asks is not None)
-        for stream, rows in done:
-            assert stream.asks is not None
-            self._to_come -= stream.asks.rows
+        # (stream, its rows in this decode, their logits) of each stream whose whole ask was decoded
+        done = [(s, s.asks.rows, rows) for s, rows in zip(waiting, logits) if s.asks is not None and s.fed == len(s.asks.tokens)]
+        self._to_come = sum(own for _, own, _ in done)
+        for stream, own, rows in done:
+            self._to_come -= own
             self._advance(stream, Verified(rows, seconds, self.rows))
 
     def _other_rows(self) -> int:
@@ -101,8 +101,11 @@ class Batch:
 
     def _prefill_to_wait_for(self, stream: _Stream) -> _Stream | None:
         """A started stream still to be prefilled whose prompt shares more than half of this one's
-        beyond what the cache holds already; None when none does."""
-        held = stream.generator.target.prefix_held(stream.prompt)
+        beyond what the cache holds already; None when none does, or this stream cannot share."""
+        target = stream.generator.target
+        if not target.shares_prefixes:
+            return None
+        held = target.prefix_held(stream.prompt)
         prefilling = [s for s in self.streams if s.after is None and not s.generator.stats.prefills]
         gains = [(common_prefix(s.prompt, stream.prompt) - held, s) for s in prefilling]
         gain, other = max(gains, key=lambda pair: pair[0], default=(0, None))
