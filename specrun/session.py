@@ -351,7 +351,7 @@ class Session:
         if len(grammars) != len(prompts):
             raise SpecrunError(f"{len(grammars)} grammars for {len(prompts)} prompts: give one for all, or one per prompt")
         prepared = [self._prepared(prompt, max_tokens, plain, k, seed, sampler, None)[1] for prompt in prompts]
-        batch, free, done = Batch(self.target), list(range(self.config.parallel)), {}
+        batch, free, done = self.batch(), list(range(self.config.parallel)), {}
         waiting = list(range(len(prepared)))
         while waiting or batch.streams:
             while waiting and free:
@@ -367,6 +367,16 @@ class Session:
                 batch.add(generator, prepared[index], max_tokens, on_done=finished)
             batch.step()
         return [Generation(self.detokenize(done[i].tokens), done[i].tokens, done[i].stats) for i in range(len(prepared))]
+
+    def batch(self) -> Batch:
+        """Streams on this session's slots, verified together; a draft under auto has its rows
+        priced by the verify costs auto keeps refining."""
+        return Batch(self.target, self._auto_costs)
+
+    def _auto_costs(self) -> list[float]:
+        auto = self.policy("auto")
+        assert isinstance(auto, AutoK)
+        return auto.costs
 
     def best_slot(self, tokens: Sequence[int], free: Sequence[int]) -> int:
         """Of the free streams, the one whose cache shares the longest prefix with `tokens` (as

@@ -12,12 +12,15 @@ import pytest
 from reference import chi_square_p
 from test_exactness import MIN_P, exact_pairs, first_layer_draft  # noqa: F401  (a fixture)
 from test_hybrid import hybrid  # noqa: F401  (the fixture)
+from test_policy import FOURS
 
 from specrun.backend import Context, ContextOptions, Model
 from specrun.config import SessionConfig
+from specrun.core.auto import AutoK
 from specrun.core.batch import Batch
-from specrun.core.engine import Generator
-from specrun.core.policy import FixedK
+from specrun.core.engine import Decode, Generator
+from specrun.core.events import Stats
+from specrun.core.policy import FixedK, StepRecord
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.core.sequences import common_prefix
 from specrun.drafts.lookup import PromptLookup
@@ -195,24 +198,120 @@ def test_each_stream_prices_its_draft_with_every_other_streams_rows(tiny):
     assert set(single.other_rows) == {0}
 
 
-def test_four_streams_sample_like_the_target(tiny, first_layer_draft):  # noqa: F811
+class OnCurve(AutoK):
+    """Auto on a fixed verify-cost curve: the tiny model's real decode times do not move it."""
+
+    def observe(self, step: StepRecord) -> None:
+        super().observe(replace(step, rows=None))
+
+
+TWO_FREE = [0.0] + [1.0] * 6 + [3.0] * 10  # up to 6 rows cost one decode, more cost three
+
+
+def four_at_once(session: Session, tokens: list[int], policy: AutoK | None) -> list[tuple[list[int], Stats]]:
+    """Four generations of three tokens in one batch: the session's own (its k), or under `policy`,
+    drafts cut to the rows that pay on its curve."""
+    if policy is None:
+        return [(g.tokens, g.stats) for g in session.generate_many([tokens] * 4, max_tokens=3)]
+    batch, done = Batch(session.target, lambda: policy.costs), []
+    for slot in range(4):
+        batch.add(
+            session.generator(policy=policy, slot=slot), tokens, 3, on_done=lambda run: done.append((run.tokens, run.stats))
+        )
+    while batch.streams:
+        batch.step()
+    return done
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["k 2", "auto, drafts cut to the rows that pay"])
+def test_four_streams_sample_like_the_target(tiny, first_layer_draft, cut, monkeypatch):  # noqa: F811
     """At temperature 1, the first two tokens of 2,000 generations run four at a time (a draft model
-    sampling, verified by the p/q rule) follow the target's own distribution."""
+    sampling, verified by the p/q rule) follow the target's own distribution, also where the batch
+    verifies only part of each draft (two rows of the four streams' drafts, on TWO_FREE)."""
     settings = SamplerSettings(temperature=1.0)
     prompt = PROMPTS[0]
+    # Under auto, the model drafts alone: prompt lookup would draft first, and on random weights its copies are cut.
     config = SessionConfig(
-        target=tiny["target"], draft=first_layer_draft, lookup=True, k=2, n_ctx=4 * 256, parallel=4, threads=1, sampler=settings
+        target=tiny["target"],
+        draft=first_layer_draft,
+        lookup=not cut,
+        k=2,
+        n_ctx=4 * 256,
+        parallel=4,
+        threads=1,
+        sampler=settings,
     )
+    cuts = Counter()
+    monkeypatch.setattr(Decode, "cut", lambda self, drafted, cut=Decode.cut: cuts.update([1]) or cut(self, drafted))
     sampled: Counter = Counter()
     drafted = accepted = 0
     with Session(config) as session:
-        tokens = session.tokenize(prompt)
+        tokens, policy = session.tokenize(prompt), OnCurve(TWO_FREE) if cut else None
         for _ in range(500):
-            for generation in session.generate_many([tokens] * 4, max_tokens=3):
-                sampled[tuple(generation.tokens[:2])] += 1
-                drafted, accepted = drafted + generation.stats.drafted, accepted + generation.stats.accepted
+            for output, stats in four_at_once(session, tokens, policy):
+                sampled[tuple(output[:2])] += 1
+                drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
     assert 0.05 < accepted / drafted < 0.95
+    assert (cuts.total() > 100) == cut
     assert chi_square_p(sampled, exact_pairs(tiny["target"], tokens, settings, 256)) > MIN_P
+
+
+def test_a_batch_verifies_the_draft_rows_that_pay_and_each_output_stays_its_own(tiny):
+    """On a curve whose widths cost in steps of four, auto-sized drafts are cut to a width that
+    the next multiple of four does not beat; each stream writes what it writes alone."""
+    model = Model(tiny["target"])
+    try:
+        prompts = [model.tokenize(prompt) for prompt in PROMPTS[:4]]
+        expected = alone(model, prompts, 24)
+        context = Context(model, ContextOptions(n_ctx=4 * 512, sequences=4))
+        batch, results, cut_widths, policy = Batch(context, lambda: FOURS), {}, [], OnCurve(FOURS)
+        for i, prompt in enumerate(prompts):
+            generator = Generator(context.sequence(i), PromptLookup(), Sampler.seeded(SamplerSettings()), policy)
+            batch.add(generator, prompt, 24, on_done=lambda run, i=i: results.__setitem__(i, run.tokens))
+        while batch.streams:
+            verifying = all(stream.generator.stats.prefills for stream in batch.streams)
+            asked = sum(len(stream.asks.tokens) for stream in batch.streams if stream.asks is not None)
+            batch.step()
+            if verifying and batch.rows < asked:
+                cut_widths.append(batch.rows)
+    finally:
+        model.close()
+    assert [results[i] for i in range(4)] == expected
+    assert cut_widths and all(width % 4 == 0 or width < 4 for width in cut_widths)
+
+
+class RecordingOnCurve(OnCurve):
+    def __init__(self, costs):
+        super().__init__(costs)
+        self.steps: list[StepRecord] = []
+
+    def observe(self, step: StepRecord) -> None:
+        self.steps.append(step)
+        super().observe(step)
+
+
+def test_a_draft_the_batch_verified_none_of_reaches_the_policy_as_declined(tiny):
+    """Four streams fill the cheap width of a curve on which any fifth row costs five decodes:
+    every copy is cut whole, and auto hears of each as a decline (so its evidence fades and the
+    source is tried again), not as a draft of nothing."""
+    model = Model(tiny["target"])
+    try:
+        context = Context(model, ContextOptions(n_ctx=4 * 512, sequences=4))
+        policy = RecordingOnCurve([0.0] + [1.0] * 4 + [5.0] * 12)
+        batch = Batch(context, lambda: policy.costs)
+        for i, prompt in enumerate(PROMPTS[:4]):
+            batch.add(
+                Generator(context.sequence(i), PromptLookup(), Sampler.seeded(SamplerSettings()), policy),
+                model.tokenize(prompt),
+                16,
+            )
+        while len(batch.streams) == 4:
+            batch.step()
+    finally:
+        model.close()
+    assert all(step.budget is None and step.drafted == 0 for step in policy.steps)
+    cut = [d for step in policy.steps for d in step.declined if d.decision == "decline" and d.source.startswith("lookup")]
+    assert cut and policy.sources[cut[0].source].skipped > 0
 
 
 def specrun_cli(*args: str) -> subprocess.CompletedProcess:

@@ -12,7 +12,6 @@ from typing import Sequence
 from rich.table import Table
 
 from specrun.bench.methods import METHODS, PLAIN, Variant
-from specrun.core.batch import Batch
 from specrun.core.events import RunResult, TokenEvent
 from specrun.core.sampling import SamplerSettings
 from specrun.grammar.schemas import Grammar
@@ -58,7 +57,9 @@ def _serve(
     slots = list(range(session.config.parallel))
     for slot in slots:
         session.target.sequence(slot).truncate(0)
-    served, batch, waiting = Served(variant), Batch(session.target), list(range(len(prompts)))
+    if variant.k:
+        session.policy(variant.k)  # auto measures verify costs before the clock starts, as a server does at start-up
+    served, batch, waiting = Served(variant), session.batch(), list(range(len(prompts)))
     started = time.perf_counter()
     while waiting or batch.streams:
         while waiting and slots:

@@ -11,8 +11,11 @@ declines before it), then learns from the step.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 from specrun.core.policy import PRIOR, Budget, Decision, StepRecord, ema
 
@@ -77,22 +80,28 @@ class AutoK:
 
     # --- decisions (queries: nothing changes until `observe`) ------------------------
     def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0) -> Budget:
-        """Other streams' `rows` in the same decode count in: each is taken to yield one token,
-        and a draft's rows cost what they add to the decode at that width; so a batch wide enough
-        that more rows no longer pay gets no drafts (with one stream, rows is 0)."""
+        """Other streams' `rows` in the same decode count in where drafting costs time (a model):
+        each is taken to yield one token, and the draft's rows cost what they add to the decode
+        at that width, so a batch wide enough that more rows no longer pay gets no model drafts.
+        A free draft (a copy) is sized as if alone: a batch verifies, of all its streams' drafts,
+        the rows that pay (`rows_to_verify`). With one stream, rows is 0."""
+        track = self.sources.get(source) or SourceTrack(prior=prior)
+        rows = rows if self.costs_time(track) else 0
         limit = min(limit, self.max_k - rows)
         if limit < 1:
             return Budget(source, 0, "none", prior, rows)
-        track = self.sources.get(source) or SourceTrack(prior=prior)
         k, decision = self._k(track, limit, rows)
         return Budget(source, k, decision, prior, rows)
+
+    def costs_time(self, track: SourceTrack) -> bool:
+        """Whether the source's drafts cost time to make (a model's), not only to verify."""
+        return track.draft_token_s > FREE_DRAFT_SHARE * self.costs[1]
 
     def _k(self, track: SourceTrack, limit: int, rows: int) -> tuple[int, Decision]:
         # A source that costs time to draft (a model) is judged by the rate its steps measured.
         # A free one (lookup) is left to best_k: its past rate reflects past draft lengths, and
         # one long copy that broke early would otherwise bench it while it still copies.
-        drafting_costs = track.draft_token_s > FREE_DRAFT_SHARE * self.costs[1]
-        measured_slow = drafting_costs and track.steps >= 2 and track.rate < self.plain_rate
+        measured_slow = self.costs_time(track) and track.steps >= 2 and track.rate < self.plain_rate
         k = 0 if measured_slow else self.best_k(track, limit, rows)
         if k:
             # A first draft measures what catching the drafter up costs, as a probe does.
@@ -158,6 +167,13 @@ class AutoK:
             return None
         return replace(budget, kept=budget.kept + 1, gain=budget.gain + alive, alive=alive, drafted_s=drafted_s)
 
+    def chances(self, budget: Budget, n: int, confidences: Sequence[float] | None) -> tuple[float, ...]:
+        """Each row's expected tokens: from the drafter's confidence per token where it measured
+        it (as `extend` judged them), else from the source's acceptance by position."""
+        track = self.sources.get(budget.source) or SourceTrack(prior=budget.prior)
+        each = [self.confidence_acceptance(c) for c in confidences[:n]] if confidences else track.acceptances(n)
+        return tuple(itertools.accumulate(each, operator.mul))
+
     def confidence_acceptance(self, confidence: float) -> float:
         b = min(int(confidence * 10), 9)
         return (self.conf_hits[b] + 2.0 * confidence) / (self.conf_tries[b] + 2.0)
@@ -169,7 +185,7 @@ class AutoK:
     # --- learning -------------------------------------------------------------------
     def observe(self, step: StepRecord) -> None:
         width = step.rows or step.drafted + 1
-        if width < len(self.costs):
+        if step.rows is not None and width < len(self.costs):  # a decode that held a prompt's rows is off the curve
             self.costs[width] = ema(self.costs[width], step.verify_s, 0.1, False)
         for declined in step.declined:
             self._apply(declined)
@@ -214,3 +230,29 @@ class AutoK:
                 b = min(int(step.confidences[i] * 10), 9)
                 self.conf_hits[b] += i < step.accepted
                 self.conf_tries[b] += 1
+
+
+def rows_to_verify(costs: Sequence[float], fixed: int, chances: Sequence[Sequence[float]]) -> list[int]:
+    """How many of each stream's draft rows one decode verifies, for the most expected tokens
+    per second at `costs[width]`: rows go where they are likeliest to be accepted, at the width
+    that pays best (on a CPU whose output head computes rows four at a time, a multiple of four).
+
+    `fixed`: rows decoded whatever is chosen (each stream's last token, drafts verified whole),
+    each counted as one token; `chances`: per stream, its draft rows' expected tokens, falling
+    along the draft, so that the best rows of a stream are always a prefix of its draft.
+    """
+    if fixed >= len(costs):
+        return [len(row_chances) for row_chances in chances]  # wider than the curve: nothing to price by
+    ranked = sorted(
+        ((chance, stream) for stream, row_chances in enumerate(chances) for chance in row_chances), key=lambda c: -c[0]
+    )
+    ranked = ranked[: max(len(costs) - 1 - fixed, 0)]
+    best, best_rate, expected = 0, fixed / costs[fixed], float(fixed)
+    for n, (chance, _) in enumerate(ranked, start=1):
+        expected += chance
+        if expected / costs[fixed + n] > best_rate:
+            best, best_rate = n, expected / costs[fixed + n]
+    kept = [0] * len(chances)
+    for _, stream in ranked[:best]:
+        kept[stream] += 1
+    return kept

@@ -4,7 +4,9 @@ rows verified in one decode per step.
 A stream is a `Generator`'s `steps` coroutine: it drafts, asks for a `Decode`, and is sent its
 rows back. `Batch.step` collects what every running stream asks, decodes it all at once, and
 resumes each with its rows; each then accepts, rejects, rolls its own sequence back and drafts
-again, sizing its draft for the rows the other streams will put in the next decode. A new
+again, sizing its draft for the rows the other streams will put in the next decode. Of the
+drafts, the batch verifies the rows that pay most for the decode's cost, by the verify-cost
+curve (`rows_to_verify`); a stream whose draft was cut sees rows for the part verified. A new
 prompt is prefilled in chunks that share decodes with the running streams' rows, so they do not
 stall behind a long prompt. A prompt that shares most of itself with one still being prefilled
 (requests with one system prompt, arriving together) waits for that prefill and then shares its
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from specrun.backend import Context
+from specrun.core.auto import rows_to_verify
 from specrun.core.engine import Decode, Generator, OnStep, OnToken, Steps, Verified
 from specrun.core.events import Done, RunResult, Stats, StepEvent, TokenEvent
 from specrun.core.sequences import common_prefix
@@ -43,9 +46,12 @@ class _Stream:
 class Batch:
     """Streams on sequences of `target`'s context, verified together."""
 
-    def __init__(self, target: Context, prefill_chunk: int = 128):
-        """`prefill_chunk`: the most prompt tokens one step decodes for a joining stream."""
+    def __init__(self, target: Context, verify_costs: Callable[[], Sequence[float]] | None = None, prefill_chunk: int = 128):
+        """`verify_costs`: the seconds of a decode by width (index), asked for when a draft's rows
+        carry chances (without it, every draft is verified whole); `prefill_chunk`: the most
+        prompt tokens one step decodes for a joining stream."""
         self.target = target
+        self.verify_costs = verify_costs
         self.prefill_chunk = prefill_chunk
         self.streams: list[_Stream] = []
         self._planned = 0  # rows the streams resumed so far this step put in the next decode
@@ -79,6 +85,7 @@ class Batch:
     def step(self) -> None:
         """One decode for every running stream; each then takes its rows and asks again."""
         self._start_waiting()
+        self._cut_drafts()
         parts, waiting = self._parts()
         if not parts:
             return
@@ -86,12 +93,13 @@ class Batch:
         logits = self.target.decode_many(parts)
         seconds = time.perf_counter() - started
         self.rows, self.decodes, self._planned = sum(len(tokens) for _, tokens, _ in parts), self.decodes + 1, 0
+        width = None if any(not s.generator.stats.prefills for s in waiting) else self.rows  # a prompt's rows: off the curve
         # (stream, its rows in this decode, their logits) of each stream whose whole ask was decoded
         done = [(s, s.asks.rows, rows) for s, rows in zip(waiting, logits) if s.asks is not None and s.fed == len(s.asks.tokens)]
         self._to_come = sum(own for _, own, _ in done)
         for stream, own, rows in done:
             self._to_come -= own
-            self._advance(stream, Verified(rows, seconds, self.rows))
+            self._advance(stream, Verified(rows, seconds, width))
 
     def _other_rows(self) -> int:
         """The rows the other streams will hold in the next decode, as a stream drafting now
@@ -116,6 +124,21 @@ class Batch:
             if stream.after is not None and (stream.after not in self.streams or stream.after.generator.stats.prefills):
                 stream.after = None
                 self._advance(stream, None)
+
+    def _cut_drafts(self) -> None:
+        """Cut the running streams' drafts to the rows worth their cost in this decode; not beside
+        a prompt's rows, which change what a row costs (only rows with logits pass the output head)."""
+        asks = [(s, s.asks) for s in self.streams if s.asks is not None]
+        if (
+            self.verify_costs is None
+            or not any(a.chances for _, a in asks)
+            or any(not s.generator.stats.prefills for s, _ in asks)
+        ):
+            return
+        fixed = sum(len(a.tokens) - len(a.chances) for _, a in asks)
+        for (stream, ask), drafted in zip(asks, rows_to_verify(self.verify_costs(), fixed, [a.chances for _, a in asks])):
+            if drafted < len(ask.chances):
+                stream.asks = ask.cut(drafted)
 
     def _parts(self) -> tuple[list[tuple[Context, Sequence[int], int]], list[_Stream]]:
         """The next decode: the running streams' verifies, whole, then joining streams' prompts,

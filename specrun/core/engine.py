@@ -60,19 +60,27 @@ class Step:
 
 @dataclass(frozen=True)
 class Decode:
-    """A stream's part of the next target decode: tokens after those its cache holds, logits for the last `rows`."""
+    """A stream's part of the next target decode: tokens after those its cache holds, logits for
+    the last `rows`; for a verify whose draft may be cut, each draft row's expected tokens
+    (`DraftPolicy.chances`): a batch may decode fewer of them, and returns a row for each it did."""
 
     tokens: Sequence[int]
     rows: int
+    chances: Sequence[float] = ()
+
+    def cut(self, drafted: int) -> Decode:
+        """The verify with only its first `drafted` draft tokens."""
+        return Decode(self.tokens[: drafted + 1], drafted + 1, self.chances[:drafted])
 
 
 @dataclass(frozen=True)
 class Verified:
-    """What that decode gave the stream: its rows' logits, and the decode's seconds and rows (every stream's)."""
+    """What that decode gave the stream: its rows' logits, and the decode's seconds and rows
+    (every stream's; None where it held a prompt's rows too, and its time is no verify's)."""
 
     logits: np.ndarray
     seconds: float
-    width: int
+    width: int | None
 
 
 EventStream = PyGenerator[Event, None, None]
@@ -236,8 +244,10 @@ class Generator:
         draft = self._proposed(history, limit, other_rows()) if limit > 0 and self.drafter is not None and not first else NO_DRAFT
         drafted_at = time.perf_counter()
         if prompt_logits is None:
-            verified = yield Decode([history[-1], *draft.tokens], len(draft.tokens) + 1)
+            chances = self.policy.chances(draft.budget, len(draft.tokens), draft.confidences) if draft.budget else ()
+            verified = yield Decode([history[-1], *draft.tokens], len(draft.tokens) + 1, chances)
             logits, verify_s, width = verified.logits, verified.seconds, verified.width
+            draft = self._verified_part(draft, len(logits) - 1)
         else:
             logits, verify_s, width = prompt_logits, 0.0, 0
         checked_at = time.perf_counter()
@@ -303,8 +313,23 @@ class Generator:
         cut = next((i + 1 for i, token in enumerate(tokens) if token in self.eog), len(tokens))
         if self.constraint:
             cut = self.constraint.admissible(tokens[:cut])
-        if cut == len(draft.tokens):
+        return self._cut(draft, cut)
+
+    @classmethod
+    def _verified_part(cls, draft: Draft, verified: int) -> Draft:
+        """The draft as far as a batch verified it (only the rows that paid). One it verified none
+        of counts as the policy declining its source, so old evidence fades and the source is
+        tried again, instead of being offered and cut every step without being learned from."""
+        if verified or draft.budget is None:
+            return cls._cut(draft, verified)
+        declined = replace(draft.budget, k=0, decision="decline")
+        return replace(cls._cut(draft, 0), budget=None, declined=(*draft.declined, declined))
+
+    @staticmethod
+    def _cut(draft: Draft, n: int) -> Draft:
+        """The draft's first n tokens."""
+        if n >= len(draft.tokens):
             return draft
-        dists = draft.dists[:cut] if draft.dists is not None else None
-        confidences = draft.confidences[:cut] if draft.confidences is not None else None
-        return replace(draft, tokens=tokens[:cut], dists=dists, confidences=confidences)
+        dists = draft.dists[:n] if draft.dists is not None else None
+        confidences = draft.confidences[:n] if draft.confidences is not None else None
+        return replace(draft, tokens=draft.tokens[:n], dists=dists, confidences=confidences)

@@ -1,11 +1,14 @@
 """How many tokens to draft: fixed k, llama.cpp's rule, or `auto` (core/auto.py: cost-aware, measured).
 
-`DraftPolicy` is the whole contract, in three verbs:
+`DraftPolicy` is the whole contract, in four verbs:
 - `offer(source, limit, prior, rows)`: what the policy grants a source this step, as a `Budget`,
   in a target decode that holds `rows` rows of other streams already. A query: it changes
   nothing, so a draft that is proposed and then thrown away teaches nothing.
 - `extend(budget, confidence)`: the budget with one more model-drafted token kept, or None
   where that token is not worth verifying. Also a query.
+- `chances(budget, n, confidences)`: what each of a draft's rows is expected to add, so that a
+  batch of streams can verify the rows that pay most for the decode's cost; none where a
+  draft is verified whole. Also a query.
 - `observe(step)`: what the verified step did, with the budgets it drafted under and those
   the policy declined on the way; the only verb that changes the policy's state.
 """
@@ -82,7 +85,7 @@ class StepRecord:
     draft_s: float  # seconds spent drafting
     verify_s: float  # seconds of the verify decode and the check of its rows
     catch_up_s: float = 0.0  # of draft_s, feeding a draft's cache text it missed (see Draft.catch_up_s)
-    rows: int = 0  # the decode's rows, every stream's (0: this step's own, drafted + 1)
+    rows: int | None = 0  # the decode's rows, every stream's (0: this step's own, drafted + 1; None: it held a prompt's too)
 
 
 class DraftPolicy(Protocol):
@@ -106,6 +109,12 @@ class DraftPolicy(Protocol):
         None when that token is not worth verifying: the draft ends before it."""
         ...
 
+    def chances(self, budget: Budget, n: int, confidences: Sequence[float] | None) -> tuple[float, ...]:
+        """For each of the n tokens drafted under `budget`, the chance that it and every one
+        before it are accepted (the tokens its row is expected to add); () where the draft is
+        to be verified whole. A batch verifies, of its streams' drafts, the rows that pay."""
+        ...
+
     def observe(self, step: StepRecord) -> None:
         """Learn from a verified step (or a plain one)."""
         ...
@@ -127,6 +136,9 @@ class FixedK:
 
     def extend(self, budget: Budget, confidence: float) -> Budget | None:
         return replace(budget, kept=budget.kept + 1)
+
+    def chances(self, budget: Budget, n: int, confidences: Sequence[float] | None) -> tuple[float, ...]:
+        return ()  # a k asked for is verified whole
 
     def observe(self, step: StepRecord) -> None:
         pass

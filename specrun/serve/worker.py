@@ -227,7 +227,7 @@ class Worker:
         if self.state == "loading":
             self.state = "ready"
             self._on_ready(self.session)
-        self._batch = Batch(self.session.target)
+        self._batch = self.session.batch()
         try:
             while self._admit():
                 self._step()
@@ -271,7 +271,7 @@ class Worker:
             for job in {*jobs, *self.running.values()}:
                 job.report(Failed(error))
             self.running.clear()
-            self._batch = Batch(self._loaded.target)
+            self._batch = self._loaded.batch()
 
     def _start(self, job: Job) -> None:
         """Put the job's generation on the free slot that has most of its prompt cached."""
