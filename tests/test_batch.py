@@ -23,6 +23,7 @@ from specrun.core.events import Stats
 from specrun.core.policy import FixedK, StepRecord
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.core.sequences import common_prefix
+from specrun.drafts.base import Draft
 from specrun.drafts.lookup import PromptLookup
 from specrun.session import Session
 
@@ -312,6 +313,32 @@ def test_a_draft_the_batch_verified_none_of_reaches_the_policy_as_declined(tiny)
     assert all(step.budget is None and step.drafted == 0 for step in policy.steps)
     cut = [d for step in policy.steps for d in step.declined if d.decision == "decline" and d.source.startswith("lookup")]
     assert cut and policy.sources[cut[0].source].skipped > 0
+
+
+class KeepsNoGuess:
+    """A model-like source whose every guess its budget ends before: it drafts nothing, at a cost."""
+
+    names, counters, parts, runs_model = ("draft",), (), (), True
+
+    def propose(self, history, request):
+        return Draft.under(request.offer("draft", request.limit))
+
+    def rollback(self, history):
+        pass
+
+
+def test_a_model_draft_that_kept_no_token_is_no_decline(tiny):
+    """Only a draft a batch cut away counts as declined: one that kept nothing still reaches auto
+    under its budget, so the decode that guessed it is charged to the source."""
+    model = Model(tiny["target"])
+    try:
+        context = Context(model, ContextOptions(n_ctx=512))
+        policy = RecordingOnCurve(FOURS)
+        Generator(context, KeepsNoGuess(), Sampler.seeded(SamplerSettings()), policy).run(model.tokenize(PROMPTS[0]), 4)
+    finally:
+        model.close()
+    first = policy.steps[0]  # auto's first grant to the source
+    assert first.budget is not None and first.budget.source == "draft" and first.drafted == 0
 
 
 def specrun_cli(*args: str) -> subprocess.CompletedProcess:

@@ -319,8 +319,9 @@ class Generator:
     def _verified_part(cls, draft: Draft, verified: int) -> Draft:
         """The draft as far as a batch verified it (only the rows that paid). One it verified none
         of counts as the policy declining its source, so old evidence fades and the source is
-        tried again, instead of being offered and cut every step without being learned from."""
-        if verified or draft.budget is None:
+        tried again, instead of being offered and cut every step without being learned from. (A
+        model draft that kept no token stays a draft of nothing: its decode's cost is news.)"""
+        if verified or not draft.tokens or draft.budget is None:
             return cls._cut(draft, verified)
         declined = replace(draft.budget, k=0, decision="decline")
         return replace(cls._cut(draft, 0), budget=None, declined=(*draft.declined, declined))
