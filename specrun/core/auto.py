@@ -85,13 +85,17 @@ class AutoK:
         at that width, so a batch wide enough that more rows no longer pay gets no model drafts.
         A free draft (a copy) is sized as if alone: a batch verifies, of all its streams' drafts,
         the rows that pay (`rows_to_verify`). With one stream, rows is 0."""
-        track = self.sources.get(source) or SourceTrack(prior=prior)
+        track = self._track(source, prior)
         rows = rows if self.costs_time(track) else 0
         limit = min(limit, self.max_k - rows)
         if limit < 1:
             return Budget(source, 0, "none", prior, rows)
         k, decision = self._k(track, limit, rows)
         return Budget(source, k, decision, prior, rows)
+
+    def _track(self, source: str, prior: float) -> SourceTrack:
+        """What was measured of `source`, or a fresh track on its prior (a query: nothing is kept)."""
+        return self.sources.get(source) or SourceTrack(prior=prior)
 
     def costs_time(self, track: SourceTrack) -> bool:
         """Whether the source's drafts cost time to make (a model's), not only to verify."""
@@ -155,7 +159,7 @@ class AutoK:
 
     def extend(self, budget: Budget, confidence: float) -> Budget | None:
         """Keep this model-drafted token only if it raises the step's expected tokens/s."""
-        track = self.sources.get(budget.source) or SourceTrack(prior=budget.prior)
+        track = self._track(budget.source, budget.prior)
         alive = budget.alive * self.confidence_acceptance(confidence)
         width = budget.rows + budget.kept + 1  # rows verified before this token: others', last token, earlier drafts
         if width + 1 >= len(self.costs):
@@ -170,7 +174,7 @@ class AutoK:
     def chances(self, budget: Budget, n: int, confidences: Sequence[float] | None) -> tuple[float, ...]:
         """Each row's expected tokens: from the drafter's confidence per token where it measured
         it (as `extend` judged them), else from the source's acceptance by position."""
-        track = self.sources.get(budget.source) or SourceTrack(prior=budget.prior)
+        track = self._track(budget.source, budget.prior)
         each = [self.confidence_acceptance(c) for c in confidences[:n]] if confidences else track.acceptances(n)
         return tuple(itertools.accumulate(each, operator.mul))
 
@@ -246,7 +250,7 @@ def rows_to_verify(costs: Sequence[float], fixed: int, chances: Sequence[Sequenc
     ranked = sorted(
         ((chance, stream) for stream, row_chances in enumerate(chances) for chance in row_chances), key=lambda c: -c[0]
     )
-    ranked = ranked[: max(len(costs) - 1 - fixed, 0)]
+    ranked = ranked[: len(costs) - 1 - fixed]  # rows past the curve's widest are not priced
     best, best_rate, expected = 0, fixed / costs[fixed], float(fixed)
     for n, (chance, _) in enumerate(ranked, start=1):
         expected += chance

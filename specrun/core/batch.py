@@ -42,6 +42,11 @@ class _Stream:
     asks: Decode | None = None  # what it waits for
     fed: int = 0  # of a long prefill's tokens, those decoded already
 
+    @property
+    def prefilled(self) -> bool:
+        """Whether its prompt is in the cache: its asks are verifies, not a prompt's rows."""
+        return bool(self.generator.stats.prefills)
+
 
 class Batch:
     """Streams on sequences of `target`'s context, verified together."""
@@ -93,7 +98,7 @@ class Batch:
         logits = self.target.decode_many(parts)
         seconds = time.perf_counter() - started
         self.rows, self.decodes, self._planned = sum(len(tokens) for _, tokens, _ in parts), self.decodes + 1, 0
-        width = None if any(not s.generator.stats.prefills for s in waiting) else self.rows  # a prompt's rows: off the curve
+        width = self.rows if all(s.prefilled for s in waiting) else None  # a prompt's rows: off the curve
         # (stream, its rows in this decode, their logits) of each stream whose whole ask was decoded
         done = [(s, s.asks.rows, rows) for s, rows in zip(waiting, logits) if s.asks is not None and s.fed == len(s.asks.tokens)]
         self._to_come = sum(own for _, own, _ in done)
@@ -114,14 +119,14 @@ class Batch:
         if not target.shares_prefixes:
             return None
         held = target.prefix_held(stream.prompt)
-        prefilling = [s for s in self.streams if s.after is None and not s.generator.stats.prefills]
+        prefilling = [s for s in self.streams if s.after is None and not s.prefilled]
         gains = [(common_prefix(s.prompt, stream.prompt) - held, s) for s in prefilling]
         gain, other = max(gains, key=lambda pair: pair[0], default=(0, None))
         return other if gain > len(stream.prompt) // 2 else None
 
     def _start_waiting(self) -> None:
         for stream in list(self.streams):
-            if stream.after is not None and (stream.after not in self.streams or stream.after.generator.stats.prefills):
+            if stream.after is not None and (stream.after not in self.streams or stream.after.prefilled):
                 stream.after = None
                 self._advance(stream, None)
 
@@ -129,11 +134,7 @@ class Batch:
         """Cut the running streams' drafts to the rows worth their cost in this decode; not beside
         a prompt's rows, which change what a row costs (only rows with logits pass the output head)."""
         asks = [(s, s.asks) for s in self.streams if s.asks is not None]
-        if (
-            self.verify_costs is None
-            or not any(a.chances for _, a in asks)
-            or any(not s.generator.stats.prefills for s, _ in asks)
-        ):
+        if self.verify_costs is None or not any(a.chances for _, a in asks) or not all(s.prefilled for s, _ in asks):
             return
         fixed = sum(len(a.tokens) - len(a.chances) for _, a in asks)
         for (stream, ask), drafted in zip(asks, rows_to_verify(self.verify_costs(), fixed, [a.chances for _, a in asks])):
@@ -143,8 +144,8 @@ class Batch:
     def _parts(self) -> tuple[list[tuple[Context, Sequence[int], int]], list[_Stream]]:
         """The next decode: the running streams' verifies, whole, then joining streams' prompts,
         in chunks while others run (all at once when nothing else does)."""
-        running = [s for s in self.streams if s.asks is not None and s.generator.stats.prefills]
-        joining = [s for s in self.streams if s.asks is not None and not s.generator.stats.prefills]
+        running = [s for s in self.streams if s.asks is not None and s.prefilled]
+        joining = [s for s in self.streams if s.asks is not None and not s.prefilled]
         room = self.target.n_batch
         parts, waiting = [], []
         for stream in running + joining:
