@@ -23,7 +23,7 @@ from specrun.core.events import Stats
 from specrun.core.policy import FixedK, StepRecord
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Draft
+from specrun.drafts.base import Draft, without_decodes
 from specrun.drafts.lookup import PromptLookup
 from specrun.session import Session
 
@@ -41,6 +41,7 @@ def configs(tiny, hybrid):  # noqa: F811
     return {
         "lookup": SessionConfig(target=tiny["target"], lookup=True, k=4, n_ctx=1024),
         "draft": SessionConfig(target=tiny["target"], draft=tiny["draft"], k=3, n_ctx=1024),
+        "translated draft": SessionConfig(target=tiny["target"], draft=tiny["gpt2"], k=3, n_ctx=1024),
         "hybrid target, lookup and draft": SessionConfig(
             target=hybrid["target"], draft=hybrid["draft"], lookup=True, k=3, n_ctx=1024
         ),
@@ -48,7 +49,7 @@ def configs(tiny, hybrid):  # noqa: F811
     }
 
 
-@pytest.mark.parametrize("name", ["lookup", "draft", "hybrid target, lookup and draft", "auto"])
+@pytest.mark.parametrize("name", ["lookup", "draft", "translated draft", "hybrid target, lookup and draft", "auto"])
 def test_batched_greedy_output_is_each_streams_own(tiny, hybrid, name):  # noqa: F811
     config = configs(tiny, hybrid)[name]
     with Session(config) as session:
@@ -57,6 +58,32 @@ def test_batched_greedy_output_is_each_streams_own(tiny, hybrid, name):  # noqa:
         together = session.generate_many(PROMPTS, max_tokens=32)
     assert [g.tokens for g in together] == alone
     assert sum(g.stats.drafted for g in together) > 0 or name == "auto"
+
+
+@pytest.mark.parametrize("draft", ["draft", "gpt2"])
+def test_the_streams_draft_models_decode_together(tiny, draft, monkeypatch):
+    """Each draft decode holds every drafting stream's next position: four streams drafting three
+    tokens a step take three draft decodes a step, not twelve."""
+    widths: list[int] = []
+    decode_many = Context.decode_many
+
+    def recording(self, parts):
+        if self.model.role == "draft":
+            widths.append(len(parts))
+        return decode_many(self, parts)
+
+    monkeypatch.setattr(Context, "decode_many", recording)
+    config = SessionConfig(target=tiny["target"], draft=tiny[draft], k=3, n_ctx=4 * 1024, parallel=4)
+    with Session(config) as session:
+        batch = session.batch()
+        for slot, prompt in enumerate(PROMPTS[:4]):
+            batch.add(session.generator(slot=slot), session.tokenize(prompt), 24)
+        steps = 0
+        while batch.streams:
+            batch.step()
+            steps += 1
+    assert Counter(widths).most_common(1)[0][0] == 4  # most draft decodes: all four streams'
+    assert batch.draft_decodes <= 4 * steps  # a catch-up and three guesses a step, at most
 
 
 def lookup_generator(context: Context, source: PromptLookup | None = None) -> Generator:
@@ -320,6 +347,7 @@ class KeepsNoGuess:
 
     names, counters, parts, runs_model = ("draft",), (), (), True
 
+    @without_decodes
     def propose(self, history, request):
         return Draft.under(request.offer("draft", request.limit))
 

@@ -11,7 +11,7 @@ from specrun.core.engine import Generator
 from specrun.core.events import Done, StepEvent, TokenEvent
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
-from specrun.drafts.base import Chain, DraftRequest, model_part
+from specrun.drafts.base import Chain, Draft, DraftRequest, drafted, model_part
 from specrun.drafts.lookup import PromptLookup
 from specrun.drafts.model import MIN_WINDOW, DraftModel, FeedCost
 from specrun.errors import SpecrunError
@@ -138,10 +138,10 @@ def test_a_draft_model_reports_catching_up_apart_from_drafting(tiny):
     try:
         drafter = DraftModel(Context(model, ContextOptions(n_ctx=256)), sample=False)
         history = model.tokenize(PROMPT)
-        first = drafter.propose(history, DraftRequest(4, FixedK(4), Sampler.seeded(SamplerSettings())))
+        first = drafted(drafter, history, DraftRequest(4, FixedK(4), Sampler.seeded(SamplerSettings())))
         assert first.catch_up_s > 0 and len(first.tokens) == 4
         history += first.tokens[:2]
-        assert drafter.propose(history, DraftRequest(4, FixedK(4), Sampler.seeded(SamplerSettings()))).catch_up_s == 0
+        assert drafted(drafter, history, DraftRequest(4, FixedK(4), Sampler.seeded(SamplerSettings()))).catch_up_s == 0
     finally:
         model.close()
 
@@ -158,16 +158,16 @@ def test_a_draft_far_behind_catches_up_on_its_first_token_and_a_window_where_the
         drafter.feed.one_s, drafter.feed.batched_s = 1.0, 0.5  # far above a tiny model's timings, which ema in
         history = model.tokenize(" ".join([PROMPT] * 8))
         assert len(history) > 2 * MIN_WINDOW
-        assert len(drafter.propose(history, DraftRequest(4, FixedK(4), greedy, "window")).tokens) == 4
+        assert len(drafted(drafter, history, DraftRequest(4, FixedK(4), greedy, "window")).tokens) == 4
         drafter.rollback(history)
         assert drafter.context.tokens == [history[0], *history[-MIN_WINDOW:]]
-        drafter.propose(history, DraftRequest(4, FixedK(4), greedy))
+        drafted(drafter, history, DraftRequest(4, FixedK(4), greedy))
         drafter.rollback(history)
         assert drafter.context.tokens == history
         drafter.rollback([])
-        drafter.propose(history, DraftRequest(4, FixedK(4), greedy, "window"))
+        drafted(drafter, history, DraftRequest(4, FixedK(4), greedy, "window"))
         drafter.feed.one_s, drafter.feed.batched_s = 1.0, 0.001  # as on a GPU: a batch far cheaper per token
-        drafter.propose(history, DraftRequest(4, FixedK(4), greedy, "window"))
+        drafted(drafter, history, DraftRequest(4, FixedK(4), greedy, "window"))
         drafter.rollback(history)
         assert drafter.context.tokens == history
     finally:
@@ -182,7 +182,7 @@ def test_a_first_feed_times_a_batch_and_one_token_and_feeds_all_where_that_shows
         history = model.tokenize(" ".join([PROMPT] * 8))
         assert not drafter.feed.measured
         reads = record_reads(drafter.context)
-        drafter.propose(history, DraftRequest(4, FixedK(4), Sampler.seeded(SamplerSettings()), "window"))
+        drafted(drafter, history, DraftRequest(4, FixedK(4), Sampler.seeded(SamplerSettings()), "window"))
         drafter.rollback(history)
         assert drafter.feed.measured and drafter.context.tokens == history
         # The window (start token and MIN_WINDOW tokens) went in as two decodes: all but its last token, then that one.
@@ -316,6 +316,25 @@ def test_a_drafter_is_asked_for_no_more_than_the_policy_allows(tiny, monkeypatch
     with Session(SessionConfig(target=tiny["target"], lookup=True, k=3, n_ctx=256)) as session:
         run(session, PROMPT, 40)
     assert asked and max(asked) == 3
+
+
+class ReturnsItsDraft:
+    """A source written to the old contract: its propose returns the draft instead of yielding."""
+
+    names, counters, parts, runs_model = ("line",), (), (), False
+
+    def propose(self, history, request):
+        return Draft.under(request.policy.offer(self.names[0], 1), [history[-1]])
+
+    def rollback(self, history):
+        pass
+
+
+def test_a_source_that_returns_its_draft_instead_of_yielding_is_told_how_to_mend_it(tiny):
+    with Session(SessionConfig(target=tiny["target"], n_ctx=256)) as session:
+        generator = session.generator(drafter=ReturnsItsDraft(), policy=2)
+        with pytest.raises(SpecrunError, match="@without_decodes"):
+            generator.run(session.tokenize(PROMPT), 4)
 
 
 def test_max_tokens_and_context_full(tiny):

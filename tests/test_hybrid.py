@@ -20,7 +20,7 @@ from specrun.core.engine import Generator
 from specrun.core.events import TokenEvent
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
-from specrun.drafts.base import Draft
+from specrun.drafts.base import Draft, without_decodes
 from specrun.session import Session
 
 PROMPT = "the cat sat on the mat and the cat sat on the mat, then the dog was there"
@@ -97,6 +97,7 @@ class Guessing:
 
     names, counters, parts, runs_model = ("guess",), (), (), False
 
+    @without_decodes
     def propose(self, history, request):
         return Draft.under(request.policy.offer(self.names[0], request.limit), [40] * request.limit)
 

@@ -6,7 +6,7 @@ import pytest
 from specrun.config import SessionConfig
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
-from specrun.drafts.base import DraftRequest
+from specrun.drafts.base import DraftRequest, drafted
 from specrun.drafts.store import NgramStore, StoreLookup
 from specrun.errors import SpecrunError
 from specrun.session import Session
@@ -16,7 +16,7 @@ GREEDY = Sampler(SamplerSettings(), np.random.default_rng(0))
 
 
 def propose(store: NgramStore, history: list[int], limit: int = 32):
-    return StoreLookup(store).propose(history, DraftRequest(limit, FixedK(limit), GREEDY))
+    return drafted(StoreLookup(store), history, DraftRequest(limit, FixedK(limit), GREEDY))
 
 
 def test_a_repeated_output_is_drafted_from_the_store():

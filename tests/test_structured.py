@@ -20,7 +20,7 @@ from specrun.config import SessionConfig
 from specrun.core.engine import Generator
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler
-from specrun.drafts.base import Chain, Draft, DraftRequest
+from specrun.drafts.base import Chain, Draft, DraftRequest, drafted, without_decodes
 from specrun.drafts.grammar import GrammarDraft, GrammarFirst
 from specrun.drafts.lookup import PromptLookup
 from specrun.drafts.model import DraftModel
@@ -130,6 +130,7 @@ class Proposing:
     def __init__(self, tokens):
         self.tokens = tokens
 
+    @without_decodes
     def propose(self, history, request):
         return Draft.under(request.policy.offer(self.names[0], min(len(self.tokens), request.limit)), self.tokens)
 
@@ -149,10 +150,10 @@ def test_other_sources_draft_past_the_forced_text(tiny, after, drafts):
     model = Model(tiny["target"])
     try:
         forced = GrammarDraft(Constraint(model, grammar_from_json_schema(PERSON)), model)
-        forced_tokens = forced.propose([model.bos], DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens
+        forced_tokens = drafted(forced, [model.bos], DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens
         forced_text = b"".join(model.piece(t) for t in forced_tokens)
         other = Proposing(exact_tokens(model, model.pieces(), b'{"age": 3' if after is None else forced_text + after))
-        draft = GrammarFirst(forced, other).propose([model.bos], DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS)))
+        draft = drafted(GrammarFirst(forced, other), [model.bos], DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS)))
     finally:
         model.close()
     assert forced_text.startswith(b'{"')  # the object's opening and its first key are forced
@@ -179,23 +180,23 @@ def test_a_draft_model_is_asked_only_where_nothing_is_forced(tiny):
         constraint = Constraint(model, grammar_from_json_schema(PERSON))
         forced = GrammarDraft(constraint, model)
         start = [model.bos]
-        forced_tokens = forced.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens
+        forced_tokens = drafted(forced, start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens
         forced_text = b"".join(model.piece(t) for t in forced_tokens)
         going_on = exact_tokens(model, model.pieces(), forced_text + b'Ann", "age": 3')
         drafting = ModelDrafting(going_on)
         copy = Proposing(going_on)
         alone, behind_copy = GrammarFirst(forced, drafting), GrammarFirst(forced, Chain(Proposing([]), drafting))
-        assert alone.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == forced_tokens
-        assert behind_copy.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == forced_tokens
+        assert drafted(alone, start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == forced_tokens
+        assert drafted(behind_copy, start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == forced_tokens
         assert drafting.asked == 0  # the forced text is free: the model's decodes would redo it
         with_copy = GrammarFirst(forced, Chain(copy, drafting))
         assert (
-            with_copy.propose(start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == going_on
+            drafted(with_copy, start, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == going_on
         )  # a copy still goes past
         constraint.commit(constraint.admissible(forced_tokens), forced_tokens)  # the forced text is accepted
-        assert forced.propose(start + forced_tokens, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == []
+        assert drafted(forced, start + forced_tokens, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == []
         assert (
-            alone.propose(start + forced_tokens, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == going_on[:64]
+            drafted(alone, start + forced_tokens, DraftRequest(64, FixedK(64), Sampler.seeded(SETTINGS))).tokens == going_on[:64]
         )
         assert drafting.asked == 1  # nothing is forced at the value: the model drafts
     finally:

@@ -15,7 +15,7 @@ from specrun.config import SessionConfig
 from specrun.core.engine import Generator
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
-from specrun.drafts.base import DraftRequest
+from specrun.drafts.base import DraftRequest, drafted
 from specrun.drafts.bridge import SPECIAL, VocabBridge
 from specrun.drafts.model import MIN_WINDOW, FeedCost
 from specrun.drafts.translated import TranslatingDraft
@@ -78,7 +78,7 @@ def test_the_cache_holds_the_accepted_text_in_the_drafts_own_tokens(tiny, models
         run = session.generator().run(history, 40)
         # The generator's last rollback dropped the last guess; the next proposal catches up on the rest.
         assert target_text(target, history + run.tokens).startswith(cached_text(session.drafter))
-        session.drafter.propose(history + run.tokens, DraftRequest(1, FixedK(1), GREEDY))
+        drafted(session.drafter, history + run.tokens, DraftRequest(1, FixedK(1), GREEDY))
         session.drafter.rollback(history + run.tokens)
         assert cached_text(session.drafter) == target_text(target, history + run.tokens)
         assert run.stats.counters["draft_tokens_reencoded"] > 0
@@ -99,10 +99,10 @@ def test_a_character_split_across_tokens_waits_for_its_last_byte(translating):
     text = "the café"
     history = target.tokenize(text)
     assert target.piece(history[-1]) == "é".encode()[1:]  # the tiny vocabulary spells é in two byte tokens
-    drafter.propose(history[:-1], DraftRequest(4, FixedK(4), GREEDY))  # history ends inside é
+    drafted(drafter, history[:-1], DraftRequest(4, FixedK(4), GREEDY))  # history ends inside é
     drafter.rollback(history[:-1])
     assert cached_text(drafter) == target_text(target, history[:-2])  # the cache waits for the rest of é
-    draft = drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY))
+    draft = drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY))
     drafter.rollback(history)
     assert cached_text(drafter) == target_text(target, history) and cached_text(drafter).endswith("é".encode())
     assert all(0 <= token < target.n_vocab for token in draft.tokens)
@@ -111,13 +111,13 @@ def test_a_character_split_across_tokens_waits_for_its_last_byte(translating):
 def test_a_text_draft_of_k_tokens_decodes_each_but_the_last(translating):
     target, drafter = translating
     history = target.tokenize(PROMPT)
-    drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY))
+    drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY))
     drafter.rollback(history)
     before = len(drafter.context.tokens)
     widths: list[int] = []
     evaluate = drafter.context.eval
     drafter.context.eval = lambda tokens, *rest: widths.append(len(tokens)) or evaluate(tokens, *rest)
-    draft = drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY))
+    draft = drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY))
     assert widths == [1, 1, 1, 1]  # the cache's last token again, for its logits; then 3 of the 4 guesses
     assert len(drafter.context.tokens) == before + 3 and draft.tokens
 
@@ -126,7 +126,7 @@ def test_special_tokens_become_the_drafts_own(translating):
     target, drafter = translating
     history = target.tokenize("the cat") + [target.eos] + target.tokenize("the dog", add_special=False)
     drafter.rollback(history)
-    drafter.propose(history, DraftRequest(2, FixedK(2), GREEDY))
+    drafted(drafter, history, DraftRequest(2, FixedK(2), GREEDY))
     cache = drafter.context.tokens
     assert drafter.bridge.draft.eos in cache  # the end of text, as the draft writes it
     assert SPECIAL + drafter.bridge.draft.eos in drafter.stream.values
@@ -144,12 +144,12 @@ def test_a_step_reencodes_a_short_window_however_long_the_history(translating, m
 
     monkeypatch.setattr(drafter.bridge.draft, "tokenize", recording)
     history = target.tokenize(PROMPT)
-    drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY))
+    drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY))
     words = target.tokenize(" and the dog sat on the log" * 12, add_special=False)
     for token in words:  # one accepted token a step, as when every draft is rejected
         history.append(token)
         encoded.clear()
-        drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY))
+        drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY))
         assert sum(encoded) < 48, (len(history), encoded)
     drafter.rollback(history)
     assert cached_text(drafter) == target_text(target, history)
@@ -168,17 +168,17 @@ def test_a_draft_far_behind_reads_its_start_token_and_a_window_where_the_policy_
         drafter.feed.one_s, drafter.feed.batched_s = 1.0, 0.5  # far above a tiny model's timings, which ema in
         history = target.tokenize(" ".join([PROMPT] * 8))
         assert len(history) > 2 * MIN_WINDOW
-        drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY, "window"))
+        drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY, "window"))
         drafter.rollback(history)
         assert cached_text(drafter) == target_text(target, history[-MIN_WINDOW:])
         assert (context.tokens[0] == draft.bos) == draft.add_bos
-        drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY))  # fixed k feeds all of it, as llama.cpp does
+        drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY))  # fixed k feeds all of it, as llama.cpp does
         drafter.rollback(history)
         assert cached_text(drafter) == target_text(target, history)
         drafter.rollback([])
-        drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY, "window"))
+        drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY, "window"))
         drafter.feed.one_s, drafter.feed.batched_s = 1.0, 0.001  # as on a GPU: a batch far cheaper per token
-        drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY, "window"))
+        drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY, "window"))
         drafter.rollback(history)
         assert cached_text(drafter) == target_text(target, history)
     finally:
@@ -191,7 +191,7 @@ def test_a_first_feed_that_shows_feeding_cheap_feeds_a_translated_draft_all_of_i
     monkeypatch.setattr("specrun.drafts.model.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
     target, drafter = translating
     history = target.tokenize(" ".join([PROMPT] * 8))
-    drafter.propose(history, DraftRequest(4, FixedK(4), GREEDY, "window"))
+    drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY, "window"))
     drafter.rollback(history)
     assert drafter.feed.measured and cached_text(drafter) == target_text(target, history)
 
@@ -264,7 +264,7 @@ def test_real_pair_chat_turns_keep_the_drafts_cache_in_its_own_tokens(gemma, smo
         for message in ("Name three rivers.", "And three mountains?"):
             runner.reply(runner.prepare(message), Quiet())
         history = runner.conversation.tokens
-        session.drafter.propose(history, DraftRequest(1, FixedK(1), GREEDY))
+        drafted(session.drafter, history, DraftRequest(1, FixedK(1), GREEDY))
         session.drafter.rollback(history)
         text = bytes(value for token in history for value in session.drafter.bridge.units(token) if value < SPECIAL)
         assert cached_text(session.drafter) == text and b"<start_of_turn>user\nName three rivers." in text

@@ -4,7 +4,10 @@ rows verified in one decode per step.
 A stream is a `Generator`'s `steps` coroutine: it drafts, asks for a `Decode`, and is sent its
 rows back. `Batch.step` collects what every running stream asks, decodes it all at once, and
 resumes each with its rows; each then accepts, rejects, rolls its own sequence back and drafts
-again, sizing its draft for the rows the other streams will put in the next decode. Of the
+again, sizing its draft for the rows the other streams will put in the next decode. Streams
+drafting with a model ask for its decodes (`DraftDecode`) first: the batch runs those of every
+stream together, one decode per draft cache for each position they draft, until every stream
+has drafted. Of the
 drafts, the batch verifies the rows that pay most for the decode's cost, by the verify-cost
 curve (`rows_to_verify`); a stream whose draft was cut sees rows for the part verified. A new
 prompt is prefilled in chunks that share decodes with the running streams' rows, so they do not
@@ -20,11 +23,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
+
 from specrun.backend import Context
 from specrun.core.auto import rows_to_verify
 from specrun.core.engine import Decode, Generator, OnStep, OnToken, Steps, Verified
 from specrun.core.events import Done, RunResult, Stats, StepEvent, TokenEvent
 from specrun.core.sequences import common_prefix
+from specrun.drafts.base import DraftDecode
 
 OnDone = Callable[[RunResult], None]
 
@@ -40,7 +46,9 @@ class _Stream:
     after: _Stream | None = None  # the stream whose prefill it waits for before it starts
     tokens: list[int] = field(default_factory=list)
     asks: Decode | None = None  # what it waits for
+    drafting: DraftDecode | None = None  # the draft decode it waits for, before it asks
     fed: int = 0  # of a long prefill's tokens, those decoded already
+    rows: int = 0  # its rows in the last decode, or what it asks for now
 
     @property
     def prefilled(self) -> bool:
@@ -59,10 +67,9 @@ class Batch:
         self.verify_costs = verify_costs
         self.prefill_chunk = prefill_chunk
         self.streams: list[_Stream] = []
-        self._planned = 0  # rows the streams resumed so far this step put in the next decode
-        self._to_come = 0  # the last decode's rows of the streams still to be resumed this step
         self.rows = 0  # the last decode's rows
         self.decodes = 0
+        self.draft_decodes = 0
 
     def add(
         self,
@@ -75,7 +82,9 @@ class Batch:
     ) -> None:
         """Start a generation on `generator`'s sequence; callbacks as `Generator.run`'s, and
         `on_done` with its result. It joins the next decode."""
-        stream = _Stream(generator, generator.steps(prompt, max_tokens, self._other_rows), on_token, on_step, on_done, prompt)
+        stream = _Stream(
+            generator, generator.steps(prompt, max_tokens, lambda: self._other_rows(stream)), on_token, on_step, on_done, prompt
+        )
         stream.after = self._prefill_to_wait_for(stream)
         self.streams.append(stream)
         if stream.after is None:
@@ -90,6 +99,7 @@ class Batch:
     def step(self) -> None:
         """One decode for every running stream; each then takes its rows and asks again."""
         self._start_waiting()
+        self._draft()
         self._cut_drafts()
         parts, waiting = self._parts()
         if not parts:
@@ -97,20 +107,54 @@ class Batch:
         started = time.perf_counter()
         logits = self.target.decode_many(parts)
         seconds = time.perf_counter() - started
-        self.rows, self.decodes, self._planned = sum(len(tokens) for _, tokens, _ in parts), self.decodes + 1, 0
+        self.rows, self.decodes = sum(len(tokens) for _, tokens, _ in parts), self.decodes + 1
         width = self.rows if all(s.prefilled for s in waiting) else None  # a prompt's rows: off the curve
-        # (stream, its rows in this decode, their logits) of each stream whose whole ask was decoded
-        done = [(s, s.asks.rows, rows) for s, rows in zip(waiting, logits) if s.asks is not None and s.fed == len(s.asks.tokens)]
-        self._to_come = sum(own for _, own, _ in done)
-        for stream, own, rows in done:
-            self._to_come -= own
+        # (stream, its rows' logits) of each stream whose whole ask was decoded
+        done = [(s, rows) for s, rows in zip(waiting, logits) if s.asks is not None and s.fed == len(s.asks.tokens)]
+        for stream, rows in done:
+            stream.rows = len(rows)
             self._advance(stream, Verified(rows, seconds, width))
 
-    def _other_rows(self) -> int:
-        """The rows the other streams will hold in the next decode, as a stream drafting now
-        sees them: what those resumed before it asked, and for those still to come, their
-        rows of the last decode (each stream drafts about as much from one step to the next)."""
-        return self._planned + self._to_come
+    def _draft(self) -> None:
+        """Run the draft decodes the streams ask for, every stream's next position in one decode
+        per draft cache, until each has drafted and asks for the target's."""
+        while drafting := [(s, s.drafting) for s in self.streams if s.drafting is not None]:
+            for group in self._packed(drafting):
+                for (stream, _), logits in zip(group, self._draft_decode(group)):
+                    self._advance(stream, logits)
+
+    @staticmethod
+    def _packed(decodes: list[tuple[_Stream, DraftDecode]]) -> list[list[tuple[_Stream, DraftDecode]]]:
+        """The streams' draft decodes as decodes of their caches: those of one cache together, as
+        many as fit its batch."""
+        groups: list[list[tuple[_Stream, DraftDecode]]] = []
+        for stream, decode in decodes:
+            fits = (
+                group
+                for group in groups
+                if group[0][1].context.shares_cache(decode.context)
+                and sum(len(d.tokens) for _, d in group) + len(decode.tokens) <= decode.context.n_batch
+            )
+            group = next(fits, None)
+            if group is None:
+                groups.append([(stream, decode)])
+            else:
+                group.append((stream, decode))
+        return groups
+
+    def _draft_decode(self, group: list[tuple[_Stream, DraftDecode]]) -> list[np.ndarray]:
+        """Each draft decode's last row, from one decode of their cache."""
+        self.draft_decodes += 1
+        if len(group) == 1:  # the plain eval, which also feeds one larger than a batch in turn
+            decode = group[0][1]
+            return [decode.context.eval(decode.tokens)]
+        return group[0][1].context.decode_many([(decode.context, decode.tokens, 1) for _, decode in group])
+
+    def _other_rows(self, stream: _Stream) -> int:
+        """The rows the other streams will hold in the next decode, as `stream` sees them while it
+        drafts: what those that asked already asked, and for those still drafting, their rows of
+        the last decode (each stream drafts about as much from one step to the next)."""
+        return sum(other.rows for other in self.streams if other is not stream and other.after is None)
 
     def _prefill_to_wait_for(self, stream: _Stream) -> _Stream | None:
         """A started stream still to be prefilled whose prompt shares more than half of this one's
@@ -161,12 +205,13 @@ class Batch:
             room -= take
         return parts, waiting
 
-    def _advance(self, stream: _Stream, verified: Verified | None) -> None:
-        """Resume the stream with its rows until it asks for the next decode or ends."""
-        stream.asks, stream.fed = None, 0
+    def _advance(self, stream: _Stream, reply: Verified | np.ndarray | None) -> None:
+        """Resume the stream with its rows (of the target's decode or its draft's) until it asks
+        for the next decode of either, or ends."""
+        stream.asks, stream.drafting, stream.fed = None, None, 0
         try:
-            item = stream.steps.send(verified) if verified is not None else next(stream.steps)
-            while not isinstance(item, Decode):
+            item = stream.steps.send(reply) if reply is not None else next(stream.steps)
+            while not isinstance(item, (Decode, DraftDecode)):
                 if isinstance(item, Done):
                     return self._finish(stream, item.stats.stop_reason or "max_tokens")
                 stop = self._report(stream, item)
@@ -175,8 +220,11 @@ class Batch:
                 item = next(stream.steps)
         except StopIteration:
             return self._finish(stream, stream.generator.stats.stop_reason or "max_tokens")
+        if isinstance(item, DraftDecode):
+            stream.drafting = item
+            return
         stream.asks = item
-        self._planned += len(item.tokens)
+        stream.rows = len(item.tokens) if stream.prefilled else min(len(item.tokens), self.prefill_chunk)
 
     def _report(self, stream: _Stream, event: TokenEvent | StepEvent) -> str | None:
         if isinstance(event, TokenEvent):

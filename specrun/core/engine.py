@@ -20,7 +20,7 @@ from specrun.backend import Context
 from specrun.core.events import Done, Event, RunResult, Stats, StepEvent, StopReason, TokenEvent, TokenSource
 from specrun.core.policy import DraftPolicy, FixedK, StepRecord
 from specrun.core.sampling import Distribution, Sampler, SamplerSettings, filtered, verify
-from specrun.drafts.base import CatchUp, Draft, DraftRequest, DraftSource
+from specrun.drafts.base import CatchUp, Draft, DraftDecode, DraftRequest, DraftSource
 from specrun.errors import SpecrunError
 
 
@@ -84,7 +84,7 @@ class Verified:
 
 
 EventStream = PyGenerator[Event, None, None]
-Steps = PyGenerator["Event | Decode", Verified, None]
+Steps = PyGenerator["Event | Decode | DraftDecode", "Verified | np.ndarray", None]
 OnToken = Callable[[TokenEvent], "StopReason | None"]
 OnStep = Callable[[StepEvent, Stats], "StopReason | None"]
 NO_DRAFT = Draft()
@@ -135,6 +135,8 @@ class Generator:
                     started = time.perf_counter()
                     logits = self.target.eval(item.tokens, item.rows)
                     item = steps.send(Verified(logits, time.perf_counter() - started, len(item.tokens)))
+                elif isinstance(item, DraftDecode):
+                    item = steps.send(item.context.eval(item.tokens))
                 else:
                     yield item
                     item = next(steps)
@@ -144,10 +146,11 @@ class Generator:
             steps.close()
 
     def steps(self, prompt: Sequence[int], max_tokens: int, other_rows: Callable[[], int] = lambda: 0) -> Steps:
-        """The generation as a coroutine: it yields its events, and a `Decode` where it needs the
-        target, to be sent the `Verified` rows back. `generate` does that for one stream; a
-        `Batch` decodes several streams' at once, `other_rows` saying how many rows the other
-        streams will put in that decode when a stream sizes its draft."""
+        """The generation as a coroutine: it yields its events, a `Decode` where it needs the
+        target, to be sent the `Verified` rows back, and a `DraftDecode` where its draft needs a
+        model's, to be sent the logits. `generate` does that for one stream; a `Batch` decodes
+        several streams' at once, `other_rows` saying how many rows the other streams will put
+        in the target's decode when a stream sizes its draft."""
         history = self._checked_prompt(prompt)
         # Also kept on the generator: a consumer that stops early (stop string, Ctrl-C) never sees Done.
         self.stats = stats = Stats(
@@ -156,6 +159,7 @@ class Generator:
         started = time.perf_counter()
         cached = self.target.reuse_prefix(history[:-1])  # the last is decoded for its logits
         prefill = yield Decode(history[cached:], 1)
+        assert isinstance(prefill, Verified), "a Decode is answered with its Verified rows"
         stats.prefilled_tokens, stats.prefills, stats.prefill_s = len(history) - cached, 1, time.perf_counter() - started
         started = time.perf_counter()
         text = codecs.getincrementaldecoder("utf-8")("replace")
@@ -234,18 +238,20 @@ class Generator:
 
     def _step(
         self, history: list[int], limit: int, prompt_logits: np.ndarray | None, other_rows: Callable[[], int]
-    ) -> PyGenerator[Decode, Verified, Step]:
+    ) -> PyGenerator[Decode | DraftDecode, Verified | np.ndarray, Step]:
         """One round: draft, verify last token + drafts in one decode, keep the agreed prefix.
 
         The first round samples from `prompt_logits`, the prefill's last row, without a draft.
         """
         started = time.perf_counter()
         first = prompt_logits is not None
-        draft = self._proposed(history, limit, other_rows()) if limit > 0 and self.drafter is not None and not first else NO_DRAFT
+        drafting = limit > 0 and self.drafter is not None and not first
+        draft = (yield from self._proposed(history, limit, other_rows())) if drafting else NO_DRAFT
         drafted_at = time.perf_counter()
         if prompt_logits is None:
             chances = self.policy.chances(draft.budget, len(draft.tokens), draft.confidences) if draft.budget else ()
             verified = yield Decode([history[-1], *draft.tokens], len(draft.tokens) + 1, chances)
+            assert isinstance(verified, Verified), "a Decode is answered with its Verified rows"
             logits, verify_s, width = verified.logits, verified.seconds, verified.width
             draft = self._verified_part(draft, len(logits) - 1)
         else:
@@ -279,10 +285,16 @@ class Generator:
             )
         return step
 
-    def _proposed(self, history: list[int], limit: int, other_rows: int) -> Draft:
+    def _proposed(self, history: list[int], limit: int, other_rows: int) -> PyGenerator[DraftDecode, np.ndarray, Draft]:
         """The drafter's draft, checked against the contract and cut to what can be verified."""
         assert self.drafter is not None
-        draft = self.drafter.propose(history, DraftRequest(limit, self.policy, self.sampler, self.catch_up, other_rows))
+        drafting = self.drafter.propose(history, DraftRequest(limit, self.policy, self.sampler, self.catch_up, other_rows))
+        if isinstance(drafting, Draft):
+            raise SpecrunError(
+                f"a draft source ({', '.join(self.drafter.names)}) returned its draft from propose instead of "
+                "yielding its decodes: mark a propose that decodes nothing with @without_decodes"
+            )
+        draft = yield from drafting
         if draft.tokens and (draft.budget is None or draft.budget.k < 1):
             raise SpecrunError(
                 f"a draft source ({', '.join(self.drafter.names)}) proposed tokens the policy granted no "

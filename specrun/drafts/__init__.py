@@ -1,6 +1,6 @@
 """Draft sources, one module each, behind the contract in base.py (`DraftSource`).
 
-- base: the contract (`DraftRequest`, `Draft`, `DraftSource`) and `Chain`, which asks several in turn.
+- base: the contract (`DraftRequest`, `Draft`, `DraftDecode`, `DraftSource`) and `Chain`, which asks several in turn.
 - lookup: n-grams copied from the generation's own context (prompt lookup).
 - store: what earlier requests' prompts and outputs went on with (the cross-request store).
 - model: a smaller model of the target's vocabulary; `FeedCost` and `Picker`, which every model draft uses.

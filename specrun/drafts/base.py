@@ -8,7 +8,12 @@ the history to roll back to. The whole contract is `DraftSource`:
 - `counters`: the `Stats.counters` its drafts add to (`Draft.counters`), zero from the start.
 - `parts`: the sources a chain asks, in order; a single source has none.
 - `runs_model`: whether drafting decodes a model (time per token) or only copies (free).
-- `propose(history, request)` and `rollback(history)`.
+- `propose(history, request)`, a coroutine (`Drafting`): it yields each decode its model needs
+  (`DraftDecode`), is sent that decode's logits, and returns its `Draft`. The caller runs the
+  decodes: one stream's alone (`drafted`), a batch's together, one decode per draft cache for
+  every stream drafting the next position. A source that decodes nothing writes its propose
+  as a function returning the draft and marks it `@without_decodes`.
+- `rollback(history)`.
 
 A source sizes each draft by `request.offer(name, ...)` and returns the `Budget` with
 the draft (`Draft.under`); the engine refuses tokens proposed without one, so no source can
@@ -17,9 +22,13 @@ draft where the policy never hears of it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
-from typing import Literal, Mapping, Protocol, Sequence
+from typing import Callable, Concatenate, Generator, Literal, Mapping, ParamSpec, Protocol, Sequence, TypeVar
 
+import numpy as np
+
+from specrun.backend import Context
 from specrun.core.policy import PRIOR, Budget, DraftPolicy
 from specrun.core.sampling import Distribution, Sampler
 
@@ -71,6 +80,45 @@ class Draft:
         return cls(list(tokens[: budget.k]), budget, **measured)
 
 
+@dataclass(frozen=True)
+class DraftDecode:
+    """A decode a source's draft needs: `tokens` onto `context` (its sequence of a draft cache),
+    sent back the last token's logits (one row, valid until that cache's next decode)."""
+
+    context: Context
+    tokens: Sequence[int]
+
+
+Drafting = Generator[DraftDecode, np.ndarray, Draft]
+"""A source's `propose`: yields the decodes it needs, is sent their logits, returns its draft."""
+
+Source = TypeVar("Source")
+Args = ParamSpec("Args")
+
+
+def without_decodes(propose: Callable[Concatenate[Source, Args], Draft]) -> Callable[Concatenate[Source, Args], Drafting]:
+    """The `propose` of a source that decodes nothing (a copy, a grammar's forced text), written
+    as a function that returns its draft, as the contract's coroutine."""
+
+    @functools.wraps(propose)
+    def drafting(source: Source, *args: Args.args, **kwargs: Args.kwargs) -> Drafting:
+        yield from ()
+        return propose(source, *args, **kwargs)
+
+    return drafting
+
+
+def drafted(source: DraftSource, history: Sequence[int], request: DraftRequest) -> Draft:
+    """`source`'s draft for one stream, each decode it asks for run on its own."""
+    drafting = source.propose(history, request)
+    try:
+        decode = next(drafting)
+        while True:
+            decode = drafting.send(decode.context.eval(decode.tokens))
+    except StopIteration as done:
+        return done.value
+
+
 class DraftSource(Protocol):
     """Anything that guesses the next tokens: the engine asks, verifies and rolls back."""
 
@@ -94,9 +142,9 @@ class DraftSource(Protocol):
         """Whether drafting decodes a model (time per token) or only copies (free)."""
         ...
 
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
         """Up to `request.limit` tokens guessed to follow `history` (which ends with the last
-        emitted token), as many as the policy grants."""
+        emitted token), as many as the policy grants; the decodes that takes yielded to the caller."""
         ...
 
     def rollback(self, history: Sequence[int]) -> None:
@@ -116,11 +164,11 @@ class Chain:
         self.counters = tuple(dict.fromkeys(name for part in parts for name in part.counters))
         self.runs_model = any(part.runs_model for part in parts)
 
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
         declined: tuple[Budget, ...] = ()
         draft = Draft()
         for part in self.parts:
-            draft = part.propose(history, request)
+            draft = yield from part.propose(history, request)
             draft = replace(draft, declined=declined + draft.declined)
             if draft.tokens:
                 break

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from specrun.backend import Model
-from specrun.drafts.base import Draft, DraftRequest, DraftSource, copying_part
+from specrun.drafts.base import Draft, Drafting, DraftRequest, DraftSource, copying_part, without_decodes
 from specrun.drafts.text import exact_tokens
 from specrun.grammar.constraint import Constraint
 
@@ -33,6 +33,7 @@ class GrammarDraft:
         self.extendable = target.prefix_tokens  # read once per model (a second for 262k tokens), before any timing
         self.pieces = target.pieces()
 
+    @without_decodes
     def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
         text, ends = self.constraint.forced()
         tokens = (exact_tokens(self.target, self.pieces, text.encode()) or []) if text else []
@@ -70,12 +71,12 @@ class GrammarFirst:
         # A model would spend a decode on each forced token it rewrote: it waits for the free text.
         self.copies = copying_part(other)
 
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
-        forced = self.forced.propose(history, request)
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
+        forced = yield from self.forced.propose(history, request)
         if not forced.tokens:
-            other = self.other.propose(history, request)
+            other = yield from self.other.propose(history, request)
             return replace(other, declined=forced.declined + other.declined)
-        copy = self.copies.propose(history, request) if self.copies is not None else None
+        copy = (yield from self.copies.propose(history, request)) if self.copies is not None else None
         if copy is not None and self.forced.writes_and_goes_past(forced.tokens, copy.tokens):
             return copy
         return forced

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from specrun.core.policy import PRIOR
-from specrun.drafts.base import Draft, DraftRequest, DraftSource
+from specrun.drafts.base import Draft, DraftRequest, DraftSource, without_decodes
 from specrun.drafts.registry import register
 from specrun.errors import SpecrunError
 
@@ -58,6 +58,7 @@ class PromptLookup:
         self._crossings = [0, 0]  # copies that went on past a blank line of their source, of those seen
         self._crossing: tuple[int, int] | None = None  # (position, token) the last copy expected past a blank line
 
+    @without_decodes
     def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
         self._extend_index(history)
         self._learn_crossing(history)

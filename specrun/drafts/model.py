@@ -8,14 +8,14 @@ which picks a draft token from a logits row (sampled with its q, or the argmax).
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Generator, Sequence
 
 import numpy as np
 
 from specrun.backend import Context
 from specrun.core.policy import ema
 from specrun.core.sampling import Distribution, Sampler, filtered
-from specrun.drafts.base import CatchUp, Draft, DraftRequest, DraftSource
+from specrun.drafts.base import CatchUp, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 
 CATCH_UP_DRAFTS = 16  # a bounded catch-up feeds what drafting this many tokens one by one costs
 MIN_WINDOW = 32  # the least context a bounded catch-up leaves a draft, and all it feeds before that is measured
@@ -36,17 +36,18 @@ class FeedCost:
     def measured(self) -> bool:
         return bool(self.one_s and self.batched_s)
 
-    def eval(self, context: Context, tokens: Sequence[int]) -> np.ndarray:
-        """Feed `tokens`, timing it; until both costs are known, a batch goes in as all but its
-        last token and then that one alone, which times each at no extra cost."""
+    def eval(self, context: Context, tokens: Sequence[int]) -> Generator[DraftDecode, np.ndarray, np.ndarray]:
+        """Feed `tokens` (a decode yielded to the caller), timing it; until both costs are known, a
+        batch goes in as all but its last token and then that one alone, which times each at no
+        extra cost. In a batch of streams the time is the shared decode's, as each stream waits it."""
         if not self.measured and len(tokens) > TIMED_BATCH:
-            self._timed(context, tokens[:-1])
+            yield from self._timed(context, tokens[:-1])
             tokens = tokens[-1:]
-        return self._timed(context, tokens)
+        return (yield from self._timed(context, tokens))
 
-    def _timed(self, context: Context, tokens: Sequence[int]) -> np.ndarray:
+    def _timed(self, context: Context, tokens: Sequence[int]) -> Generator[DraftDecode, np.ndarray, np.ndarray]:
         started = time.perf_counter()
-        logits = context.eval(tokens)
+        logits = yield DraftDecode(context, tokens)
         seconds = time.perf_counter() - started
         if len(tokens) == 1:
             self.one_s = ema(self.one_s, seconds, 0.2, not self.one_s)
@@ -120,15 +121,15 @@ class DraftModel:
         self.picker = Picker(context.model.n_vocab)
         self.start = 0  # where in the history the cache's window begins, after its first token (0: all of it)
 
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
         policy = request.policy
         budget = request.offer(self.names[0], min(request.limit, self.context.free_slots - 1))
         if budget.k < 1:
             return Draft.under(budget)
         started = time.perf_counter()
-        fed, logits = self._catch_up(history, self.feed.window_for(request.catch_up))
+        fed, logits = yield from self._catch_up(history, self.feed.window_for(request.catch_up))
         if self.start and self.feed.covers(len(history) - 1):
-            fed, logits = self._catch_up(history, None)  # that feed timed feeding cheap enough for all of it
+            fed, logits = yield from self._catch_up(history, None)  # that feed timed feeding cheap enough for all of it
         catch_up_s = catch_up_seconds(fed, budget.k, time.perf_counter() - started)
         self.context.checkpoint()  # a recurrent draft rolls its 1-token decodes back to here
         sample = self.sample and not request.sampler.settings.greedy
@@ -147,20 +148,20 @@ class DraftModel:
             if q is not None:
                 dists.append(q)
             if i < budget.k - 1:
-                logits = self.feed.eval(self.context, [token])
+                logits = yield from self.feed.eval(self.context, [token])
         measured = sample or policy.wants_confidence
         return Draft(
             tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None, catch_up_s=catch_up_s
         )
 
-    def _catch_up(self, history: Sequence[int], window: int | None) -> tuple[int, np.ndarray]:
+    def _catch_up(self, history: Sequence[int], window: int | None) -> Generator[DraftDecode, np.ndarray, tuple[int, np.ndarray]]:
         """Feed the cache what it lacks of its view of `history` (its cached prefix reused; after
         a fully accepted draft, just that); how many tokens that was, and the last one's logits."""
         view = self._view(history, window)
         if len(self.context.tokens) == len(view):
             self.context.truncate(len(view) - 1)  # we need the last position's logits again
         missing = view[len(self.context.tokens) :]
-        return len(missing), self.feed.eval(self.context, missing)
+        return len(missing), (yield from self.feed.eval(self.context, missing))
 
     def _view(self, history: Sequence[int], window: int | None) -> Sequence[int]:
         """What the cache should hold of `history`, its longest cached prefix kept: all of it, or

@@ -18,7 +18,7 @@ import numpy as np
 from specrun.backend import Context, Model
 from specrun.backend.mtp import MtpHead
 from specrun.core.sampling import Distribution
-from specrun.drafts.base import Draft, DraftRequest, DraftSource
+from specrun.drafts.base import Draft, DraftRequest, DraftSource, without_decodes
 from specrun.drafts.model import Picker
 from specrun.drafts.registry import register
 from specrun.errors import SpecrunError
@@ -57,6 +57,7 @@ class MtpDraft:
         self.hidden[pos0 + 1 : pos0 + 1 + len(tokens)] = hidden
         self.head.process(tokens, pos0, self.hidden[pos0 : pos0 + len(tokens)])
 
+    @without_decodes  # its head's decodes take the target's hidden rows: one stream's, its own
     def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
         budget = request.offer(self.names[0], request.limit)
         if budget.k < 1:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Draft, DraftRequest, DraftSource
+from specrun.drafts.base import Draft, DraftRequest, DraftSource, without_decodes
 from specrun.drafts.registry import register
 from specrun.errors import SpecrunError
 
@@ -124,6 +124,7 @@ class StoreLookup:
     def __init__(self, store: NgramStore):
         self.store = store
 
+    @without_decodes
     def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
         ends, matched = self.store.matches(history[-NgramStore.MAX_MATCH :])
         tokens: list[int] = []

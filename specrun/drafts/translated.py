@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass
-from typing import Literal, Mapping, Sequence
+from typing import Generator, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from specrun.backend import Context
 from specrun.core.policy import Budget
 from specrun.core.sampling import Distribution
 from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Draft, DraftRequest, DraftSource
+from specrun.drafts.base import Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 from specrun.drafts.bridge import SPECIAL, TextStream, VocabBridge
 from specrun.drafts.model import FeedCost, Picker, catch_up_seconds
 from specrun.drafts.text import whole_characters
@@ -186,20 +186,20 @@ class TranslatingDraft:
                 break  # an incomplete character at the end of the text, or a byte the draft cannot spell
         return tokens, ends
 
-    def _decode(self, tokens: list[int], ends: list[int], from_stream: bool) -> np.ndarray:
+    def _decode(self, tokens: list[int], ends: list[int], from_stream: bool) -> Generator[DraftDecode, np.ndarray, np.ndarray]:
         """Decode `tokens` onto the cache; without any, the cache's last token again, for its logits.
         `from_stream`: they are the stream's (else a guess, checked against the stream next step)."""
         if not tokens:
             tokens, ends = [self.context.tokens[-1]], [self.ends[-1]]
             self._keep(len(self.ends) - 1)
-        logits = self.feed.eval(self.context, tokens)
+        logits = yield from self.feed.eval(self.context, tokens)
         self.ends += ends
         if from_stream:
             self._checked = len(self.ends)
         return logits
 
     # --- drafting ----------------------------------------------------------------------
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
         budget = request.offer(self.names[0], min(request.limit, self.context.free_slots - 2))
         if budget.k < 1:
             return Draft.under(budget)
@@ -217,13 +217,13 @@ class TranslatingDraft:
         if (not new and not self.ends) or any(v >= SPECIAL for v in pending) or len(new) + budget.k + 1 > self.context.free_slots:
             return Draft()  # nothing to draft from yet, or no room left in the draft's cache
         started = time.perf_counter()
-        logits = self._decode(new, new_ends, from_stream=True)
+        logits = yield from self._decode(new, new_ends, from_stream=True)
         if window is not None and self.base and self.feed.covers(len(self.stream.target)):
             new, new_ends = self._restart(len(self.stream.target))  # that feed timed feeding cheap enough for all of it
-            logits = self._decode(new, new_ends, from_stream=True)
+            logits = yield from self._decode(new, new_ends, from_stream=True)
         catch_up_s = catch_up_seconds(len(new), budget.k, time.perf_counter() - started)
         self.context.checkpoint()  # a recurrent draft rolls its 1-token decodes back to here
-        guess = self._guess(logits, budget, request)
+        guess = yield from self._guess(logits, budget, request)
         started = time.perf_counter()
         tokens, dists, confidences = self._for_target(guess, bytes(pending))
         translating += time.perf_counter() - started
@@ -232,7 +232,7 @@ class TranslatingDraft:
             tokens[: request.limit], budget, dists=dists, confidences=confidences, counters=counters, catch_up_s=catch_up_s
         )
 
-    def _guess(self, logits: np.ndarray, budget: Budget, request: DraftRequest) -> Guess:
+    def _guess(self, logits: np.ndarray, budget: Budget, request: DraftRequest) -> Generator[DraftDecode, np.ndarray, Guess]:
         """Up to budget.k draft tokens from the cache's end, each decoded onto it but the last."""
         sample = self.sample and not request.sampler.settings.greedy
         text = self.mode == "text"
@@ -253,7 +253,7 @@ class TranslatingDraft:
                 guess.dists.append(q)
             if token in self.bridge.draft.eog_ids or i == budget.k - 1:
                 break
-            logits = self._decode([token], [self.ends[-1] + len(self.bridge.draft_units(token))], from_stream=False)
+            logits = yield from self._decode([token], [self.ends[-1] + len(self.bridge.draft_units(token))], from_stream=False)
         return guess
 
     def _for_target(self, guess: Guess, pending: bytes) -> tuple[list[int], list[Distribution] | None, list[float] | None]:
