@@ -23,14 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
-
 from specrun.backend import Context
 from specrun.core.auto import rows_to_verify
 from specrun.core.engine import Decode, Generator, OnStep, OnToken, Steps, Verified
 from specrun.core.events import Done, RunResult, Stats, StepEvent, TokenEvent
 from specrun.core.sequences import common_prefix
-from specrun.drafts.base import DraftDecode
+from specrun.drafts.base import Decoded, DraftDecode
 
 OnDone = Callable[[RunResult], None]
 
@@ -120,8 +118,8 @@ class Batch:
         per draft cache, until each has drafted and asks for the target's."""
         while drafting := [(s, s.drafting) for s in self.streams if s.drafting is not None]:
             for group in self._packed(drafting):
-                for (stream, _), logits in zip(group, self._draft_decode(group)):
-                    self._advance(stream, logits)
+                for (stream, _), decoded in zip(group, self._draft_decode(group)):
+                    self._advance(stream, decoded)
 
     @staticmethod
     def _packed(decodes: list[tuple[_Stream, DraftDecode]]) -> list[list[tuple[_Stream, DraftDecode]]]:
@@ -142,13 +140,15 @@ class Batch:
                 group.append((stream, decode))
         return groups
 
-    def _draft_decode(self, group: list[tuple[_Stream, DraftDecode]]) -> list[np.ndarray]:
-        """Each draft decode's last row, from one decode of their cache."""
+    def _draft_decode(self, group: list[tuple[_Stream, DraftDecode]]) -> list[Decoded]:
+        """What each of the draft decodes got, from one decode of their cache."""
         self.draft_decodes += 1
         if len(group) == 1:  # the plain eval, which also feeds one larger than a batch in turn
-            decode = group[0][1]
-            return [decode.context.eval(decode.tokens)]
-        return group[0][1].context.decode_many([(decode.context, decode.tokens, 1) for _, decode in group])
+            return [group[0][1].alone()]
+        started = time.perf_counter()
+        rows = group[0][1].context.decode_many([(decode.context, decode.tokens, 1) for _, decode in group])
+        seconds, tokens = time.perf_counter() - started, sum(len(decode.tokens) for _, decode in group)
+        return [Decoded(logits, seconds, tokens) for logits in rows]
 
     def _other_rows(self, stream: _Stream) -> int:
         """The rows the other streams will hold in the next decode, as `stream` sees them while it
@@ -205,7 +205,7 @@ class Batch:
             room -= take
         return parts, waiting
 
-    def _advance(self, stream: _Stream, reply: Verified | np.ndarray | None) -> None:
+    def _advance(self, stream: _Stream, reply: Verified | Decoded | None) -> None:
         """Resume the stream with its rows (of the target's decode or its draft's) until it asks
         for the next decode of either, or ends."""
         stream.asks, stream.drafting, stream.fed = None, None, 0

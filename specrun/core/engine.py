@@ -20,7 +20,7 @@ from specrun.backend import Context
 from specrun.core.events import Done, Event, RunResult, Stats, StepEvent, StopReason, TokenEvent, TokenSource
 from specrun.core.policy import DraftPolicy, FixedK, StepRecord
 from specrun.core.sampling import Distribution, Sampler, SamplerSettings, filtered, verify
-from specrun.drafts.base import CatchUp, Draft, DraftDecode, DraftRequest, DraftSource
+from specrun.drafts.base import CatchUp, Decoded, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 from specrun.errors import SpecrunError
 
 
@@ -84,7 +84,7 @@ class Verified:
 
 
 EventStream = PyGenerator[Event, None, None]
-Steps = PyGenerator["Event | Decode | DraftDecode", "Verified | np.ndarray", None]
+Steps = PyGenerator["Event | Decode | DraftDecode", "Verified | Decoded", None]
 OnToken = Callable[[TokenEvent], "StopReason | None"]
 OnStep = Callable[[StepEvent, Stats], "StopReason | None"]
 NO_DRAFT = Draft()
@@ -136,7 +136,7 @@ class Generator:
                     logits = self.target.eval(item.tokens, item.rows)
                     item = steps.send(Verified(logits, time.perf_counter() - started, len(item.tokens)))
                 elif isinstance(item, DraftDecode):
-                    item = steps.send(item.context.eval(item.tokens))
+                    item = steps.send(item.alone())
                 else:
                     yield item
                     item = next(steps)
@@ -148,7 +148,7 @@ class Generator:
     def steps(self, prompt: Sequence[int], max_tokens: int, other_rows: Callable[[], int] = lambda: 0) -> Steps:
         """The generation as a coroutine: it yields its events, a `Decode` where it needs the
         target, to be sent the `Verified` rows back, and a `DraftDecode` where its draft needs a
-        model's, to be sent the logits. `generate` does that for one stream; a `Batch` decodes
+        model's, to be sent what it `Decoded`. `generate` does that for one stream; a `Batch` decodes
         several streams' at once, `other_rows` saying how many rows the other streams will put
         in the target's decode when a stream sizes its draft."""
         history = self._checked_prompt(prompt)
@@ -238,7 +238,7 @@ class Generator:
 
     def _step(
         self, history: list[int], limit: int, prompt_logits: np.ndarray | None, other_rows: Callable[[], int]
-    ) -> PyGenerator[Decode | DraftDecode, Verified | np.ndarray, Step]:
+    ) -> PyGenerator[Decode | DraftDecode, Verified | Decoded, Step]:
         """One round: draft, verify last token + drafts in one decode, keep the agreed prefix.
 
         The first round samples from `prompt_logits`, the prefill's last row, without a draft.
@@ -285,7 +285,7 @@ class Generator:
             )
         return step
 
-    def _proposed(self, history: list[int], limit: int, other_rows: int) -> PyGenerator[DraftDecode, np.ndarray, Draft]:
+    def _proposed(self, history: list[int], limit: int, other_rows: int) -> Drafting:
         """The drafter's draft, checked against the contract and cut to what can be verified."""
         assert self.drafter is not None
         drafting = self.drafter.propose(history, DraftRequest(limit, self.policy, self.sampler, self.catch_up, other_rows))

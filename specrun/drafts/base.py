@@ -23,6 +23,7 @@ draft where the policy never hears of it.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Concatenate, Generator, Literal, Mapping, ParamSpec, Protocol, Sequence, TypeVar
 
@@ -81,16 +82,39 @@ class Draft:
 
 
 @dataclass(frozen=True)
+class Decoded:
+    """What a `DraftDecode` is sent back: its last token's logits (one row, valid until that
+    cache's next decode), and the seconds and tokens of the decode that held it (in a batch,
+    other streams' tokens too)."""
+
+    logits: np.ndarray
+    seconds: float
+    tokens: int
+
+    def share_s(self, tokens: int) -> float:
+        """The seconds of the decode that `tokens` of its tokens account for."""
+        return self.seconds * tokens / self.tokens
+
+
+@dataclass(frozen=True)
 class DraftDecode:
-    """A decode a source's draft needs: `tokens` onto `context` (its sequence of a draft cache),
-    sent back the last token's logits (one row, valid until that cache's next decode)."""
+    """A decode a source's draft needs: `tokens` onto `context` (its sequence of a draft cache)."""
 
     context: Context
     tokens: Sequence[int]
 
+    def alone(self) -> Decoded:
+        """Run as a decode of its own (one stream)."""
+        started = time.perf_counter()
+        logits = self.context.eval(self.tokens)
+        return Decoded(logits, time.perf_counter() - started, len(self.tokens))
 
-Drafting = Generator[DraftDecode, np.ndarray, Draft]
-"""A source's `propose`: yields the decodes it needs, is sent their logits, returns its draft."""
+
+Result = TypeVar("Result")
+Decodes = Generator[DraftDecode, Decoded, Result]
+"""A coroutine that yields the draft decodes it needs, is sent each one's `Decoded`, and returns its result."""
+Drafting = Decodes[Draft]
+"""A source's `propose`."""
 
 Source = TypeVar("Source")
 Args = ParamSpec("Args")
@@ -114,7 +138,7 @@ def drafted(source: DraftSource, history: Sequence[int], request: DraftRequest) 
     try:
         decode = next(drafting)
         while True:
-            decode = drafting.send(decode.context.eval(decode.tokens))
+            decode = drafting.send(decode.alone())
     except StopIteration as done:
         return done.value
 

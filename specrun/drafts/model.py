@@ -8,14 +8,14 @@ which picks a draft token from a logits row (sampled with its q, or the argmax).
 from __future__ import annotations
 
 import time
-from typing import Generator, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from specrun.backend import Context
 from specrun.core.policy import ema
 from specrun.core.sampling import Distribution, Sampler, filtered
-from specrun.drafts.base import CatchUp, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
+from specrun.drafts.base import CatchUp, Decodes, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 
 CATCH_UP_DRAFTS = 16  # a bounded catch-up feeds what drafting this many tokens one by one costs
 MIN_WINDOW = 32  # the least context a bounded catch-up leaves a draft, and all it feeds before that is measured
@@ -36,19 +36,18 @@ class FeedCost:
     def measured(self) -> bool:
         return bool(self.one_s and self.batched_s)
 
-    def eval(self, context: Context, tokens: Sequence[int]) -> Generator[DraftDecode, np.ndarray, np.ndarray]:
+    def eval(self, context: Context, tokens: Sequence[int]) -> Decodes[np.ndarray]:
         """Feed `tokens` (a decode yielded to the caller), timing it; until both costs are known, a
         batch goes in as all but its last token and then that one alone, which times each at no
-        extra cost. In a batch of streams the time is the shared decode's, as each stream waits it."""
+        extra cost. A decode that held other streams' tokens too is charged its tokens' share."""
         if not self.measured and len(tokens) > TIMED_BATCH:
             yield from self._timed(context, tokens[:-1])
             tokens = tokens[-1:]
         return (yield from self._timed(context, tokens))
 
-    def _timed(self, context: Context, tokens: Sequence[int]) -> Generator[DraftDecode, np.ndarray, np.ndarray]:
-        started = time.perf_counter()
-        logits = yield DraftDecode(context, tokens)
-        seconds = time.perf_counter() - started
+    def _timed(self, context: Context, tokens: Sequence[int]) -> Decodes[np.ndarray]:
+        decoded = yield DraftDecode(context, tokens)
+        logits, seconds = decoded.logits, decoded.share_s(len(tokens))
         if len(tokens) == 1:
             self.one_s = ema(self.one_s, seconds, 0.2, not self.one_s)
         elif len(tokens) >= TIMED_BATCH:
@@ -154,7 +153,7 @@ class DraftModel:
             tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None, catch_up_s=catch_up_s
         )
 
-    def _catch_up(self, history: Sequence[int], window: int | None) -> Generator[DraftDecode, np.ndarray, tuple[int, np.ndarray]]:
+    def _catch_up(self, history: Sequence[int], window: int | None) -> Decodes[tuple[int, np.ndarray]]:
         """Feed the cache what it lacks of its view of `history` (its cached prefix reused; after
         a fully accepted draft, just that); how many tokens that was, and the last one's logits."""
         view = self._view(history, window)

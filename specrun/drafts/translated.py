@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass
-from typing import Generator, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from specrun.backend import Context
 from specrun.core.policy import Budget
 from specrun.core.sampling import Distribution
 from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Draft, DraftDecode, Drafting, DraftRequest, DraftSource
+from specrun.drafts.base import Decodes, Draft, Drafting, DraftRequest, DraftSource
 from specrun.drafts.bridge import SPECIAL, TextStream, VocabBridge
 from specrun.drafts.model import FeedCost, Picker, catch_up_seconds
 from specrun.drafts.text import whole_characters
@@ -186,7 +186,7 @@ class TranslatingDraft:
                 break  # an incomplete character at the end of the text, or a byte the draft cannot spell
         return tokens, ends
 
-    def _decode(self, tokens: list[int], ends: list[int], from_stream: bool) -> Generator[DraftDecode, np.ndarray, np.ndarray]:
+    def _decode(self, tokens: list[int], ends: list[int], from_stream: bool) -> Decodes[np.ndarray]:
         """Decode `tokens` onto the cache; without any, the cache's last token again, for its logits.
         `from_stream`: they are the stream's (else a guess, checked against the stream next step)."""
         if not tokens:
@@ -232,7 +232,7 @@ class TranslatingDraft:
             tokens[: request.limit], budget, dists=dists, confidences=confidences, counters=counters, catch_up_s=catch_up_s
         )
 
-    def _guess(self, logits: np.ndarray, budget: Budget, request: DraftRequest) -> Generator[DraftDecode, np.ndarray, Guess]:
+    def _guess(self, logits: np.ndarray, budget: Budget, request: DraftRequest) -> Decodes[Guess]:
         """Up to budget.k draft tokens from the cache's end, each decoded onto it but the last."""
         sample = self.sample and not request.sampler.settings.greedy
         text = self.mode == "text"
