@@ -76,11 +76,6 @@ class Session:
             self.target = self._own(Context(self.target_model, options))
             if speculative:
                 self._check_rollback()
-            if "mtp" in self.source_names and config.parallel > 1:
-                raise SpecrunError(
-                    f"--draft mtp drafts for one stream at a time for now, not --parallel {config.parallel}: "
-                    "run it with --parallel 1, or draft with --lookup or a draft model"
-                )
             self.costs_key = self._costs_key()  # taken now: the file may change or go while we run
             self._draft_context = self._load_draft(config.draft) if config.draft is not None else None
             self._drafters: dict[int, DraftSource | None] = {}
@@ -133,7 +128,7 @@ class Session:
         context, then what earlier ones wrote, then the sources named), a draft model last, on the
         draft cache's sequence of that stream. Each stream has its own; the store is shared."""
         if slot not in self._drafters:
-            sources = [self.source(name) for name in self.source_names]
+            sources = [self.source(name, slot) for name in self.source_names]
             if self._draft_context is not None:
                 sources.append(self._draft_source(self._draft_context.sequence(slot)))
             self._drafters[slot] = chained(sources)
@@ -145,9 +140,10 @@ class Session:
         c = self.config
         return [*(["lookup"] if c.lookup else []), *(["store"] if c.store_tokens else []), *c.sources]
 
-    def source(self, name: str) -> DraftSource:
-        """A new draft source of the registered kind `name` for this session (`specrun.drafts.registry`)."""
-        return registry.build(name, self)
+    def source(self, name: str, slot: int = 0) -> DraftSource:
+        """A new draft source of the registered kind `name` for stream `slot` of this session
+        (`specrun.drafts.registry`)."""
+        return registry.build(name, self, slot)
 
     def _load_draft(self, path: Path) -> Context:
         """The draft model's cache, one sequence a stream: on the target's own tokens when the
@@ -227,17 +223,18 @@ class Session:
         if constraint is not None and grammar_drafts and not plain:
             forced = GrammarDraft(constraint, self.target_model)
             drafter = forced if drafter is None else GrammarFirst(forced, drafter)
-        self._follow_with_mtp(drafter)
+        self._follow_with_mtp(drafter, slot)
         if drafter is None:  # plain decoding needs no policy, nor auto's start-up measurement of verify costs
             return Generator(target, None, Sampler.seeded(settings), constraint=constraint)
         if policy is None or isinstance(policy, (int, str)):
             policy = self.policy(self.config.k if policy is None else policy)
         return Generator(target, drafter, Sampler.seeded(settings), policy, constraint=constraint, catch_up=self.catch_up(policy))
 
-    def _follow_with_mtp(self, drafter: DraftSource | None) -> None:
-        """The target's MTP head follows its decodes while a generation drafts with it, and rests
+    def _follow_with_mtp(self, drafter: DraftSource | None, slot: int) -> None:
+        """The stream's MTP head follows its decodes while a generation drafts with it, and rests
         during others (plain decoding is then timed without it)."""
-        for leaf in leaves(self.drafter) if self.drafter is not None else []:
+        own = self.drafter_for(slot)
+        for leaf in leaves(own) if own is not None else []:
             if isinstance(leaf, MtpDraft):
                 leaf.follow(drafter is not None and leaf in leaves(drafter))
 

@@ -46,10 +46,11 @@ def configs(tiny, hybrid):  # noqa: F811
             target=hybrid["target"], draft=hybrid["draft"], lookup=True, k=3, n_ctx=1024
         ),
         "auto": SessionConfig(target=tiny["target"], lookup=True, k="auto", n_ctx=1024),
+        "mtp": SessionConfig(target=hybrid["mtp"], sources=("mtp",), k=3, n_ctx=1024),
     }
 
 
-@pytest.mark.parametrize("name", ["lookup", "draft", "translated draft", "hybrid target, lookup and draft", "auto"])
+@pytest.mark.parametrize("name", ["lookup", "draft", "translated draft", "hybrid target, lookup and draft", "auto", "mtp"])
 def test_batched_greedy_output_is_each_streams_own(tiny, hybrid, name):  # noqa: F811
     config = configs(tiny, hybrid)[name]
     with Session(config) as session:

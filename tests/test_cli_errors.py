@@ -64,8 +64,8 @@ def shared_rows():
 
 
 # Command lines with {tiny} (the tiny target), {dir}, {missing}, {binary}, {empty}, {cut},
-# {noarch}, {vocab_only}, {alien}, {minimum}, {schema_prompts}, {prompts}, {mtp_only}, {mamba}, {qwen35}
-# and {qwen35_mtp} filled in by the `inputs` fixture.
+# {noarch}, {vocab_only}, {alien}, {minimum}, {schema_prompts}, {prompts}, {mtp_only}, {mamba} and
+# {qwen35} filled in by the `inputs` fixture.
 COMMAND_ROWS = [
     # prompts
     (["generate", "", "-m", "{tiny}", "--lookup"], ["no prompt", "PROMPT is empty"]),
@@ -104,10 +104,6 @@ COMMAND_ROWS = [
     (
         ["generate", "hi", "-m", "{qwen35}", "--lookup", "--k", "8", "--ubatch-size", "6"],
         ["can roll back only 4 tokens with --ubatch-size 6"],
-    ),
-    (
-        ["generate", "--batch", "{prompts}", "-m", "{qwen35_mtp}", "--draft", "mtp", "--parallel", "2", "-c", "512"],
-        ["--draft mtp drafts for one stream at a time", "--parallel 1"],
     ),
     # several streams
     (
@@ -183,13 +179,12 @@ COMMAND_ROWS = [
 
 @pytest.fixture(scope="module")
 def recurrent(tmp_path_factory):
-    """Tiny GGUFs of targets with a recurrent state: a Mamba llama.cpp cannot roll back, a
-    qwen35 it rolls back, and that qwen35 with an MTP (NextN) block."""
+    """Tiny GGUFs of targets with a recurrent state: a Mamba llama.cpp cannot roll back and a
+    qwen35 it rolls back."""
     root = tmp_path_factory.mktemp("recurrent")
     return {
         "mamba": str(write_tiny_mamba(root / "mamba.gguf")),
         "qwen35": str(write_tiny_qwen35(root / "qwen35.gguf")),
-        "qwen35_mtp": str(write_tiny_qwen35(root / "qwen35-mtp.gguf", nextn=True)),
     }
 
 

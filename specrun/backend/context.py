@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from specrun.backend.library import llama, llama_ext
 from specrun.backend.model import Closed, Model
 from specrun.core.sequences import common_prefix
 from specrun.errors import SpecrunError
+
+if TYPE_CHECKING:
+    from specrun.backend.mtp import _HeadContext
 
 Listener = Callable[[Sequence[int], int, np.ndarray], None]
 """Told of every decode of a sequence: its tokens, the position of the first, and its hidden rows
@@ -83,6 +86,7 @@ class _LlamaContext:
                 "lower --ctx-size or offload fewer layers"
             )
         model._contexts.add(self)
+        self.n_seq = options.sequences
         self.n_ctx = L.llama_n_ctx(self.ptr) // options.sequences  # each sequence's share
         # The most tokens a verify may drop again: the snapshots llama.cpp keeps (0 for an architecture
         # it cannot roll back at all), or for any other model, the whole context.
@@ -96,6 +100,7 @@ class _LlamaContext:
         np.ctypeslib.as_array(self.batch.n_seq_id, shape=(self.n_batch,))[:] = 1
         self.seq_ids = [self.batch.seq_id[i] for i in range(self.n_batch)]
         self.sequences: dict[int, Context] = {}
+        self.heads: _HeadContext | None = None  # the MTP heads' context that follows this one, made once
 
     def close(self) -> None:
         if self.ptr:
@@ -155,6 +160,11 @@ class Context:
     @property
     def n_batch(self) -> int:
         return self._shared.n_batch
+
+    @property
+    def n_seq(self) -> int:
+        """The sequences its cache holds."""
+        return self._shared.n_seq
 
     @property
     def n_threads(self) -> int:
@@ -354,8 +364,9 @@ class Context:
         self.model._call_llama(self._listen, listener)
 
     def _listen(self, listener: Listener | None) -> None:
-        llama_ext().llama_set_embeddings_nextn(self._ctx, listener is not None, False)  # every row, not only outputs
         self._listener = listener
+        listened = any(sequence._listener is not None for sequence in self._shared.sequences.values())
+        llama_ext().llama_set_embeddings_nextn(self._ctx, listened, False)  # every row, not only outputs
 
 
 def _free_context(batch, ctx) -> None:

@@ -14,7 +14,7 @@ PLAIN = "plain"
 
 
 def _lookup(session: Session, slot: int = 0) -> DraftSource:
-    return session.source("lookup")  # fresh per run: its index is the run's history
+    return session.source("lookup", slot)  # fresh per run: its index is the run's history
 
 
 def _draft_model(session: Session, slot: int = 0) -> DraftSource:
@@ -25,12 +25,12 @@ def _draft_model(session: Session, slot: int = 0) -> DraftSource:
 
 
 def _hybrid(session: Session, slot: int = 0) -> DraftSource:
-    return Chain(_lookup(session), _draft_model(session, slot))  # lookup when the context matches, else the model
+    return Chain(_lookup(session, slot), _draft_model(session, slot))  # lookup when the context matches, else the model
 
 
 def _store(session: Session, slot: int = 0) -> DraftSource:
     # Lookup in the prompt first, then the n-grams of the run's earlier prompts and outputs.
-    return Chain(_lookup(session), session.source("store"))
+    return Chain(_lookup(session, slot), session.source("store", slot))
 
 
 # Method name -> drafter for one run on a stream (slot). Plain decoding is the baseline, always measured.

@@ -143,7 +143,7 @@ def _print_report(report: dict[str, Any]) -> None:
             room = f"the {free / 2**30:.1f} GiB available" if free else "memory (unknown here, so 1)"
             print(
                 f"serve slots without --parallel: up to {value['most']}, as many KV caches of --ctx-size tokens as "
-                f"fit beside the weights in {room}; 1 with --draft mtp"
+                f"fit beside the weights in {room}"
             )
         elif key == "rpc_servers":
             for server in value:

@@ -125,9 +125,9 @@ def serve(
 
 def auto_parallel(config: SessionConfig, ctx_size: int) -> int:
     """Up to PARALLEL slots, as many as memory holds beside the weights, each with ctx_size tokens of
-    KV cache (one where a draft source serves one stream at a time, or where memory is unknown)."""
+    KV cache (one where memory is unknown)."""
     kv, free = kv_cache_bytes(read_local(config.target), ctx_size), ram_available_bytes()
-    if "mtp" in config.sources or kv is None or free is None:
+    if kv is None or free is None:
         return 1
     return max(1, min(PARALLEL, (free - config.target.stat().st_size) // kv))
 

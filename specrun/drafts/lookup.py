@@ -157,7 +157,7 @@ def blank_lines(model) -> frozenset[int]:
     return frozenset(tokens[0] for tokens in spellings if len(tokens) == 1)
 
 
-def _build(session: Session) -> PromptLookup:
+def _build(session: Session, slot: int) -> PromptLookup:
     """A new prompt lookup for the session's settings, knowing its target's blank-line tokens."""
     return PromptLookup(*session.config.lookup_ngram, breaks=blank_lines(session.target_model))
 

@@ -5,12 +5,12 @@ next from the target's hidden state. It runs on a context of its own (`backend.m
 that follows every target decode, whichever source drafted (the target hands each decode's
 hidden rows to `follow`); so it never catches up on text, and drafting k tokens costs k small
 decodes of the head alone. What it keeps per position is the target's hidden row there: the
-row the head reads to draft from the end of the text, and the one a rollback returns to.
+row the head reads to draft from the end of the text, and the one a rollback returns to. Each
+stream has its own: a head on its sequence of the target, in one MTP context for all of them.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -18,6 +18,7 @@ import numpy as np
 from specrun.backend import Context, Model
 from specrun.backend.mtp import MtpHead
 from specrun.core.sampling import Distribution
+from specrun.core.sequences import common_prefix
 from specrun.drafts.base import Draft, DraftRequest, DraftSource, without_decodes
 from specrun.drafts.model import Picker
 from specrun.drafts.registry import register
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 
 
 class MtpDraft:
-    """Drafts with the MTP head of the target's model, greedily or by sampling (then p/q-verified)."""
+    """Drafts with the MTP head of the target's model for one sequence of its cache, greedily or by
+    sampling (then p/q-verified)."""
 
     names: tuple[str, ...] = ("mtp",)
     counters: tuple[str, ...] = ()
@@ -47,13 +49,17 @@ class MtpDraft:
 
     def follow(self, on: bool) -> None:
         """Follow the target's decodes (while generations draft with the head), or stop (plain
-        generations need not pay for the head; the next draft starts it over)."""
-        self.target.listen(self._process if on else None)
+        generations need not pay for the head). Where the head missed decodes, the target drops
+        the text past what both hold, so the next prefill decodes it again with the head following."""
+        self.target.listen(self._process if on else None)  # first: a recurrent target's truncate may decode again
+        if on:
+            self.target.truncate(common_prefix(self.head.tokens, self.target.tokens))
+            self.head.truncate(len(self.target.tokens))
 
     def _process(self, tokens: Sequence[int], pos0: int, hidden: np.ndarray) -> None:
         """A target decode: the head decodes the same tokens, each with the target's row before it."""
         if pos0 > len(self.head.tokens):
-            return  # the head missed text: it starts over at its next draft
+            return  # the head missed text: it drafts nothing until it follows again
         self.hidden[pos0 + 1 : pos0 + 1 + len(tokens)] = hidden
         self.head.process(tokens, pos0, self.hidden[pos0 : pos0 + len(tokens)])
 
@@ -62,11 +68,9 @@ class MtpDraft:
         budget = request.offer(self.names[0], request.limit)
         if budget.k < 1:
             return Draft.under(budget)
-        started = time.perf_counter()
         pos = len(history) - 1  # the target holds all but the last token
         if self.head.tokens != list(history[:pos]):
-            self._start_over(history)  # the head missed decodes (a plain generation): follow the target anew
-        catch_up_s = time.perf_counter() - started
+            return Draft()  # the head missed decodes; following again (a new generation) brings it back
         sample = self.sample and not request.sampler.settings.greedy
         token, row = history[-1], self.hidden[pos]  # the target's row before the last token
         tokens: list[int] = []
@@ -86,23 +90,14 @@ class MtpDraft:
                 dists.append(q)
         self.head.truncate(pos)  # its own drafting rows go: the verify decode brings the target's
         measured = sample or request.policy.wants_confidence
-        return Draft(
-            tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None, catch_up_s=catch_up_s
-        )
-
-    def _start_over(self, history: Sequence[int]) -> None:
-        """Decode the text again on the target, the head following, so both hold the same."""
-        self.follow(True)
-        self.head.truncate(0)
-        self.target.truncate(0)
-        self.target.eval(history[:-1])
+        return Draft(tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None)
 
     def rollback(self, history: Sequence[int]) -> None:
         self.head.truncate(max(len(history) - 1, 0))
 
 
-def _build(session: Session) -> MtpDraft:
-    return MtpDraft(session.target, sample=session.config.draft_sampling)
+def _build(session: Session, slot: int) -> MtpDraft:
+    return MtpDraft(session.target.sequence(slot), sample=session.config.draft_sampling)
 
 
 register("mtp", _build)

@@ -13,8 +13,9 @@ if TYPE_CHECKING:
     from specrun.drafts.base import DraftSource
     from specrun.session import Session
 
-Builder = Callable[["Session"], "DraftSource"]
-"""Builds a fresh source for a session (its target model, settings and store are there to read)."""
+Builder = Callable[["Session", int], "DraftSource"]
+"""Builds a fresh source for a session's stream `slot` (0 .. parallel - 1): the session's target
+model, settings and store are there to read, and the stream's sequence is `session.target.sequence(slot)`."""
 
 _BUILDERS: dict[str, Builder] = {}
 
@@ -28,9 +29,9 @@ def names() -> list[str]:
     return sorted(_BUILDERS)
 
 
-def build(name: str, session: Session) -> DraftSource:
-    """A fresh source `name` for `session`, or one line naming the sources there are."""
+def build(name: str, session: Session, slot: int = 0) -> DraftSource:
+    """A fresh source `name` for stream `slot` of `session`, or one line naming the sources there are."""
     builder = _BUILDERS.get(name)
     if builder is None:
         raise SpecrunError(f"unknown draft source {name!r}: choose one of {', '.join(names())}")
-    return builder(session)
+    return builder(session, slot)

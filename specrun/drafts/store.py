@@ -149,7 +149,7 @@ class StoreLookup:
         pass  # nothing here depends on the current request's history
 
 
-def _build(session: Session) -> StoreLookup:
+def _build(session: Session, slot: int) -> StoreLookup:
     """Drafts from the session's store, which its settings size (store_tokens)."""
     if session.store is None:
         raise SpecrunError("the store draft source needs a store: give store_tokens > 0 (--store-tokens N)")
