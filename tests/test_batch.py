@@ -87,6 +87,32 @@ def test_the_streams_draft_models_decode_together(tiny, draft, monkeypatch):
     assert batch.draft_decodes <= 4 * steps  # a catch-up and three guesses a step, at most
 
 
+def test_a_stream_cancelled_while_its_draft_model_drafts_leaves_the_others_and_its_slot_whole(tiny):
+    """Between steps a stream drafting with a model waits on its draft's decode; cancelling it
+    there (a client gone) ends it as interrupted, the others write what they would alone, and
+    its slot's caches serve the next generation as if fresh."""
+    config = SessionConfig(target=tiny["target"], draft=tiny["draft"], k=3, n_ctx=1024)
+    with Session(config) as session:
+        alone = [session.generate(prompt, max_tokens=24).tokens for prompt in PROMPTS[:3]]
+    with Session(replace(config, parallel=3, n_ctx=3 * 1024)) as session:
+        batch, results = session.batch(), {}
+        generators = [session.generator(slot=slot) for slot in range(3)]
+        for slot, prompt in enumerate(PROMPTS[:3]):
+            batch.add(
+                generators[slot], session.tokenize(prompt), 24, on_done=lambda run, slot=slot: results.__setitem__(slot, run)
+            )
+        for _ in range(3):
+            batch.step()
+        assert all(stream.drafting is not None for stream in batch.streams)  # each waits on its draft's decode
+        batch.cancel(generators[1])
+        while batch.streams:
+            batch.step()
+        again = session.generator(slot=1).run(session.tokenize(PROMPTS[1]), 24)
+    assert results[1].stop_reason == "interrupted" and len(results[1].tokens) < 24
+    assert [results[0].tokens, results[2].tokens] == [alone[0], alone[2]]
+    assert again.tokens == alone[1]
+
+
 def lookup_generator(context: Context, source: PromptLookup | None = None) -> Generator:
     return Generator(context, source or PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4))
 
