@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from reference import FreshContexts, chi_square_p, chi_square_two_sample_p
 from tinymodels import write_tiny_llama
@@ -35,7 +36,7 @@ from specrun.core.sampling import Sampler, SamplerSettings, filtered
 from specrun.drafts.base import Chain
 from specrun.drafts.bridge import VocabBridge
 from specrun.drafts.lookup import PromptLookup
-from specrun.drafts.model import DraftModel
+from specrun.drafts.model import DraftModel, Picker
 from specrun.drafts.translated import TranslatingDraft
 from specrun.session import Session
 
@@ -221,3 +222,14 @@ def test_gemma_with_a_translated_smollm2_draft_samples_like_plain(gemma, smollm2
         drafted_run, drafted, accepted = first_tokens(seeded(session), prompt, seeds)
     assert drafted > 50 and 0.05 < accepted / drafted < 0.95, (accepted, drafted)
     assert chi_square_two_sample_p(second_tokens(plain), second_tokens(drafted_run)) > MIN_P
+
+
+def test_a_sampled_draft_tokens_confidence_does_not_depend_on_which_token_was_drawn():
+    """Stops and a batch's cut read the confidence: had it been the drawn token's probability,
+    whether a token is verified would depend on the token, and the p/q rule would be biased."""
+    row = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
+    picker, settings = Picker(4), SamplerSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    picks = [picker.pick(row, Sampler.seeded(replace(settings, seed=seed)), True, True) for seed in range(40)]
+    assert len({token for token, _, _ in picks}) > 1  # several tokens were drawn
+    assert {round(confidence, 6) for _, _, confidence in picks} == {0.5}
+    assert picker.pick(row, Sampler.seeded(settings), False, True)[2] == pytest.approx(0.5)  # greedy: the argmax's

@@ -81,7 +81,7 @@ class StepRecord:
     declined: tuple[Budget, ...]  # sources the policy turned down (k = 0) on the way to this step's draft
     drafted: int
     accepted: int
-    confidences: Sequence[float] | None  # the drafter's probability per drafted token, when it measured them
+    confidences: Sequence[float] | None  # the drafter's confidence per drafted token (Draft.confidences), when measured
     draft_s: float  # seconds spent drafting
     verify_s: float  # seconds of the verify decode and the check of its rows
     catch_up_s: float = 0.0  # of draft_s, feeding a draft's cache text it missed (see Draft.catch_up_s)

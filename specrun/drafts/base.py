@@ -62,7 +62,9 @@ class Draft:
     budget: Budget | None = None  # what the policy granted (k > 0); None: nothing was drafted
     declined: tuple[Budget, ...] = ()  # budgets of k = 0 the policy gave on the way (chains collect them)
     dists: list[Distribution] | None = None  # q_i of each token when the source sampled; None: deterministic
-    confidences: list[float] | None = None  # the source's probability of each token (model drafts), for confidence stops
+    # A model draft's confidence at each token: the probability of its likeliest token there (not of
+    # the token it sampled, on which no stop may depend), for confidence stops and a batch's cut.
+    confidences: list[float] | None = None
     counters: Mapping[str, float] = field(default_factory=dict)  # what this draft adds to its source's counters
     # Seconds a source with a cache spent feeding it more text than one step can accept (a new
     # prompt, or text other sources drafted) before it could draft: charged to probes, not per token.

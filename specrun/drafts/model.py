@@ -86,11 +86,15 @@ class Picker:
     def pick(
         self, row: np.ndarray, sampler: Sampler, sample: bool, wants_confidence: bool
     ) -> tuple[int, Distribution | None, float]:
-        """The next draft token, the distribution it was sampled from (None: argmax), its probability."""
+        """The next draft token, the distribution it was sampled from (None: argmax), and the
+        draft's confidence there: the probability of its likeliest token. For a sampled token
+        that is not the token's own probability: where a draft stops or is cut depends on the
+        confidence, and a stop that depended on which token was drawn would bias the p/q rule,
+        which is exact only for drafts drawn from q as they are."""
         if sample:
             q = filtered(row, sampler.settings, self._scratch)
             token = q.sample(sampler.rng)
-            return token, q, q.prob(token)
+            return token, q, float(q.probs.max())
         token = int(np.argmax(row))
         if not wants_confidence:
             return token, None, 1.0
