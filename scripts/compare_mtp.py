@@ -103,7 +103,7 @@ def specrun_drafts(model: Path, k: int, tokens: int) -> tuple[list[list[int]], l
     propose = MtpDraft.propose
 
     def recording(self, history, request):
-        draft = propose(self, history, request)
+        draft = yield from propose(self, history, request)
         drafts.append(list(draft.tokens))
         return draft
 

@@ -11,8 +11,9 @@ drafted tokens the target accepted.
 --keep-policy keeps one policy per version and k across all prompts and rounds, as
 `specrun bench`, `chat` and `serve` keep theirs, so what auto learned carries over.
 The baseline's lookup and policies must speak today's contracts (DraftSource.propose with a
-DraftRequest, DraftPolicy.offer/extend/observe) in today's layout (specrun/drafts/lookup.py,
-specrun/core/policy.py and auto.py): a revision from the one that introduced them on.
+DraftRequest, returning its draft or, as now, yielding its decodes; DraftPolicy.offer/extend/
+observe) in today's layout (specrun/drafts/lookup.py, specrun/core/policy.py and auto.py): a
+revision from the one that introduced them on.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.util
+import inspect
 import statistics
 import subprocess
 import sys
@@ -35,6 +37,7 @@ from specrun.core.engine import Generator
 from specrun.core.events import Stats, StepEvent
 from specrun.core.sampling import Sampler
 from specrun.drafts import lookup
+from specrun.drafts.base import without_decodes
 from specrun.hub.embedded import embedded_model_path
 from specrun.session import Session
 
@@ -60,8 +63,12 @@ def module_at(revision: str, name: str, tmp: Path):
 
 
 def new_lookup(lookup_module, session: Session):
-    """A PromptLookup as `lookup_module` (now or a revision's) builds it for the session's model."""
-    return lookup_module.PromptLookup(breaks=lookup_module.blank_lines(session.target.model))
+    """A PromptLookup as `lookup_module` (now or a revision's) builds it for the session's model;
+    a revision's from before propose yielded its decodes has its propose wrapped as today's."""
+    lookup_class = lookup_module.PromptLookup
+    if not inspect.isgeneratorfunction(lookup_class.propose):
+        lookup_class.propose = without_decodes(lookup_class.propose)
+    return lookup_class(breaks=lookup_module.blank_lines(session.target.model))
 
 
 def make_policy(policies, k: int | str, costs: list[float]):

@@ -15,6 +15,7 @@ from test_hybrid import hybrid  # noqa: F401  (the fixture)
 from test_policy import FOURS
 
 from specrun.backend import Context, ContextOptions, Model
+from specrun.backend.mtp import _HeadContext
 from specrun.config import SessionConfig
 from specrun.core.auto import AutoK
 from specrun.core.batch import Batch
@@ -85,6 +86,31 @@ def test_the_streams_draft_models_decode_together(tiny, draft, monkeypatch):
             steps += 1
     assert Counter(widths).most_common(1)[0][0] == 4  # most draft decodes: all four streams'
     assert batch.draft_decodes <= 4 * steps  # a catch-up and three guesses a step, at most
+
+
+def test_the_streams_mtp_heads_decode_together(hybrid, monkeypatch):  # noqa: F811
+    """Every stream's next drafting row goes in one decode of the heads' context, and the rows
+    that follow the target's decode go with the first of them: four streams drafting three
+    tokens a step take three head decodes a step, not sixteen."""
+    decodes: list[tuple[int, int]] = []  # (rows following the target, drafting rows) of each head decode
+    decode = _HeadContext._decode
+
+    def recording(self, rows, drafting):
+        decodes.append((len(rows), len(drafting)))
+        return decode(self, rows, drafting)
+
+    monkeypatch.setattr(_HeadContext, "_decode", recording)
+    config = SessionConfig(target=hybrid["mtp"], sources=("mtp",), k=3, n_ctx=4 * 1024, parallel=4)
+    with Session(config) as session:
+        batch = session.batch()
+        for slot, prompt in enumerate(PROMPTS[:4]):
+            batch.add(session.generator(slot=slot), session.tokenize(prompt), 24)
+        steps = 0
+        while batch.streams:
+            batch.step()
+            steps += 1
+    assert len(decodes) <= 3 * steps  # three decodes a step at most, each with every drafting stream's row
+    assert max(drafting for _, drafting in decodes) == 4 and all(drafting for _, drafting in decodes)
 
 
 def test_a_stream_cancelled_while_its_draft_model_drafts_leaves_the_others_and_its_slot_whole(tiny):

@@ -5,7 +5,10 @@ The head follows a target context over the same model, as llama.cpp's draft-mtp 
 decodes the same tokens, each paired with the target's hidden row of the position before it
 (`process`), so its KV cache stays in step with the target's. To draft it decodes the last
 token with the hidden row before it, then each drafted token with the head's own hidden row
-(`step`). Rows carry a token and a hidden row, so they go through llama.cpp's `llama_batch_ext`.
+(`decode_many`). Rows carry a token and a hidden row, so they go through llama.cpp's
+`llama_batch_ext`. The heads of a target's sequences (one per stream) share one MTP context:
+the rows that follow the target wait in its batch and go with the next decode, and the
+streams' drafting rows go together, one decode for every stream's next position.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from specrun.backend.context import Context
 from specrun.backend.library import llama, llama_ext
 from specrun.errors import SpecrunError
 
+Row = tuple[int, int, int, np.ndarray]
+"""A row of the heads' batch: sequence, token, position, and the hidden row it reads."""
+
 
 class _HeadContext:
     """The llama.cpp MTP context over a target's cache: one sequence per target sequence, in one
-    unified cache as the target's, each its share of n_ctx."""
+    unified cache as the target's, each its share of n_ctx; and the batch its rows wait in."""
 
     def __init__(self, target: Context):
         L = llama()
@@ -36,6 +42,8 @@ class _HeadContext:
         params.ctx_other = target._ctx
         params.no_perf = True
         self.model = model
+        self.n_batch = target.n_batch
+        self.n_embd = model.n_embd_out
         self.ctx = L.llama_init_from_model(model._model, params)
         if not self.ctx:
             raise SpecrunError(
@@ -44,6 +52,9 @@ class _HeadContext:
         llama_ext().llama_set_embeddings_nextn(self.ctx, True, True)  # its own hidden rows, for output rows only
         self.batch = L.llama_batch_ext_init(self.ctx)
         self.pos = (L.llama_pos * 4)()  # text rows use the first of the four positions
+        # Rows that follow the target, not decoded yet: they go with the next drafting rows, and
+        # those a rollback drops are never decoded.
+        self.waiting: list[Row] = []
         model._contexts.add(self)  # closed before the weights
 
     def close(self) -> None:
@@ -53,10 +64,47 @@ class _HeadContext:
             L.llama_free(self.ctx)
             self.ctx = None
 
+    def decode(self, drafting: Sequence[Row] = ()) -> list[int]:
+        """Decode the rows that wait, and the `drafting` rows after them (those give logits);
+        the drafting rows' indices in the batch."""
+        waiting, self.waiting = self.waiting, []
+        while waiting and len(waiting) + len(drafting) > self.n_batch:
+            self._decode(waiting[: self.n_batch], [])
+            waiting = waiting[self.n_batch :]
+        return self._decode(waiting, drafting)
+
+    def _decode(self, rows: Sequence[Row], drafting: Sequence[Row]) -> list[int]:
+        L = llama()
+        L.llama_batch_ext_clear(self.batch)
+        for seq, token, pos, hidden in rows:
+            self._add(seq, token, pos, hidden)
+        indices = [self._add(*row) for row in drafting]
+        for index in indices:
+            L.llama_batch_ext_set_output_logits(self.batch, index, True)
+        status = L.llama_process(self.ctx, L.LLAMA_PROCESS_TYPE_DECODE, self.batch)
+        if status != 0:
+            raise SpecrunError(f"the MTP head's decode failed with status {status}")
+        return indices
+
+    def _add(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> int:
+        L = llama()
+        index = L.llama_batch_ext_add_token(self.batch, seq, token)
+        self.pos[0] = pos
+        row = np.ascontiguousarray(hidden, dtype=np.float32)
+        embd = L.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)  # copied by the call
+        if (
+            index < 0
+            or not L.llama_batch_ext_set_pos(self.batch, index, self.pos)
+            or not L.llama_batch_ext_set_embd_token(self.batch, index, embd)
+        ):
+            raise SpecrunError("llama.cpp refused a row of the MTP head's batch")
+        return index
+
 
 class MtpHead:
     """The MTP layers of `target`'s model drafting for that sequence of its cache (one head:
-    llama.cpp's single trained head). The heads of a cache's sequences share one MTP context."""
+    llama.cpp's single trained head). A draft cache as a draft model's `Context` is: `eval` and
+    `decode_many` decode drafting rows, each reading the hidden row its head was given (`reads`)."""
 
     def __init__(self, target: Context):
         model = target.model
@@ -73,50 +121,53 @@ class MtpHead:
         self.seq = target.seq
         self.n_embd = model.n_embd_out
         self.tokens: list[int] = []  # what its cache holds, position by position: the target's text, then drafting rows
+        self.reads = np.zeros(self.n_embd, dtype=np.float32)  # the hidden row its next drafting row reads
+        self.row = np.zeros(self.n_embd, dtype=np.float32)  # its own hidden row of its last drafting row
+
+    @property
+    def n_batch(self) -> int:
+        return self._shared.n_batch
+
+    def shares_cache(self, other: object) -> bool:
+        """Whether `other` is a head of the same MTP context (one `decode_many` takes both)."""
+        return isinstance(other, MtpHead) and other._shared is self._shared
 
     def process(self, tokens: Sequence[int], pos0: int, hidden: np.ndarray) -> None:
-        """Decode the target's `tokens` from position pos0, each with `hidden[i]`, the target's
-        hidden row of the position before it; no logits."""
+        """Follow the target's `tokens` from position pos0, each with `hidden[i]`, the target's
+        hidden row of the position before it: rows that wait for the context's next decode."""
+        shared = self._shared
         self.truncate(pos0)
-        self._decode([(token, pos0 + i, hidden[i], False) for i, token in enumerate(tokens)])
+        shared.waiting += [(self.seq, token, pos0 + i, hidden[i].copy()) for i, token in enumerate(tokens)]
         self.tokens.extend(tokens)
+        if len(shared.waiting) >= shared.n_batch:  # while nothing drafts (auto declining), a batch at a time
+            shared.decode()
 
-    def step(self, token: int, pos: int, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Decode one drafting row: the logits of the token after `token` and the head's own hidden
-        row, which the next step reads. Copies: both stay valid after the next decode."""
-        L, LX = llama(), llama_ext()
-        self.truncate(pos)
-        self._decode([(token, pos, hidden, True)])
-        self.tokens.append(token)
-        ctx = self._shared.ctx
-        logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, 0), shape=(self.model.n_vocab,)).copy()
-        row = np.ctypeslib.as_array(LX.llama_get_embeddings_nextn_ith(ctx, 0), shape=(self.n_embd,)).copy()
-        return logits, row
+    def eval(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray:
+        """One drafting row on its own (one stream); see `decode_many`."""
+        return self.decode_many([(self, tokens, 1)])[0]
+
+    def decode_many(self, parts: Sequence[tuple[MtpHead, Sequence[int], int]]) -> list[np.ndarray]:
+        """One decode of a drafting row of each part's head (heads of this context): its token at
+        the end of the head's cache, reading the head's `reads`; with the rows that wait. For each,
+        the logits of the token after it (a copy, shape (1, n_vocab)); its hidden row goes to `row`."""
+        L, LX, shared = llama(), llama_ext(), self._shared
+        if any(len(tokens) != 1 or not head.shares_cache(self) for head, tokens, _ in parts):
+            raise ValueError("each part: a head of this MTP context and one token")
+        indices = shared.decode([(head.seq, tokens[0], len(head.tokens), head.reads) for head, tokens, _ in parts])
+        logits = []
+        for (head, tokens, _), index in zip(parts, indices):
+            head.tokens.append(tokens[0])
+            row = LX.llama_get_embeddings_nextn_ith(shared.ctx, index)
+            head.row = np.ctypeslib.as_array(row, shape=(self.n_embd,)).copy()
+            out = L.llama_get_logits_ith(shared.ctx, index)
+            logits.append(np.ctypeslib.as_array(out, shape=(1, self.model.n_vocab)).copy())
+        return logits
 
     def truncate(self, n_keep: int) -> None:
         """Forget positions from n_keep on, drafting rows included (its cache is attention only: any tail drops)."""
-        L = llama()
+        L, shared = llama(), self._shared
         if n_keep < len(self.tokens):
-            if not L.llama_memory_seq_rm(L.llama_get_memory(self._shared.ctx), self.seq, n_keep, -1):
+            shared.waiting = [row for row in shared.waiting if row[0] != self.seq or row[2] < n_keep]
+            if not L.llama_memory_seq_rm(L.llama_get_memory(shared.ctx), self.seq, n_keep, -1):
                 raise SpecrunError("llama.cpp refused to roll the MTP head's cache back")
             del self.tokens[n_keep:]
-
-    def _decode(self, rows: list[tuple[int, int, np.ndarray, bool]]) -> None:
-        L, shared = llama(), self._shared
-        L.llama_batch_ext_clear(shared.batch)
-        for token, pos, hidden, output in rows:
-            index = L.llama_batch_ext_add_token(shared.batch, self.seq, token)
-            shared.pos[0] = pos
-            row = np.ascontiguousarray(hidden, dtype=np.float32)
-            embd = L.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)  # copied by the call
-            if (
-                index < 0
-                or not L.llama_batch_ext_set_pos(shared.batch, index, shared.pos)
-                or not L.llama_batch_ext_set_embd_token(shared.batch, index, embd)
-            ):
-                raise SpecrunError("llama.cpp refused a row of the MTP head's batch")
-            if output:
-                L.llama_batch_ext_set_output_logits(shared.batch, index, True)
-        status = L.llama_process(shared.ctx, L.LLAMA_PROCESS_TYPE_DECODE, shared.batch)
-        if status != 0:
-            raise SpecrunError(f"the MTP head's decode failed with status {status}")

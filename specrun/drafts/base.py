@@ -25,11 +25,10 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Concatenate, Generator, Literal, Mapping, ParamSpec, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Concatenate, Generator, Literal, Mapping, ParamSpec, Protocol, Sequence, TypeVar
 
 import numpy as np
 
-from specrun.backend import Context
 from specrun.core.policy import PRIOR, Budget, DraftPolicy
 from specrun.core.sampling import Distribution, Sampler
 
@@ -98,11 +97,25 @@ class Decoded:
         return self.seconds * tokens / self.tokens
 
 
+class DraftCache(Protocol):
+    """What a draft decode runs on: a stream's sequence of a draft model's cache (`Context`) or
+    its MTP head (`backend.mtp.MtpHead`); sequences of one cache decode together."""
+
+    @property
+    def n_batch(self) -> int: ...
+
+    def eval(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray: ...
+
+    def decode_many(self, parts: Sequence[tuple[Any, Sequence[int], int]]) -> list[np.ndarray]: ...
+
+    def shares_cache(self, other: Any) -> bool: ...
+
+
 @dataclass(frozen=True)
 class DraftDecode:
     """A decode a source's draft needs: `tokens` onto `context` (its sequence of a draft cache)."""
 
-    context: Context
+    context: DraftCache
     tokens: Sequence[int]
 
     def alone(self) -> Decoded:

@@ -19,7 +19,7 @@ from specrun.backend import Context, Model
 from specrun.backend.mtp import MtpHead
 from specrun.core.sampling import Distribution
 from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Draft, DraftRequest, DraftSource, without_decodes
+from specrun.drafts.base import Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 from specrun.drafts.model import Picker
 from specrun.drafts.registry import register
 from specrun.errors import SpecrunError
@@ -63,8 +63,7 @@ class MtpDraft:
         self.hidden[pos0 + 1 : pos0 + 1 + len(tokens)] = hidden
         self.head.process(tokens, pos0, self.hidden[pos0 : pos0 + len(tokens)])
 
-    @without_decodes  # its head's decodes take the target's hidden rows: one stream's, its own
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
         budget = request.offer(self.names[0], request.limit)
         if budget.k < 1:
             return Draft.under(budget)
@@ -72,14 +71,15 @@ class MtpDraft:
         if self.head.tokens != list(history[:pos]):
             return Draft()  # the head missed decodes; following again (a new generation) brings it back
         sample = self.sample and not request.sampler.settings.greedy
-        token, row = history[-1], self.hidden[pos]  # the target's row before the last token
+        token, self.head.reads = history[-1], self.hidden[pos]  # the target's row before the last token
         tokens: list[int] = []
         dists: list[Distribution] = []
         confidences: list[float] = []
         kept = budget
-        for i in range(budget.k):
-            logits, row = self.head.step(token, pos + i, row)
-            token, q, confidence = self.picker.pick(logits, request.sampler, sample, request.policy.wants_confidence)
+        for _ in range(budget.k):
+            decoded = yield DraftDecode(self.head, [token])
+            self.head.reads = self.head.row  # the next drafting row reads the head's own
+            token, q, confidence = self.picker.pick(decoded.logits[-1], request.sampler, sample, request.policy.wants_confidence)
             extended = request.policy.extend(kept, confidence)
             if extended is None:
                 break
