@@ -62,6 +62,18 @@ def test_batched_greedy_output_is_each_streams_own(tiny, hybrid, name):  # noqa:
     assert sum(g.stats.drafted for g in together) > 0 or name == "auto"
 
 
+def four_streams_stepped(config: SessionConfig) -> tuple[Batch, int]:
+    """The first four prompts' generations run together on a session of `config`: the batch and its steps."""
+    with Session(config) as session:
+        batch, steps = session.batch(), 0
+        for slot, prompt in enumerate(PROMPTS[:4]):
+            batch.add(session.generator(slot=slot), session.tokenize(prompt), 24)
+        while batch.streams:
+            batch.step()
+            steps += 1
+    return batch, steps
+
+
 @pytest.mark.parametrize("draft", ["draft", "gpt2"])
 def test_the_streams_draft_models_decode_together(tiny, draft, monkeypatch):
     """Each draft decode holds every drafting stream's next position: four streams drafting three
@@ -76,14 +88,7 @@ def test_the_streams_draft_models_decode_together(tiny, draft, monkeypatch):
 
     monkeypatch.setattr(Context, "decode_many", recording)
     config = SessionConfig(target=tiny["target"], draft=tiny[draft], k=3, n_ctx=4 * 1024, parallel=4)
-    with Session(config) as session:
-        batch = session.batch()
-        for slot, prompt in enumerate(PROMPTS[:4]):
-            batch.add(session.generator(slot=slot), session.tokenize(prompt), 24)
-        steps = 0
-        while batch.streams:
-            batch.step()
-            steps += 1
+    batch, steps = four_streams_stepped(config)
     assert Counter(widths).most_common(1)[0][0] == 4  # most draft decodes: all four streams'
     assert batch.draft_decodes <= 4 * steps  # a catch-up and three guesses a step, at most
 
@@ -101,14 +106,7 @@ def test_the_streams_mtp_heads_decode_together(hybrid, monkeypatch):  # noqa: F8
 
     monkeypatch.setattr(_HeadContext, "_decode", recording)
     config = SessionConfig(target=hybrid["mtp"], sources=("mtp",), k=3, n_ctx=4 * 1024, parallel=4)
-    with Session(config) as session:
-        batch = session.batch()
-        for slot, prompt in enumerate(PROMPTS[:4]):
-            batch.add(session.generator(slot=slot), session.tokenize(prompt), 24)
-        steps = 0
-        while batch.streams:
-            batch.step()
-            steps += 1
+    _, steps = four_streams_stepped(config)
     assert len(decodes) <= 3 * steps  # three decodes a step at most, each with every drafting stream's row
     assert max(drafting for _, drafting in decodes) == 4 and all(drafting for _, drafting in decodes)
 
