@@ -7,11 +7,10 @@ resumes each with its rows; each then accepts, rejects, rolls its own sequence b
 again, sizing its draft for the rows the other streams will put in the next decode. Streams
 drafting with a model ask for its decodes (`DraftDecode`) first: the batch runs those of every
 stream together, one decode per draft cache for each position they draft, until every stream
-has drafted. Of the
-drafts, the batch verifies the rows that pay most for the decode's cost, by the verify-cost
-curve (`rows_to_verify`); a stream whose draft was cut sees rows for the part verified. A new
-prompt is prefilled in chunks that share decodes with the running streams' rows, so they do not
-stall behind a long prompt. A prompt that shares most of itself with one still being prefilled
+has drafted. Of the drafts, the batch verifies the rows that pay most for the decode's cost, by
+the verify-cost curve (`rows_to_verify`); a stream whose draft was cut sees rows for the part
+verified. A new prompt is prefilled in chunks that share decodes with the running streams'
+rows, so they do not stall behind a long prompt. A prompt that shares most of itself with one still being prefilled
 (requests with one system prompt, arriving together) waits for that prefill and then shares its
 cells (`Context.reuse_prefix`) instead of computing them again. Streams join and leave between
 steps; each reports its events to its own callbacks, as `Generator.run` does for one.

@@ -9,7 +9,7 @@ the history to roll back to. The whole contract is `DraftSource`:
 - `parts`: the sources a chain asks, in order; a single source has none.
 - `runs_model`: whether drafting decodes a model (time per token) or only copies (free).
 - `propose(history, request)`, a coroutine (`Drafting`): it yields each decode its model needs
-  (`DraftDecode`), is sent that decode's logits, and returns its `Draft`. The caller runs the
+  (`DraftDecode`), is sent what it `Decoded`, and returns its `Draft`. The caller runs the
   decodes: one stream's alone (`drafted`), a batch's together, one decode per draft cache for
   every stream drafting the next position. A source that decodes nothing writes its propose
   as a function returning the draft and marks it `@without_decodes`.
