@@ -135,9 +135,9 @@ class Context:
         """Sequence `seq` of the same cache (0 is the one made with the context)."""
         return self._shared.sequences.get(seq) or Context(self.model, _shared=self._shared, _seq=seq)
 
-    def shares_cache(self, other: Context) -> bool:
+    def shares_cache(self, other: object) -> bool:
         """Whether `other` is a sequence of the same cache (one `decode_many` takes both)."""
-        return other._shared is self._shared
+        return isinstance(other, Context) and other._shared is self._shared
 
     def close(self) -> None:
         """Free the cache, every sequence's; later calls raise Closed instead of touching freed memory."""

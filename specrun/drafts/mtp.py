@@ -57,7 +57,8 @@ class MtpDraft:
             self.head.truncate(len(self.target.tokens))
 
     def _process(self, tokens: Sequence[int], pos0: int, hidden: np.ndarray) -> None:
-        """A target decode: the head decodes the same tokens, each with the target's row before it."""
+        """A target decode: the head follows the same tokens, each with the target's row before it
+        (rows that go in with its next decode)."""
         if pos0 > len(self.head.tokens):
             return  # the head missed text: it drafts nothing until it follows again
         self.hidden[pos0 + 1 : pos0 + 1 + len(tokens)] = hidden
