@@ -70,6 +70,7 @@ class GenerationRequest:
     grammar: Grammar | None = None  # what the output is held to (response_format, json_schema or grammar)
     grammar_param: str | None = None  # the field the grammar came from, for an error llama.cpp finds in it
     tools: ToolRequest | None = None  # the tools a chat reply may call (none with tool_choice "none")
+    pieces: bool = False  # `specrun.pieces`: stream chunks carry their text split by how it came (serve/sources.py)
 
     @property
     def chat(self) -> bool:
@@ -82,6 +83,14 @@ def parse_chat(raw: bytes) -> GenerationRequest:
     body = ChatBody.model_validate_json(raw)
     tools = _tools(body)
     request = _request(body, messages=[message.turn() for message in body.messages], tools=tools)
+    if tools is not None and request.pieces:
+        raise ApiError(
+            400,
+            "Unsupported parameter: 'specrun.pieces' together with 'tools': a reply's calls are not split by "
+            "how their tokens came (send one or the other).",
+            "specrun.pieces",
+            "unsupported_parameter",
+        )
     if tools is not None and request.grammar is not None:
         raise ApiError(
             400,
@@ -111,6 +120,9 @@ def _request(body: Body, **what: Any) -> GenerationRequest:
     check(**sampling)
     speculative = SpeculativeSettings(**body.speculative.model_dump(exclude_none=True)) if body.speculative else None
     options = body.stream_options
+    pieces = bool(body.specrun and body.specrun.pieces)
+    if pieces and not body.stream:
+        raise invalid_value("specrun.pieces", 'the pieces come in stream chunks: send "stream": true too.')
     grammar, grammar_param = _output_grammar(body)
     return GenerationRequest(
         max_tokens=_max_tokens(body),
@@ -123,6 +135,7 @@ def _request(body: Body, **what: Any) -> GenerationRequest:
         speculative=speculative,
         grammar=grammar,
         grammar_param=grammar_param,
+        pieces=pieces,
         **what,
     )
 

@@ -21,7 +21,9 @@ from starlette.exceptions import HTTPException
 from specrun.serve import api
 from specrun.serve.api import ApiError
 from specrun.serve.metrics import MEDIA_TYPE, Metrics
+from specrun.serve.page import add_page
 from specrun.serve.responses import ChatShape, CompletionShape, Shape
+from specrun.serve.sources import join_pieces
 from specrun.serve.tool_calls import CallPiece, merged
 from specrun.serve.worker import Failed, Finished, Job, Text, Worker
 from specrun.settings import SettingError
@@ -83,6 +85,7 @@ def create_app(
         )
 
     app.include_router(api_routes(worker, metrics, model), dependencies=[Depends(key_check(api_key, metrics))])
+    add_page(app)
     return app
 
 
@@ -121,6 +124,22 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
             running=len(worker.running), waiting=worker.waiting, slots=worker.slots, store_tokens=len(store) if store else 0
         )
         return Response(text, media_type=MEDIA_TYPE)
+
+    @router.get("/specrun/server")
+    async def server() -> dict:
+        """What the other endpoints do not say: how the server drafts, and how long a reply may be."""
+        refusal = worker.unavailable()
+        if refusal is not None:
+            raise refusal
+        session = worker.session
+        assert session is not None  # ready: the model has loaded
+        draft = session.config.draft
+        return {
+            "draft": {"sources": session.source_names, "model": draft.name if draft else None},
+            "k": str(session.config.k) if session.drafter is not None else "plain",
+            "context_tokens": session.target.n_ctx,
+            "max_tokens": worker.max_tokens,
+        }
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -254,9 +273,10 @@ async def _events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[
             yield _sse(chunk)
         while True:
             reports = [await job.next(), *job.ready()]
-            text = "".join(r.text for r in reports if isinstance(r, Text))
+            texts = [r for r in reports if isinstance(r, Text)]
+            text = "".join(r.text for r in texts)
             if text:
-                yield _sse(shape.chunk(text))
+                yield _sse(shape.chunk(text, _page_field(texts)))
             for piece in merged([r for r in reports if isinstance(r, CallPiece)]):
                 yield _sse(shape.call_chunk(piece))
             end = reports[-1]
@@ -267,13 +287,22 @@ async def _events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[
                 if end.outcome.finish_reason == "abort":
                     yield _sse(_stopping().body())
                     return
-                yield _sse(shape.final_chunk(end.outcome))
+                yield _sse(shape.final_chunk(end.outcome, None if end.stats is None else {"stats": end.stats}))
                 if include_usage:
                     yield _sse(shape.usage_chunk(end.outcome))
                 yield "data: [DONE]\n\n"
                 return
     finally:
         job.cancel()
+
+
+def _page_field(texts: list[Text]) -> dict | None:
+    """The `specrun` field of a chunk made of these reports' text, when the request asked for it."""
+    stats = texts[-1].stats
+    if stats is None:
+        return None
+    pieces = join_pieces([piece for text in texts for piece in text.pieces])
+    return {"pieces": [piece.body() for piece in pieces], "stats": stats}
 
 
 def _stopping() -> ApiError:

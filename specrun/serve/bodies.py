@@ -202,6 +202,12 @@ class Speculative(Strict):
     p_min: float | None = None
 
 
+class SpecrunOptions(Strict):
+    """specrun's own request object; what it leaves out is off."""
+
+    pieces: bool | None = None  # each stream chunk's text split by how its tokens came, with running statistics
+
+
 class Body(Strict):
     """The fields both endpoints read."""
 
@@ -221,6 +227,7 @@ class Body(Strict):
     response_format: ResponseFormat | None = None
     json_schema: dict[str, Any] | None = None  # llama-server's: the schema itself
     grammar: str | None = None  # llama-server's: GBNF
+    specrun: SpecrunOptions | None = None
     logit_bias: dict[str, Any] | None = None  # refused unless empty
     top_logprobs: int | None = None  # refused
 

@@ -91,15 +91,18 @@ class Shape:
         body["choices"] = [{"index": 0, **self.whole(outcome), "logprobs": None, "finish_reason": outcome.finish_reason}]
         return {**body, "usage": usage(outcome), "timings": timings(outcome)}
 
-    def chunk(self, text: str) -> dict:
-        return {
+    def chunk(self, text: str, specrun: dict | None = None) -> dict:
+        """`specrun`: the field a request asked for with `specrun.pieces` (serve/sources.py)."""
+        body = {
             **self._head(self.chunk_name),
             "choices": [{"index": 0, **self.piece(text), "logprobs": None, "finish_reason": None}],
         }
+        return body if specrun is None else {**body, "specrun": specrun}
 
-    def final_chunk(self, outcome: Outcome) -> dict:
+    def final_chunk(self, outcome: Outcome, specrun: dict | None = None) -> dict:
         choice = {"index": 0, **self.piece(None), "logprobs": None, "finish_reason": outcome.finish_reason}
-        return {**self._head(self.chunk_name), "choices": [choice], "timings": timings(outcome)}
+        body = {**self._head(self.chunk_name), "choices": [choice], "timings": timings(outcome)}
+        return body if specrun is None else {**body, "specrun": specrun}
 
     def usage_chunk(self, outcome: Outcome) -> dict:
         """`stream_options.include_usage`: one more chunk, with no choices."""

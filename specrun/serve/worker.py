@@ -33,6 +33,7 @@ from specrun.errors import RpcLost, SpecrunError
 from specrun.serve.api import ApiError, GenerationRequest, invalid_value, setting_error
 from specrun.serve.metrics import Metrics
 from specrun.serve.responses import Outcome
+from specrun.serve.sources import SourceLabels, SourcePiece
 from specrun.serve.tool_calls import CallPiece, CallReader
 from specrun.serve.tools import prompt_messages, tool_grammar, tool_style
 from specrun.session import Session
@@ -49,11 +50,14 @@ class Started:
 @dataclass(frozen=True)
 class Text:
     text: str
+    pieces: tuple[SourcePiece, ...] = ()  # asked for (`specrun.pieces`): the text split by how it came
+    stats: dict | None = None  # asked for: the reply's statistics so far
 
 
 @dataclass(frozen=True)
 class Finished:
     outcome: Outcome
+    stats: dict | None = None  # asked for (`specrun.pieces`): the reply's final statistics
 
 
 @dataclass(frozen=True)
@@ -293,8 +297,10 @@ class Worker:
         job.report(Started(len(prompt.tokens)))
         max_tokens = job.request.max_tokens or self.max_tokens or self._loaded.target.n_ctx
         reader = CallReader(self._tool_style.form) if job.request.tools else None
-        view = _Reporter(job, self.metrics, reader)
+        labels = SourceLabels(generator) if job.request.pieces else None
+        view = _Reporter(job, self.metrics, reader, labels)
         reply = ReplyStream(prompt.stops, view, started, cancelled=lambda: job.cancelled)
+        on_token = reply.on_token if labels is None else labels.watching(reply.on_token)
         self.running[slot] = job
 
         def finished(run: RunResult) -> None:
@@ -302,7 +308,7 @@ class Worker:
             self._finish(job, prompt, view, reply.reply(run.stats, run.stop_reason, generator.eog), started)
 
         assert self._batch is not None
-        self._batch.add(generator, prompt.tokens, max_tokens, reply.on_token, reply.on_step, finished)
+        self._batch.add(generator, prompt.tokens, max_tokens, on_token, reply.on_step, finished)
 
     def _finish(self, job: Job, prompt: Prompt, view: _Reporter, reply: Reply, started: float) -> None:
         view.finish()
@@ -314,7 +320,7 @@ class Worker:
             outcome.finish_reason, outcome.prompt_tokens, outcome.prompt_tokens - reply.stats.prefilled_tokens, reply.stats
         )
         self._request_s = 0.8 * self._request_s + 0.2 * (time.perf_counter() - started)
-        job.report(Finished(outcome))
+        job.report(Finished(outcome, view.labels.stats(reply.stats) if view.labels else None))
 
     def _prompt(self, request: GenerationRequest) -> Prompt:
         if request.messages is not None:  # a chat request
@@ -338,6 +344,14 @@ class Worker:
                 f"the prompt has {len(prompt.tokens)} tokens but the context holds {n_ctx}: shorten it, "
                 "or start the server with a larger --ctx-size",
                 "messages" if request.chat else "prompt",
+                "context_length_exceeded",
+            )
+        if request.max_tokens is not None and request.max_tokens > n_ctx:  # a reply that could never be that long
+            raise ApiError(
+                400,
+                f"max_tokens is {request.max_tokens}, but the context holds {n_ctx} tokens, the prompt's included: "
+                "ask for fewer, or start the server with a larger --ctx-size",
+                "max_tokens",
                 "context_length_exceeded",
             )
         return prompt
@@ -368,18 +382,25 @@ class Worker:
 
 class _Reporter:
     """The reply's view: text pieces go to the client (through the call reader when tools may be
-    called), steps to the metrics."""
+    called; split by how they came, with the running statistics, when `labels` are kept), steps
+    to the metrics."""
 
-    def __init__(self, job: Job, metrics: Metrics, reader: CallReader | None):
-        self.job, self.metrics, self.reader = job, metrics, reader
+    def __init__(self, job: Job, metrics: Metrics, reader: CallReader | None, labels: SourceLabels | None = None):
+        self.job, self.metrics, self.reader, self.labels = job, metrics, reader, labels
 
     def show(self, pieces: list[Piece]) -> None:
         text = "".join(text for text, _ in pieces)
-        if text:
+        if not text:
+            return
+        if self.labels is not None:  # never with tools: the API refuses `specrun.pieces` with them
+            self.job.report(Text(text, tuple(self.labels.pieces(text)), self.labels.stats()))
+        else:
             self._report([text] if self.reader is None else self.reader.feed(text))
 
     def step(self, event: StepEvent, stats: Stats) -> None:
         self.metrics.step(event)
+        if self.labels is not None:
+            self.labels.step(event)
 
     def finish(self) -> None:
         """After the reply: the text the reader held back, if no calls came."""
