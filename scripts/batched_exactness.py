@@ -19,6 +19,10 @@ Speed figures need an idle machine: the exactness columns do not depend on load.
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import itertools
 import json

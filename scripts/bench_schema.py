@@ -14,6 +14,10 @@ for specrun the share of generated tokens that came from drafts of what the gram
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import json
 import tempfile

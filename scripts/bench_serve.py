@@ -29,6 +29,10 @@ the first text chunk minus prompt_ms; it includes the first step's decode).
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import json
 import re

@@ -17,6 +17,10 @@ equals each server's, and compares speeds on the prompts where they are the same
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import json
 import socket

@@ -13,6 +13,10 @@ token, and whether the generated tokens were.
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import re
 import subprocess

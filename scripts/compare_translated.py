@@ -15,6 +15,10 @@ step, and how many prompts gave the same greedy text as specrun's plain decoding
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import collections
 import json

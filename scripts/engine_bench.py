@@ -11,6 +11,10 @@ loop's own overhead per step, and the time per step spent checking the verified 
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import json
 import statistics

@@ -10,6 +10,10 @@ also masked whole, timed, as llama-server's sampler chain does for each token it
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import statistics
 import time

@@ -18,6 +18,10 @@ revision from the one that introduced them on.
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import collections
 import importlib.util

@@ -11,6 +11,10 @@ warm-up, at the end, the largest seen, and the growth in percent (the goal: with
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import gc
 import os

@@ -12,6 +12,10 @@ tokenizer, timed on the same history.
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import sys
 import time

@@ -50,6 +50,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'specrun' has no attribute {name!r}")
+    import_module("specrun.backend")  # libllama loads before the module imports numpy (backend.library.load_before_numpy)
     value = getattr(import_module(module), name)
     globals()[name] = value  # later lookups skip this function
     return value

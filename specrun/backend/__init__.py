@@ -6,8 +6,13 @@
 - rpc_link: the RPC servers this process holds, and the thread every call that can wait on
   them goes through, so that a lost or stuck server raises RpcLost or RpcTimeout.
 
-Importing it loads nothing: llama.cpp is initialised by the first call that needs it.
+Importing it loads libllama, before the modules below import numpy (`load_before_numpy`);
+llama.cpp is initialised by the first call that needs it.
 """
+
+from specrun.backend.library import load_before_numpy
+
+load_before_numpy()
 
 from specrun.backend.context import Context, ContextFull, ContextOptions
 from specrun.backend.devices import compiled_devices, local_gpu_free_bytes

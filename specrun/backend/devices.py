@@ -45,6 +45,16 @@ def compiled_devices() -> tuple[list[str], list[dict[str, object]]]:
     return backends, devices
 
 
+def device_by_name(name: str) -> int:
+    """The ggml device called `name` (CPU, CUDA0, Vulkan1, ...)."""
+    lib = ggml()
+    devices = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
+    names = [lib.ggml_backend_dev_name(dev).decode() for dev in devices]
+    if name not in names:
+        raise SpecrunError(f"no device named {name} in this build (it has {', '.join(names)}): `specrun doctor` lists them")
+    return devices[names.index(name)]
+
+
 def local_gpu_devices() -> list[int]:
     """The local devices llama.cpp offloads to when given no list (llama_prepare_model_devices):
     GPUs, one per device id, or integrated GPUs of one backend when there is no GPU."""

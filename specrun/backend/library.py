@@ -107,6 +107,17 @@ def check_install() -> None:
     _bindings()
 
 
+def load_before_numpy() -> None:
+    """Load libllama now (llama-cpp-python's own loader, which imports numpy after it), unless it is
+    loaded already. On a CUDA build a model load crashed inside llama.cpp whenever numpy had been
+    imported before libllama was loaded (docs/troubleshooting.md), so every entry point loads it
+    first. A missing or broken llama-cpp-python is left for its first use to report in one line."""
+    try:
+        _bindings()
+    except SpecrunError:
+        pass
+
+
 def llama_cpp_version() -> str:
     """The version of the llama-cpp-python that specrun runs on."""
     return str(getattr(_bindings(), "__version__", "unknown"))

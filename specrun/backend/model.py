@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 from specrun.backend import rpc_link
 from specrun.backend.compat import VocabFacts
-from specrun.backend.devices import local_gpu_devices, split_array
+from specrun.backend.devices import device_by_name, local_gpu_devices, split_array
 from specrun.backend.library import llama
 from specrun.errors import RpcLost, SpecrunError
 
@@ -35,6 +35,7 @@ class ModelOptions:
     repack: bool = False  # CPU weight repacking (use_extra_bufts); changes batched numerics
     rpc_servers: tuple[str, ...] = ()  # HOST:PORT of llama.cpp rpc-servers that take offloaded layers
     tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device, RPC devices first
+    devices: tuple[str, ...] = ()  # local ggml devices that take the offloaded layers, by name (llama.cpp's --device)
     rpc_timeout: float = 300.0  # seconds one decode may wait for the RPC servers; 0 waits forever
     vocab_only: bool = False  # the tokenizer alone, no weights (a second or less, even for a 262k vocabulary)
     load_mtp: bool = False  # also load the model's MTP (NextN) layers, which draft for it
@@ -81,6 +82,8 @@ class Model:
         params.load_mtp = options.load_mtp
         # The arrays must live until llama.cpp has read them during the load.
         devices = rpc_link.offload_devices(options.rpc_servers) if options.rpc_servers else None
+        if options.devices:
+            devices = [*(devices or []), *map(device_by_name, options.devices)]
         device_array = split = None
         if devices is not None:
             device_array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)

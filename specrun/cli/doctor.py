@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 from typing import Annotated, Any, Optional
 
 import typer
@@ -36,6 +37,7 @@ def rpc_server_build(version: str) -> str:
 
 def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, Any]:
     from specrun import backend, cost_cache
+    from specrun.backend import probe
     from specrun.hub.stores import foreign_stores
 
     backends, devices = backend.compiled_devices()
@@ -67,6 +69,9 @@ def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, Any]:
         report["gpu_build_hint"] = GPU_BUILDS[key]
         if key == "cuda":
             report["gpu_build_hint_other"] = GPU_BUILDS["vulkan"]
+    # Each GPU backend's first device loads a tiny model in a child process: a build that crashes in
+    # llama.cpp's load shows here in one line, not after a download.
+    report["gpu_load"] = {name: probe.try_load(name) for name in first_gpu_of_each_backend(devices)}
     report["rpc"] = info["rpc"]
     if not info["rpc"]:
         report["rpc_build_hint"] = backend.RPC_BUILD
@@ -75,6 +80,16 @@ def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, Any]:
     if rpc_endpoints:
         report["rpc_servers"] = [_server_report(endpoint) for endpoint in rpc_endpoints]
     return report
+
+
+def first_gpu_of_each_backend(devices: list[dict[str, Any]]) -> list[str]:
+    """The names of the first local GPU device of each backend (CUDA0, Vulkan0, ...); an RPC
+    server's devices are reported by `doctor --rpc`."""
+    firsts: dict[str, str] = {}
+    for device in devices:
+        if device["type"] in ("GPU", "IGPU") and not str(device["name"]).startswith("RPC"):
+            firsts.setdefault(re.sub(r"\d+$", "", str(device["name"])), str(device["name"]))
+    return list(firsts.values())
 
 
 def _server_report(endpoint: str) -> dict[str, object]:
@@ -103,6 +118,7 @@ def doctor(
     """Show versions, compiled backends, GPU offload, RPC, CPU features and cache locations."""
     report = diagnose(rpc.parse_endpoints(rpc_servers, "--rpc"))
     failed = any("error" in server for server in report.get("rpc_servers", []))
+    failed |= any(outcome != "ok" for outcome in report["gpu_load"].values())
     if as_json:
         print(json.dumps(report))
     else:
@@ -125,6 +141,11 @@ def _print_report(report: dict[str, Any]) -> None:
             print(f"GPU offload is not compiled in; for NVIDIA: {value}")
         elif key == "gpu_build_hint_other":
             print(f"  for Vulkan (AMD/Intel): {value}")
+        elif key == "gpu_load":
+            for name, outcome in value.items():
+                print(f"model load on {name} (a tiny model, in a child process): {outcome}")
+            if not value:
+                print("model load on a GPU: no GPU device in this build to try")
         elif key == "rpc":
             print(f"rpc: {'yes (llama.cpp RPC backend compiled in)' if value else 'no'}")
         elif key == "rpc_build_hint":
