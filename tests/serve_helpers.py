@@ -17,6 +17,12 @@ from specrun.config import SessionConfig
 from specrun.serve.server import ServeOptions, Server
 from specrun.session import Session
 
+# A Jinja template in the style of real GGUFs (trims content like Gemma's), so chat goes through one.
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] | trim }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
 
 class Pace:
     """Wraps a session's target decodes: sleeps `delay` seconds before each, counts them,

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_helpers import Pace, RunningServer
+from serve_helpers import TEMPLATE, Pace, RunningServer
 from tinymodels import write_tiny_llama
 
 from specrun.config import SessionConfig
@@ -24,11 +24,6 @@ from specrun.serve.app import is_local_host
 from specrun.serve.server import ServeOptions, bind
 from specrun.serve.worker import Job
 
-# A Jinja template in the style of real GGUFs (trims content like Gemma's), so chat goes through one.
-TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] | trim }}{{ eos_token }}"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 STORE_LIMIT = 400
 N_CTX = 512
 
