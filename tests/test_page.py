@@ -137,10 +137,10 @@ def test_keyboard_alone_reaches_every_control_in_order(server, browser):
     page = open_page(browser, f"{server.url}/")
     assert page.evaluate("document.activeElement.id") == "prompt"  # focused on load
     order = []
-    for _ in range(6):
+    for _ in range(7):
         page.keyboard.press("Tab")
         order.append(page.evaluate("document.activeElement.id"))
-    assert order == ["send", "system", "temperature", "max-tokens", "json", "key"]
+    assert order == ["send", "system", "temperature", "max-tokens", "json", "key", "schema"]
     labelled = page.evaluate("[...document.querySelectorAll('textarea, input')].every((el) => el.labels.length === 1)")
     assert labelled
 
@@ -288,3 +288,31 @@ def test_bad_input_shows_the_api_error_and_keeps_the_conversation(server, browse
         {"role": "user", "content": "fourth"},
     ]
     assert reply_text(page, 0) == first and page.locator(".turn:last-child .error").count() == 0
+
+
+def test_reply_as_json_holds_the_reply_to_the_schema_or_shows_why_not(server, browser):
+    page = open_page(browser, f"{server.url}/")
+    page.check("#json")
+    page.fill("#schema", '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}')
+    send(page, "a number, please", max_tokens=40)
+    wait_done(page)
+    assert re.fullmatch(r'\{"n": -?\d+\}', reply_text(page)), reply_text(page)
+    assert page.locator(".reply .src-grammar").count() > 0
+    page.fill("#schema", '{"type": "object",')
+    send(page, "again", max_tokens=40)
+    page.wait_for_selector(".turn:nth-child(2) .error", timeout=WAIT_MS)
+    assert page.text_content(".turn:nth-child(2) .error").startswith("the JSON schema is not JSON")
+    unenforceable = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}
+    expected = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": unenforceable}},
+        },
+        timeout=60,
+    ).json()["error"]["message"]
+    page.fill("#schema", json.dumps(unenforceable))
+    send(page, "once more", max_tokens=40)
+    page.wait_for_selector(".turn:nth-child(3) .error", timeout=WAIT_MS)
+    assert page.text_content(".turn:nth-child(3) .error") == expected
+    assert re.fullmatch(r'\{"n": -?\d+\}', reply_text(page, 0))

@@ -134,8 +134,18 @@ function requestBody(text) {
   const maxTokens = $("max-tokens").value;
   if (temperature !== "") body.temperature = Number(temperature);
   if (maxTokens !== "") body.max_tokens = Number(maxTokens);
-  if ($("json").checked) body.response_format = { type: "json_object" };
+  if ($("json").checked) body.response_format = responseFormat($("schema").value.trim());
   return body;
+}
+
+// "Reply as JSON": any JSON object, or one that the schema describes.
+function responseFormat(schema) {
+  if (!schema) return { type: "json_object" };
+  try {
+    return { type: "json_schema", json_schema: { name: "reply", schema: JSON.parse(schema) } };
+  } catch (error) {
+    throw new Error(`the JSON schema is not JSON (${error.message})`);
+  }
 }
 
 // Reads the server-sent events of a reply into the turn; returns the reply's text.
@@ -174,12 +184,11 @@ function failed(view, message, text) {
 
 async function send(text) {
   const view = addTurn(text);
-  const body = requestBody(text);
   running = new AbortController();
   setRunning(true);
   try {
     const response = await fetch("/v1/chat/completions", {
-      method: "POST", headers: headers(), body: JSON.stringify(body), signal: running.signal,
+      method: "POST", headers: headers(), body: JSON.stringify(requestBody(text)), signal: running.signal,
     });
     if (!response.ok) throw new Error(await errorMessage(response));
     const reply = await readStream(response, view);
