@@ -50,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     with sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile:
         browser = playwright.chromium.launch_persistent_context(
-            profile, executable_path=args.chromium, args=CHROMIUM_ARGS, viewport={"width": 1000, "height": 700}
+            profile, executable_path=args.chromium, args=CHROMIUM_ARGS, viewport={"width": 1100, "height": 700}
         )
         page = browser.new_page()
         page.goto(args.url)

@@ -126,6 +126,7 @@ def test_the_page_loads_its_panel_from_its_own_server_only(server, browser):
     page = open_page(browser, f"{server.url}/")
     assert page.text_content("#model") == "chat"  # the target file's name
     assert page.text_content("#draft") == "lookup + store, k 4"
+    assert page.text_content("#context") == f"{N_CTX} tokens a slot"
     wait_until(page, "() => document.getElementById('slots').textContent === '0 of 1 busy'")
     assert page.text_content("#queue") == "0 waiting"
     assert page.is_hidden("#status")

@@ -62,6 +62,21 @@ def test_the_field_splits_the_text_by_source_and_only_when_asked(server):
     assert drafted_under <= {name for name, accepted in stats["accepted_by_source"].items() if accepted}
 
 
+def test_completions_carry_the_field_too(server):
+    chunks = list(
+        server.client().completions.create(
+            model="any",
+            prompt="hello world hello world",
+            max_tokens=30,
+            temperature=0,
+            stream=True,
+            extra_body={"specrun": {"pieces": True}},
+        )
+    )
+    pieces = [piece for field in fields(chunks) for piece in field.get("pieces", ())]
+    assert pieces and "".join(piece["text"] for piece in pieces) == "".join(chunk.choices[0].text for chunk in chunks)
+
+
 def test_running_stats_grow_chunk_by_chunk(server):
     chunks = stream(server, messages=REPEATING, max_tokens=30, extra_body={"specrun": {"pieces": True}})
     counts = [field["stats"]["tokens"] for field in fields(chunks)]
@@ -109,7 +124,6 @@ def test_specrun_server_says_how_the_server_drafts(server):
         "draft": {"sources": ["lookup", "store"], "model": None},
         "k": "4",
         "context_tokens": N_CTX,
-        "max_tokens": None,
     }
 
 

@@ -127,7 +127,7 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
 
     @router.get("/specrun/server")
     async def server() -> dict:
-        """What the other endpoints do not say: how the server drafts, and how long a reply may be."""
+        """What the other endpoints do not say: how the server drafts, and a slot's context."""
         refusal = worker.unavailable()
         if refusal is not None:
             raise refusal
@@ -138,7 +138,6 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
             "draft": {"sources": session.source_names, "model": draft.name if draft else None},
             "k": str(session.config.k) if session.drafter is not None else "plain",
             "context_tokens": session.target.n_ctx,
-            "max_tokens": worker.max_tokens,
         }
 
     @router.post("/v1/chat/completions")

@@ -48,7 +48,7 @@ async function loadServer() {
     $("model").textContent = models.data[0].id;
     const draft = [...server.draft.sources, ...(server.draft.model ? [server.draft.model] : [])];
     $("draft").textContent = draft.length ? `${draft.join(" + ")}, k ${server.k}` : "none (plain decoding)";
-    $("max-tokens").max = server.context_tokens;
+    $("context").textContent = `${server.context_tokens} tokens a slot`;
     return true;
   } catch (error) {
     $("model").textContent = $("draft").textContent = error.message;
