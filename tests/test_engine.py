@@ -403,3 +403,20 @@ def test_gemma_micro_batches_of_6_verify_with_the_logits_of_one_token_decoding(g
     assert len(shared) >= len(plain_tokens) // 2
     for history in shared:
         assert np.array_equal(spec_rows[history], plain_rows[history]), f"logits after {len(history)} tokens differ"
+
+
+def test_float_views_follow_the_buffer_and_its_address():
+    import ctypes
+
+    from specrun.backend.context import FloatViews
+
+    first, second = (ctypes.c_float * 8)(), (ctypes.c_float * 8)()
+    views = FloatViews()
+    pointer = ctypes.cast(first, ctypes.POINTER(ctypes.c_float))
+    view = views.rows(pointer, 2, 4)
+    assert views.rows(pointer, 2, 4) is view  # made once per address and shape
+    first[5] = 3.0
+    assert view[1, 1] == 3.0  # a view, not a copy: it sees the next decode's values
+    other = views.rows(ctypes.cast(second, ctypes.POINTER(ctypes.c_float)), 2, 4)
+    second[5] = 4.0
+    assert other is not view and other[1, 1] == 4.0 and view[1, 1] == 3.0

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from reference import chi_square_p
 
-from specrun.core.sampling import Distribution, SamplerSettings, filtered, top_k_ids, verify
+from specrun.core.sampling import Distribution, SamplerSettings, filtered, greedy_verify, top_k_ids, verify
 from specrun.errors import SpecrunError
 
 DRAWS = 100_000
@@ -124,3 +124,16 @@ def test_top_k_band_selection_matches_a_full_sort():
         ids = top_k_ids(logits, k)
         assert len(set(ids.tolist())) == k
         assert np.array_equal(np.sort(logits[ids]), np.sort(logits)[-k:])
+
+
+def test_greedy_verify_answers_as_verify_does_at_temperature_0():
+    rng = np.random.default_rng(7)
+    greedy = SamplerSettings(temperature=0)
+    for _ in range(200):
+        logits = rng.normal(size=(5, 30)).astype(np.float32)
+        best = logits.argmax(axis=1).tolist()
+        draft = [t if rng.random() < 0.7 else (t + 1) % 30 for t in best[:4]]
+
+        rows = [filtered(row, greedy) for row in logits]
+        assert greedy_verify(draft, logits) == verify(draft, None, rows.__getitem__, rng)
+    assert greedy_verify([], logits[:1]) == (0, best[0])

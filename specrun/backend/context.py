@@ -54,6 +54,25 @@ class ContextOptions:
     sequences: int = 1  # streams the cache holds, each in its share of n_ctx (llama.cpp's n_seq_max)
 
 
+class FloatViews:
+    """numpy views of a float buffer llama.cpp hands out (logits, hidden rows), made once per
+    address and shape: `np.ctypeslib.as_array` builds ctypes types and parses a buffer format on
+    every call, which costs far more than a decode's own host work when the caches are cold."""
+
+    def __init__(self) -> None:
+        self._views: dict[tuple[int, int, int], np.ndarray] = {}
+
+    def rows(self, pointer, n_rows: int, width: int) -> np.ndarray:
+        """The first n_rows rows of `width` floats at `pointer` (a view, valid while llama.cpp keeps the buffer)."""
+        key = (ctypes.addressof(pointer.contents), n_rows, width)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 1024:  # buffers llama.cpp reallocated elsewhere
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(pointer, shape=(n_rows, width))
+        return view
+
+
 class _LlamaContext:
     """The llama.cpp context and the one batch its sequences share."""
 
@@ -99,6 +118,7 @@ class _LlamaContext:
         self.logits = np.ctypeslib.as_array(ctypes.cast(self.batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,))
         np.ctypeslib.as_array(self.batch.n_seq_id, shape=(self.n_batch,))[:] = 1
         self.seq_ids = [self.batch.seq_id[i] for i in range(self.n_batch)]
+        self.views = FloatViews()
         self.sequences: dict[int, Context] = {}
         self.heads: _HeadContext | None = None  # the MTP heads' context that follows this one, made once
 
@@ -215,22 +235,22 @@ class Context:
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             rows_here = max(0, rows - (len(tokens) - start - len(chunk)))
-            self._decode_many([(self, chunk, min(rows_here, len(chunk)))])
-        return self._logits(rows)
+            (logits,) = self._decode_many([(self, chunk, min(rows_here, len(chunk)))])
+        return logits
 
     def _decode_many(self, parts: Sequence[tuple[Context, Sequence[int], int]]) -> list[np.ndarray]:
         L, shared = llama(), self._shared
         ctx = shared.ctx  # before writing into the batch: a closed context has freed it
-        n = 0
+        n = all_rows = 0
+        token, pos, wants, seq_ids = shared.token, shared.pos, shared.logits, shared.seq_ids
         for sequence, tokens, rows in parts:
-            k = len(tokens)
-            shared.token[n : n + k] = tokens
-            shared.pos[n : n + k] = np.arange(len(sequence.tokens), len(sequence.tokens) + k)
-            shared.logits[n : n + k] = 0
-            shared.logits[n + k - rows : n + k] = 1
-            for i in range(n, n + k):
-                shared.seq_ids[i][0] = sequence.seq
-            n += k
+            # Row by row: a decode's few rows cost less so than numpy's slice assignments do.
+            start, first_out, seq = len(sequence.tokens), n + len(tokens) - rows, sequence.seq
+            for t in tokens:
+                token[n], pos[n], wants[n] = t, start, n >= first_out
+                seq_ids[n][0] = seq
+                n, start = n + 1, start + 1
+            all_rows += rows
         shared.batch.n_tokens = n
         status = L.llama_decode(ctx, shared.batch)
         if status == 1:
@@ -238,15 +258,14 @@ class Context:
         if status != 0:
             raise SpecrunError(f"llama_decode failed with status {status} on the {self.model.role} model")
         logits, first = [], 0
-        all_rows = sum(rows for _, _, rows in parts)
-        everything = np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(all_rows, self.model.n_vocab)) if all_rows else None
+        everything = shared.views.rows(L.llama_get_logits(ctx), all_rows, self.model.n_vocab) if all_rows else None
         row = 0
         for sequence, tokens, rows in parts:
             pos0 = len(sequence.tokens)
             sequence.tokens.extend(tokens)
             sequence._last_decode = len(tokens)
             if sequence._listener is not None:
-                hidden = np.ctypeslib.as_array(llama_ext().llama_get_embeddings_nextn(ctx), shape=(n, self.model.n_embd_out))
+                hidden = shared.views.rows(llama_ext().llama_get_embeddings_nextn(ctx), n, self.model.n_embd_out)
                 sequence._listener(tokens, pos0, hidden[first : first + len(tokens)])
             logits.append(everything[row : row + rows] if everything is not None else np.empty((0, self.model.n_vocab)))
             row, first = row + rows, first + len(tokens)
@@ -257,9 +276,7 @@ class Context:
         return self.model._call_llama(self._logits, rows)
 
     def _logits(self, rows: int) -> np.ndarray:
-        L = llama()
-        pointer = L.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(pointer, shape=(rows, self.model.n_vocab))
+        return self._shared.views.rows(llama().llama_get_logits(self._ctx), rows, self.model.n_vocab)
 
     def truncate(self, n_keep: int) -> None:
         """Roll the sequence back to its first n_keep tokens, exactly."""

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specrun.backend.context import Context
+from specrun.backend.context import Context, FloatViews
 from specrun.backend.library import llama, llama_ext
 from specrun.errors import SpecrunError
 
@@ -52,6 +52,7 @@ class _HeadContext:
         llama_ext().llama_set_embeddings_nextn(self.ctx, True, True)  # its own hidden rows, for output rows only
         self.batch = L.llama_batch_ext_init(self.ctx)
         self.pos = (L.llama_pos * 4)()  # text rows use the first of the four positions
+        self.views = FloatViews()
         # Rows that follow the target, not decoded yet: they go with the next drafting rows, and
         # those a rollback drops are never decoded.
         self.waiting: list[Row] = []
@@ -158,9 +159,8 @@ class MtpHead:
         for (head, tokens, _), index in zip(parts, indices):
             head.tokens.append(tokens[0])
             row = LX.llama_get_embeddings_nextn_ith(shared.ctx, index)
-            head.row = np.ctypeslib.as_array(row, shape=(self.n_embd,)).copy()
-            out = L.llama_get_logits_ith(shared.ctx, index)
-            logits.append(np.ctypeslib.as_array(out, shape=(1, self.model.n_vocab)).copy())
+            head.row = shared.views.rows(row, 1, self.n_embd)[0].copy()
+            logits.append(shared.views.rows(L.llama_get_logits_ith(shared.ctx, index), 1, self.model.n_vocab).copy())
         return logits
 
     def truncate(self, n_keep: int) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from specrun.backend import Context
 from specrun.core.events import Done, Event, RunResult, Stats, StepEvent, StopReason, TokenEvent, TokenSource
 from specrun.core.policy import DraftPolicy, FixedK, StepRecord
-from specrun.core.sampling import Distribution, Sampler, SamplerSettings, filtered, verify
+from specrun.core.sampling import Distribution, Sampler, SamplerSettings, filtered, greedy_verify, verify
 from specrun.drafts.base import CatchUp, Decoded, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 from specrun.errors import SpecrunError
 
@@ -262,7 +262,10 @@ class Generator:
             dist = filtered(logits[i], self.sampler.settings, self._scratch)
             return self.constraint.restrict(dist, logits[i], self.sampler.settings, i) if self.constraint else dist
 
-        accepted, next_token = verify(draft.tokens, draft.dists, target_dist, self.sampler.rng)
+        if self.sampler.settings.greedy and draft.dists is None and self.constraint is None:
+            accepted, next_token = greedy_verify(draft.tokens, logits)
+        else:
+            accepted, next_token = verify(draft.tokens, draft.dists, target_dist, self.sampler.rng)
         emitted: list[tuple[int, TokenSource]] = [(t, "draft") for t in draft.tokens[:accepted]]
         if not (emitted and emitted[-1][0] in self.eog):  # nothing follows an accepted end of generation
             emitted.append((next_token, "bonus" if draft.tokens and accepted == len(draft.tokens) else "target"))

@@ -88,7 +88,7 @@ def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray 
     `scratch` (bool, vocab-sized) spares an allocation per call in the decoding loop.
     """
     if settings.greedy:
-        return Distribution.point(int(np.argmax(logits)))
+        return Distribution.point(int(logits.argmax()))
     n = logits.shape[-1]
     ids = top_k_ids(logits, settings.top_k, scratch) if 0 < settings.top_k < n else np.arange(n)
     ids = ids[np.argsort(-logits[ids], kind="stable")]
@@ -130,6 +130,16 @@ def top_k_ids(logits: np.ndarray, k: int, scratch: np.ndarray | None = None) -> 
     if ids.size > k:
         ids = ids[np.argpartition(logits[ids], ids.size - k)[ids.size - k :]]
     return ids
+
+
+def greedy_verify(draft: Sequence[int], logits: np.ndarray) -> tuple[int, int]:
+    """`verify` at temperature 0 of a deterministic draft, without a grammar: the target's argmax
+    of every row (len(draft) + 1 of them) in one numpy call; the same answer, with less work per step."""
+    choices = logits.argmax(axis=1).tolist()
+    for i, token in enumerate(draft):
+        if choices[i] != token:
+            return i, choices[i]
+    return len(draft), choices[len(draft)]
 
 
 def verify(

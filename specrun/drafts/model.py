@@ -95,7 +95,7 @@ class Picker:
             q = filtered(row, sampler.settings, self._scratch)
             token = q.sample(sampler.rng)
             return token, q, float(q.probs.max())
-        token = int(np.argmax(row))
+        token = int(row.argmax())
         if not wants_confidence:
             return token, None, 1.0
         np.subtract(row, row[token], out=self._softmax)
