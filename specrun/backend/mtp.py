@@ -52,6 +52,11 @@ class _HeadContext:
         llama_ext().llama_set_embeddings_nextn(self.ctx, True, True)  # its own hidden rows, for output rows only
         self.batch = L.llama_batch_ext_init(self.ctx)
         self.pos = (L.llama_pos * 4)()  # text rows use the first of the four positions
+        # Each row's hidden state is copied into one staging row that llama.cpp copies out of
+        # (llama_batch_ext_set_embd_token): no ctypes objects made per row.
+        staging = (ctypes.c_float * self.n_embd)()
+        self.staged = np.ctypeslib.as_array(staging)
+        self.embd = L.llama_embd(ctypes.cast(staging, ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
         self.views = FloatViews()
         # Rows that follow the target, not decoded yet: they go with the next drafting rows, and
         # those a rollback drops are never decoded.
@@ -91,12 +96,11 @@ class _HeadContext:
         L = llama()
         index = L.llama_batch_ext_add_token(self.batch, seq, token)
         self.pos[0] = pos
-        row = np.ascontiguousarray(hidden, dtype=np.float32)
-        embd = L.llama_embd(row.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)  # copied by the call
+        self.staged[:] = hidden
         if (
             index < 0
             or not L.llama_batch_ext_set_pos(self.batch, index, self.pos)
-            or not L.llama_batch_ext_set_embd_token(self.batch, index, embd)
+            or not L.llama_batch_ext_set_embd_token(self.batch, index, self.embd)
         ):
             raise SpecrunError("llama.cpp refused a row of the MTP head's batch")
         return index

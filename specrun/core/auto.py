@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from specrun.core.policy import PRIOR, Budget, Decision, StepRecord, ema
@@ -169,7 +169,7 @@ class AutoK:
         after = (budget.rows + budget.gain + alive) / (self.costs[width + 1] + drafted_s)
         if after <= before:
             return None
-        return replace(budget, kept=budget.kept + 1, gain=budget.gain + alive, alive=alive, drafted_s=drafted_s)
+        return budget._replace(kept=budget.kept + 1, gain=budget.gain + alive, alive=alive, drafted_s=drafted_s)
 
     def chances(self, budget: Budget, n: int, confidences: Sequence[float] | None) -> tuple[float, ...]:
         """Each row's expected tokens: from the drafter's confidence per token where it measured

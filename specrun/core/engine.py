@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import dataclass, replace
-from typing import Callable, Protocol, Sequence
+from dataclasses import replace
+from typing import Callable, NamedTuple, Protocol, Sequence
 from typing import Generator as PyGenerator
 
 import numpy as np
@@ -41,8 +41,7 @@ class OutputConstraint(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """What one round did: the draft, how much of it the target kept, the tokens it emits."""
 
     draft: Draft
@@ -58,8 +57,7 @@ class Step:
         return StepEvent(len(self.draft.tokens), self.accepted, self.draft.source)
 
 
-@dataclass(frozen=True)
-class Decode:
+class Decode(NamedTuple):
     """A stream's part of the next target decode: tokens after those its cache holds, logits for
     the last `rows`; for a verify whose draft may be cut, each draft row's expected tokens
     (`DraftPolicy.chances`): a batch may decode fewer of them, and returns a row for each it did."""
@@ -73,8 +71,7 @@ class Decode:
         return Decode(self.tokens[: drafted + 1], drafted + 1, self.chances[:drafted])
 
 
-@dataclass(frozen=True)
-class Verified:
+class Verified(NamedTuple):
     """What that decode gave the stream: its rows' logits, and the decode's seconds and rows
     (every stream's; None where it held a prompt's rows too, and its time is no verify's)."""
 
@@ -338,7 +335,7 @@ class Generator:
         model draft that kept no token stays a draft of nothing: its decode's cost is news.)"""
         if verified or not draft.tokens or draft.budget is None:
             return cls._cut(draft, verified)
-        declined = replace(draft.budget, k=0, decision="decline")
+        declined = draft.budget._replace(k=0, decision="decline")
         return replace(cls._cut(draft, 0), budget=None, declined=(*draft.declined, declined))
 
     @staticmethod

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Concatenate, Generator, Literal, Mapping, ParamSpec, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Concatenate, Generator, Literal, Mapping, NamedTuple, ParamSpec, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -82,8 +82,7 @@ class Draft:
         return cls(list(tokens[: budget.k]), budget, **measured)
 
 
-@dataclass(frozen=True)
-class Decoded:
+class Decoded(NamedTuple):
     """What a `DraftDecode` is sent back: its last token's logits (one row, valid until that
     cache's next decode), and the seconds and tokens of the decode that held it (in a batch,
     other streams' tokens too)."""
@@ -111,8 +110,7 @@ class DraftCache(Protocol):
     def shares_cache(self, other: Any) -> bool: ...
 
 
-@dataclass(frozen=True)
-class DraftDecode:
+class DraftDecode(NamedTuple):
     """A decode a source's draft needs: `tokens` onto `context` (its sequence of a draft cache)."""
 
     context: DraftCache
