@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from collections import Counter
@@ -500,3 +501,12 @@ def test_bench_parallel_reports_aggregate_speed_and_latencies(tiny, tmp_path):
     runs = json.loads(report.read_text())["runs"]
     assert [run["method"] for run in runs] == ["plain", "lookup"]
     assert all(len(run["done_s"]) == len(PROMPTS) and run["tokens"] == 16 * len(PROMPTS) for run in runs)
+
+
+def test_common_prefix_finds_the_first_difference_anywhere():
+    rng = random.Random(3)
+    for _ in range(2000):
+        a = [rng.randrange(3) for _ in range(rng.randrange(40))]
+        b = a[: rng.randrange(len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(40))]
+        expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == common_prefix(tuple(b), a) == expected
