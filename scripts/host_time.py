@@ -12,7 +12,10 @@ With `--llama-bin DIR` (llama-bench and llama-speculative-simple built from the 
 llama-cpp-python vendors, `compare_llama_cpp.build_tools`) each round also runs llama.cpp's own
 loop on the same files, prompt, threads and k, interleaved with specrun's.
 
-    python scripts/host_time.py [--models DIR] [--tokens 256] [--rounds 3] [--threads 2] [--llama-bin DIR]
+    python scripts/host_time.py [--size cpu|cpu-small|gpu] [--k 4 | --k 1,2,4,8,auto] [--rounds 3]
+                                [--threads 2] [--llama-bin DIR] [--only REGEX] [--json FILE]
+
+With several k, a last line says how auto's speed compares with the best fixed k's, per pair.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import specrun.backend  # noqa: F401  libllama loads before numpy, as in every entry point
 
@@ -41,26 +46,30 @@ from specrun.session import Session  # noqa: E402
 PROMPT = "the cat sat on the mat and the cat sat on the mat , then the dog was there and the cat"
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
-SHAPES = {  # --width: the llamas' shapes; each qwen35 is three quarters as wide
-    512: dict(n_embd=512, n_head=8, n_ff=1408),  # 51 MB in f32: more than this CPU's L3, like a real model
-    256: dict(n_embd=256, n_head=4, n_ff=704),  # 14 MB: stays in L3, as the host's data does beside a GPU
+SIZES = {  # --size: the llama target's and draft's layers and shapes, and the qwen35's
+    # 4 x 512 in f32, 51 MB: more than this CPU's L3 holds, so each decode leaves the caches cold
+    "cpu": (4, 1, dict(n_embd=512, n_head=8, n_ff=1408), dict(n_embd=384, n_ff=1024)),
+    # 4 x 256, 14 MB: stays in L3, as the host's own data does beside a GPU
+    "cpu-small": (4, 1, dict(n_embd=256, n_head=4, n_ff=704), dict(n_embd=192, n_ff=512)),
+    # shared/notes/gpu.md's l16 / l2 (0.8B, f32) and Qwen3.5-0.8B's shapes in Q8_0: a GPU decode of 1-3 ms
+    "gpu": (16, 2, dict(n_embd=2048, n_head=16, n_ff=5632), dict(shapes="qwen3.5-0.8b", wtype="q8_0")),
 }
 
 
-def write_models(folder: Path, width: int) -> dict[str, Path]:
-    """The generated models (written once per width): a 4-layer llama, its first layer as a draft
+def write_models(folder: Path, size: str) -> dict[str, Path]:
+    """The generated models (written once per size): a llama target, its first layers as a draft
     of the same vocabulary and, relabelled, of another; a qwen35 with one MTP block built to agree
     with its trunk (this shows cost, not a trained head's acceptance)."""
-    folder = folder / f"w{width}"
+    folder = folder / size
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {name: folder / f"{name}.gguf" for name in ("t4", "d1", "d1x", "q35")}
-    wide = SHAPES[width] | dict(n_ctx_train=4096, seed=3, endless=True)
-    q35 = dict(n_embd=width * 3 // 4, n_ff=width * 2)
+    paths = {name: folder / f"{name}.gguf" for name in ("target", "draft", "translated", "q35")}
+    target_layers, draft_layers, llama_shape, q35_shape = SIZES[size]
+    shape = llama_shape | dict(n_ctx_train=4096, seed=3, endless=True)
     writers = {
-        "t4": lambda p: write_tiny_llama(p, n_layer=4, **wide),
-        "d1": lambda p: write_tiny_llama(p, n_layer=1, **wide),
-        "d1x": lambda p: write_tiny_llama(p, n_layer=1, vocab="different", relabelled=True, **wide),
-        "q35": lambda p: write_tiny_qwen35(p, nextn=True, trunk_scale=0.3, mtp_agree=1.0, mtp_scale=0.1, **q35),
+        "target": lambda p: write_tiny_llama(p, n_layer=target_layers, **shape),
+        "draft": lambda p: write_tiny_llama(p, n_layer=draft_layers, **shape),
+        "translated": lambda p: write_tiny_llama(p, n_layer=draft_layers, vocab="different", relabelled=True, **shape),
+        "q35": lambda p: write_tiny_qwen35(p, nextn=True, trunk_scale=0.3, mtp_agree=1.0, mtp_scale=0.1, **q35_shape),
     }
     for name, path in paths.items():
         if not path.exists():
@@ -134,10 +143,10 @@ class Split:
         }
 
 
-def one_stream(session: Session, clock: LlamaClock, tokens: int, plain: bool) -> Split:
+def one_stream(session: Session, clock: LlamaClock, tokens: int, run: Run) -> Split:
     """A generation, timed from its first token (the prefill's) to its end."""
     split, start = Split(), None
-    for event in session.stream(PROMPT, tokens, plain=plain):
+    for event in session.stream(PROMPT, tokens, plain=run.plain, k=run.k):
         if isinstance(event, TokenEvent) and start is None:
             start, (llama_at, decodes_at) = time.perf_counter(), clock.reading()
         if isinstance(event, Done):
@@ -147,13 +156,13 @@ def one_stream(session: Session, clock: LlamaClock, tokens: int, plain: bool) ->
     return split
 
 
-def four_streams(session: Session, clock: LlamaClock, tokens: int, plain: bool) -> Split:
+def four_streams(session: Session, clock: LlamaClock, tokens: int, run: Run) -> Split:
     """Four generations in one batch, timed from the first step (prefills included: short prompts)."""
     batch = session.batch()
     results = []
     for slot in range(session.config.parallel):
         prompt = session.tokenize(f"{slot} {PROMPT}")
-        batch.add(session.generator(plain=plain, slot=slot), prompt, tokens, on_done=results.append)
+        batch.add(session.generator(plain=run.plain, policy=run.k, slot=slot), prompt, tokens, on_done=results.append)
     started, (llama_at, decodes_at) = time.perf_counter(), clock.reading()
     while batch.streams:
         batch.step()
@@ -163,34 +172,50 @@ def four_streams(session: Session, clock: LlamaClock, tokens: int, plain: bool) 
     return split
 
 
-def configs(models: dict[str, Path], threads: int) -> dict[str, tuple[SessionConfig, bool]]:
-    """Each run: its session's set-up, and whether it decodes plainly."""
-    base = dict(target=models["t4"], n_ctx=2048, threads=threads)
+class Run(NamedTuple):
+    setup: str  # the session it runs on (`setups`)
+    plain: bool
+    k: str | None = None
+
+
+def setups(models: dict[str, Path], threads: int) -> dict[str, SessionConfig]:
+    """The sessions the runs share, each loaded once: a run is a set-up at a k."""
+    base = dict(target=models["target"], n_ctx=2048, threads=threads)
     return {
-        "plain": (SessionConfig(**base), True),
-        "lookup k 8": (SessionConfig(**base, lookup=True, k=8), False),
-        "draft d1 k 4": (SessionConfig(**base, draft=models["d1"], k=4), False),
-        "self-draft k 4": (SessionConfig(**base, draft=models["t4"], k=4), False),
-        "translated d1x k 4": (SessionConfig(**base, draft=models["d1x"], k=4), False),
-        "mtp k 3": (SessionConfig(target=models["q35"], n_ctx=2048, threads=threads, sources=("mtp",), k=3), False),
-        "plain, 4 streams": (SessionConfig(**base | {"n_ctx": 4096}, parallel=4), True),
-        "draft d1 k 4, 4 streams": (SessionConfig(**base | {"n_ctx": 4096}, draft=models["d1"], k=4, parallel=4), False),
+        "target": SessionConfig(**base, lookup=True),
+        "draft": SessionConfig(**base, draft=models["draft"]),
+        "self": SessionConfig(**base, draft=models["target"]),
+        "translated": SessionConfig(**base, draft=models["translated"]),
+        "mtp": SessionConfig(target=models["q35"], n_ctx=2048, threads=threads, sources=("mtp",)),
+        "four": SessionConfig(**base | {"n_ctx": 4096}, draft=models["draft"], parallel=4),
     }
 
 
-def llama_cpp_runs(models: dict[str, Path], bin_dir: Path, tokens: int, threads: int) -> dict[str, list[str]]:
-    """llama.cpp's own loop for a run of the same name: its command line."""
-    common = ["-p", PROMPT, "-n", str(tokens), "-t", str(threads), "-c", "2048", "--temp", "0", "--no-repack"]
+def runs_at(ks: list[str]) -> dict[str, Run]:
+    """Every run by name, its model drafts at each of `ks` (a number or auto)."""
+    runs = {"plain": Run("target", True), "lookup k 8": Run("target", False, "8")}
+    for k in ks:
+        runs |= {f"draft k {k}": Run("draft", False, k), f"self-draft k {k}": Run("self", False, k)}
+        runs[f"translated k {k}"] = Run("translated", False, k)
+    runs |= {"mtp k 3": Run("mtp", False, "3"), "4 streams: plain": Run("four", True)}
+    runs[f"4 streams: draft k {ks[0]}"] = Run("four", False, ks[0])
+    return runs
+
+
+def llama_cpp_runs(models: dict[str, Path], bin_dir: Path, tokens: int, threads: int, ks: list[str]) -> dict[str, list[str]]:
+    """llama.cpp's own loop for a run of the same name (every layer offloaded where it can): its command line."""
+    common = ["-p", PROMPT, "-n", str(tokens), "-t", str(threads), "-c", "2048", "--temp", "0", "--no-repack", "-ngl", "99"]
     spec = [str(bin_dir / "llama-speculative-simple"), *common, "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
-    return {
-        "plain": [str(bin_dir / "llama-bench"), "-m", str(models["t4"]), "-p", "0", "-n", str(tokens), "-t", str(threads)]
-        + ["-r", "3", "-o", "json", "--repack", "0"],
-        "draft d1 k 4": [*spec, "-m", str(models["t4"]), "-md", str(models["d1"]), "--spec-type", "draft-simple"]
-        + ["--spec-draft-n-max", "4"],
-        "self-draft k 4": [*spec, "-m", str(models["t4"]), "-md", str(models["t4"]), "--spec-type", "draft-simple"]
-        + ["--spec-draft-n-max", "4"],
+    pair = [*spec, "-ngld", "99", "--spec-type", "draft-simple", "-m", str(models["target"])]
+    runs = {
+        "plain": [str(bin_dir / "llama-bench"), "-m", str(models["target"]), "-p", "0", "-n", str(tokens), "-t", str(threads)]
+        + ["-r", "3", "-o", "json", "--repack", "0", "-ngl", "99"],
         "mtp k 3": [*spec, "-m", str(models["q35"]), "--spec-type", "draft-mtp", "--spec-draft-n-max", "3"],
     }
+    for k in (k for k in ks if k.isdigit()):
+        runs[f"draft k {k}"] = [*pair, "-md", str(models["draft"]), "--spec-draft-n-max", k]
+        runs[f"self-draft k {k}"] = [*pair, "-md", str(models["target"]), "--spec-draft-n-max", k]
+    return runs
 
 
 def llama_cpp_speed(command: list[str]) -> tuple[float, int | None]:
@@ -210,42 +235,56 @@ def llama_cpp_speed(command: list[str]) -> tuple[float, int | None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=Path("/tmp/specrun-host-time"), help="folder of the generated models")
-    parser.add_argument("--width", type=int, choices=sorted(SHAPES), default=512, help="the generated llamas' width")
+    parser.add_argument("--size", choices=sorted(SIZES), default="cpu", help="the generated models' size")
+    parser.add_argument("--k", default="4", help="comma-separated draft lengths of the model drafts (numbers, auto)")
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--runs", default="", help="comma-separated names of the runs to do (default: all)")
+    parser.add_argument("--only", default="", help="a regular expression: only the runs whose names it finds")
     parser.add_argument("--llama-bin", type=Path, help="folder with llama-bench and llama-speculative-simple")
     parser.add_argument("--json", type=Path, help="also write every round's figures here")
     args = parser.parse_args()
-    models = write_models(args.models, args.width)
+    models = write_models(args.models, args.size)
+    ks = args.k.split(",")
     clock = LlamaClock()
     clock.install()
-    runs = {name: run for name, run in configs(models, args.threads).items() if not args.runs or name in args.runs.split(",")}
-    theirs = llama_cpp_runs(models, args.llama_bin, args.tokens, args.threads) if args.llama_bin else {}
+    runs = {name: run for name, run in runs_at(ks).items() if re.search(args.only, name)}
+    configs = setups(models, args.threads)
+    theirs = llama_cpp_runs(models, args.llama_bin, args.tokens, args.threads, ks) if args.llama_bin else {}
     totals = {name: Split() for name in runs}
     rounds: list[dict] = []
-    for round_ in range(args.rounds + 1):  # round 0 warms up (auto's costs, page cache) and is not counted
-        for name, (config, plain) in runs.items():
-            with Session(config) as session:
-                drive = four_streams if config.parallel > 1 else one_stream
-                split = drive(session, clock, args.tokens, plain)
-            if round_ == 0:
-                continue
-            totals[name].add(split)
-            figures = {"round": round_, **split.row(name), "accepted": split.accepted}
-            if name in theirs:
-                speed, accepted = llama_cpp_speed(theirs[name])
-                figures |= {
-                    "llama.cpp tok/s": speed,
-                    "llama.cpp accepted": accepted,
-                    "vs llama.cpp": split.tokens / split.wall / speed,
-                }
-            rounds.append(figures)
-            print(json.dumps(figures), flush=True)
+    with ExitStack() as open_sessions:
+        sessions = {name: open_sessions.enter_context(Session(configs[name])) for name in {run.setup for run in runs.values()}}
+        for round_ in range(args.rounds + 1):  # round 0 warms up (auto's costs, page cache) and is not counted
+            rounds += measure_round(round_, runs, sessions, clock, args.tokens, theirs, totals)
     print_table(totals, rounds)
     if args.json:
         args.json.write_text(json.dumps(rounds, indent=1))
+
+
+def measure_round(
+    round_: int, runs: dict[str, Run], sessions: dict[str, Session], clock: LlamaClock, tokens: int, theirs: dict, totals: dict
+) -> list[dict]:
+    """Each run once, and llama.cpp's loop of the same name after it; round 0 warms up (auto's
+    costs, the page cache) and is not kept."""
+    kept = []
+    for name, run in runs.items():
+        session = sessions[run.setup]
+        split = (four_streams if session.config.parallel > 1 else one_stream)(session, clock, tokens, run)
+        if round_ == 0:
+            continue
+        totals[name].add(split)
+        figures = {"round": round_, **split.row(name), "accepted": split.accepted}
+        if name in theirs:
+            speed, accepted = llama_cpp_speed(theirs[name])
+            figures |= {
+                "llama.cpp tok/s": speed,
+                "llama.cpp accepted": accepted,
+                "vs llama.cpp": split.tokens / split.wall / speed,
+            }
+        kept.append(figures)
+        print(json.dumps(figures), flush=True)
+    return kept
 
 
 def print_table(totals: dict[str, Split], rounds: list[dict]) -> None:
@@ -258,6 +297,13 @@ def print_table(totals: dict[str, Split], rounds: list[dict]) -> None:
         ratios = [f"{r['vs llama.cpp']:.2f}" for r in rounds if r["run"] == name and "vs llama.cpp" in r]
         cells = [f"{row[c]:.3f}" if "ms" in c else f"{row[c]:.1f}" if c == "tok/s" else f"{row[c]:.2f}" for c in columns]
         print(f"| {name} | " + " | ".join(cells) + f" | {' / '.join(ratios) or '-'} |")
+    for family in ("draft", "self-draft", "translated"):
+        fixed = {name: split for name, split in totals.items() if name.startswith(f"{family} k ") and name[-1].isdigit()}
+        auto = totals.get(f"{family} k auto")
+        if auto and fixed:
+            best = max(fixed, key=lambda name: fixed[name].tokens / fixed[name].wall)
+            speed = auto.tokens / auto.wall / (fixed[best].tokens / fixed[best].wall)
+            print(f"{family}: auto runs at {speed:.3f}x the best fixed k ({best})")
 
 
 if __name__ == "__main__":

@@ -27,10 +27,10 @@ WIDTHS = [*range(1, 18), 24, 32, 48, 64, 96, 128, 256]
 
 
 def measure(
-    model_path: Path, threads: int, ubatches: list[int], repeats: int, every_row: bool = True
+    model_path: Path, threads: int, ubatches: list[int], repeats: int, every_row: bool = True, n_gpu_layers: int = 0
 ) -> dict[int, dict[int, float]]:
     """ms per decode, per n_ubatch (0 = n_batch) and width; logits for every row or the last."""
-    model = Model(model_path, ModelOptions(n_gpu_layers=0))
+    model = Model(model_path, ModelOptions(n_gpu_layers=n_gpu_layers))
     try:
         curves = {}
         for ubatch in ubatches:
@@ -73,14 +73,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timings per width; the best is kept")
     parser.add_argument("--head", action="store_true", help="also time each width with logits for its last row only")
     parser.add_argument("--plot", type=Path, help="also draw the curves to this image")
+    parser.add_argument("--n-gpu-layers", type=int, default=0, help="layers offloaded to a GPU (-1: every one; default 0)")
     args = parser.parse_args()
     if args.model is None:
         from specrun.hub.embedded import embedded_model_path
 
         args.model = embedded_model_path()
     ubatches = [int(u) for u in args.ubatch_size.split(",")]
-    curves = measure(args.model, args.threads, ubatches, args.repeats)
-    headless = measure(args.model, args.threads, ubatches, args.repeats, every_row=False) if args.head else {}
+    curves = measure(args.model, args.threads, ubatches, args.repeats, n_gpu_layers=args.n_gpu_layers)
+    headless = measure(args.model, args.threads, ubatches, args.repeats, False, args.n_gpu_layers) if args.head else {}
     for ubatch, curve in curves.items():
         print(
             f"n_ubatch {ubatch or 512}, {args.threads} threads: width, ms per decode, ms per row"
