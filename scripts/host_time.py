@@ -20,6 +20,10 @@ With several k, a last line says how auto's speed compares with the best fixed k
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
 import json
 import re
@@ -31,50 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import specrun.backend  # noqa: F401  libllama loads before numpy, as in every entry point
+from generated_models import SIZES, write_models
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-from tinyhybrid import write_tiny_qwen35  # noqa: E402
-from tinymodels import write_tiny_llama  # noqa: E402
-
-from specrun.backend.library import llama, llama_ext  # noqa: E402
-from specrun.config import SessionConfig  # noqa: E402
-from specrun.core.events import Done, TokenEvent  # noqa: E402
-from specrun.session import Session  # noqa: E402
+from specrun.backend.library import llama, llama_ext
+from specrun.config import SessionConfig
+from specrun.core.events import Done, TokenEvent
+from specrun.session import Session
 
 PROMPT = "the cat sat on the mat and the cat sat on the mat , then the dog was there and the cat"
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
-SIZES = {  # --size: the llama target's and draft's layers and shapes, and the qwen35's
-    # 4 x 512 in f32, 51 MB: more than this CPU's L3 holds, so each decode leaves the caches cold
-    "cpu": (4, 1, dict(n_embd=512, n_head=8, n_ff=1408), dict(n_embd=384, n_ff=1024)),
-    # 4 x 256, 14 MB: stays in L3, as the host's own data does beside a GPU
-    "cpu-small": (4, 1, dict(n_embd=256, n_head=4, n_ff=704), dict(n_embd=192, n_ff=512)),
-    # shared/notes/gpu.md's l16 / l2 (0.8B, f32) and Qwen3.5-0.8B's shapes in Q8_0: a GPU decode of 1-3 ms
-    "gpu": (16, 2, dict(n_embd=2048, n_head=16, n_ff=5632), dict(shapes="qwen3.5-0.8b", wtype="q8_0")),
-}
-
-
-def write_models(folder: Path, size: str) -> dict[str, Path]:
-    """The generated models (written once per size): a llama target, its first layers as a draft
-    of the same vocabulary and, relabelled, of another; a qwen35 with one MTP block built to agree
-    with its trunk (this shows cost, not a trained head's acceptance)."""
-    folder = folder / size
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {name: folder / f"{name}.gguf" for name in ("target", "draft", "translated", "q35")}
-    target_layers, draft_layers, llama_shape, q35_shape = SIZES[size]
-    shape = llama_shape | dict(n_ctx_train=4096, seed=3, endless=True)
-    writers = {
-        "target": lambda p: write_tiny_llama(p, n_layer=target_layers, **shape),
-        "draft": lambda p: write_tiny_llama(p, n_layer=draft_layers, **shape),
-        "translated": lambda p: write_tiny_llama(p, n_layer=draft_layers, vocab="different", relabelled=True, **shape),
-        "q35": lambda p: write_tiny_qwen35(p, nextn=True, trunk_scale=0.3, mtp_agree=1.0, mtp_scale=0.1, **q35_shape),
-    }
-    for name, path in paths.items():
-        if not path.exists():
-            writers[name](path)
-    return paths
 
 
 @dataclass

@@ -15,7 +15,8 @@ from specrun.backend import probe
 from specrun.cli.doctor import first_gpu_of_each_backend
 
 ROOT = Path(__file__).parent.parent
-SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
+# generated_models.py writes GGUFs without llama.cpp, so that they are written while it builds
+SCRIPTS = sorted(script for script in (ROOT / "scripts").glob("*.py") if script.name != "generated_models.py")
 
 # Runs a program under an audit hook that records, in order, each library ctypes loads and each
 # module imported, then prints whether libllama came before numpy (or that neither was loaded).
