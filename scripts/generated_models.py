@@ -7,6 +7,7 @@ they can be written while it builds.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -46,7 +47,9 @@ def write_models(folder: Path, size: str) -> dict[str, Path]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[2:3] and sys.argv[2] not in SIZES:
-        sys.exit(f"usage: python scripts/generated_models.py DIR [{'|'.join(SIZES)}]")
-    for name, path in write_models(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "cpu").items():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="where the models go (in a folder named after the size)")
+    parser.add_argument("size", nargs="?", choices=sorted(SIZES), default="cpu")
+    args = parser.parse_args()
+    for name, path in write_models(args.folder, args.size).items():
         print(f"{name}: {path}")
