@@ -10,21 +10,20 @@ every reply, and saves the whole page:
 
 from __future__ import annotations
 
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
 import argparse
+import sys
 import tempfile
+from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from serve_helpers import CHROMIUM_ARGS  # noqa: E402
+
 SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}'
 PROMPTS = [
     "Fix the typo and repeat the sentence: The quick brown fox jumpd over the lazy dog by the old red barn.",

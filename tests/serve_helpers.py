@@ -94,3 +94,16 @@ class RunningServer:
         self.server.stop()
         self.thread.join(timeout=30)
         assert not self.thread.is_alive()
+
+
+# Chromium as root in a container, talking to nothing but the server under test.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]

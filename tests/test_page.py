@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import TEMPLATE, Pace, RunningServer, wait_healthy
+from serve_helpers import CHROMIUM_ARGS, TEMPLATE, Pace, RunningServer, wait_healthy
 from tinymodels import write_tiny_llama
 
 from specrun.config import SessionConfig
@@ -33,17 +33,6 @@ pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Chromium is missing: apt-get install chromium"),
 ]
 
-# Chromium as root in a container, talking to nothing but the server under test.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 N_CTX = 512
 REPEATING = "hello world hello world hello world hello"  # prompt lookup drafts from it
 WAIT_MS = 30_000
