@@ -18,6 +18,21 @@ the history to roll back to. The whole contract is `DraftSource`:
 A source sizes each draft by `request.offer(name, ...)` and returns the `Budget` with
 the draft (`Draft.under`); the engine refuses tokens proposed without one, so no source can
 draft where the policy never hears of it.
+
+What else a source must know:
+- One instance serves one stream across its generations: the next `propose` may come with an
+  unrelated history (a new prompt), after `rollback` to the common part, or `[]`.
+- `history` is the engine's own list, which grows after every step: read it, keep a copy of
+  what must outlive the call, never change it.
+- `Draft.dists` and `Draft.confidences` run parallel to `Draft.tokens`, one entry per token.
+  A sampled draft's `dists[i]` must be exactly the distribution `tokens[i]` was drawn from
+  (the p/q rule is exact only then); a deterministic draft leaves `dists` None.
+  `confidences[i]` is the probability of the likeliest token there, never of the token drawn:
+  stops and a batch's cut read it, and a stop that depended on the draw would bias the rule.
+- A source with a model of its own decodes on a `DraftCache`: a `Context` sequence of a draft
+  model's cache, or anything with `n_batch`, `eval(tokens, logits_rows)` (the last rows'
+  logits), `decode_many([(cache, tokens, rows), ...])` (several caches of one llama.cpp
+  context in one decode) and `shares_cache(other)` (whether `decode_many` takes both).
 """
 
 from __future__ import annotations
