@@ -50,7 +50,6 @@ class Step(NamedTuple):
     draft_s: float  # proposing the draft
     verify_s: float  # the target's decode of the last token and the draft
     check_s: float  # reading the verified rows and accepting or rejecting
-    prefill: bool = False  # the first token, from the prefill's last row: not a step of its own
 
     @property
     def event(self) -> StepEvent:
@@ -160,25 +159,21 @@ class Generator:
         stats.prefilled_tokens, stats.prefills, stats.prefill_s = len(history) - cached, 1, time.perf_counter() - started
         started = time.perf_counter()
         text = codecs.getincrementaldecoder("utf-8")("replace")
-        prompt_logits: np.ndarray | None = prefill.logits
         try:
+            if not self._stop_reason(stats, max_tokens):  # the first token, from the prefill's last row: no step
+                checked_at = time.perf_counter()
+                _, emitted = self._accepted(NO_DRAFT, prefill.logits)
+                stats.check_s += time.perf_counter() - checked_at
+                yield from self._emitted(emitted, history, text, stats)
             while not (stop := self._stop_reason(stats, max_tokens)):
                 # A recurrent target can drop again only as many drafted tokens as it keeps snapshots for.
                 limit = min(
                     max_tokens - stats.tokens - 1, self.target.free_slots - 1, self.policy.max_k, self.target.rollback_limit
                 )
-                step = yield from self._step(history, limit, prompt_logits, other_rows)
-                prompt_logits = None
+                step = yield from self._step(history, limit, other_rows)
                 self._count(step, stats)
-                history += [token for token, _ in step.emitted]
-                self._rollback(history)
-                if not step.prefill:
-                    yield step.event
-                for token, source in step.emitted:
-                    stats.tokens += 1
-                    yield TokenEvent(token, text.decode(self.target.model.piece(token)), source)
-                if step.emitted[-1][0] in self.eog:
-                    stats.stop_reason = "eog"
+                yield step.event
+                yield from self._emitted(step.emitted, history, text, stats)
             stats.stop_reason = stop
         finally:
             # Whatever happened (including an abandoned generator), caches hold only history;
@@ -234,26 +229,38 @@ class Generator:
         return list(prompt)
 
     def _step(
-        self, history: list[int], limit: int, prompt_logits: np.ndarray | None, other_rows: Callable[[], int]
+        self, history: list[int], limit: int, other_rows: Callable[[], int]
     ) -> PyGenerator[Decode | DraftDecode, Verified | Decoded, Step]:
-        """One round: draft, verify last token + drafts in one decode, keep the agreed prefix.
-
-        The first round samples from `prompt_logits`, the prefill's last row, without a draft.
-        """
+        """One round: draft, verify the last token and the draft in one decode, keep the agreed prefix."""
         started = time.perf_counter()
-        first = prompt_logits is not None
-        drafting = limit > 0 and self.drafter is not None and not first
+        drafting = limit > 0 and self.drafter is not None
         draft = (yield from self._proposed(history, limit, other_rows())) if drafting else NO_DRAFT
         drafted_at = time.perf_counter()
-        if prompt_logits is None:
-            chances = self.policy.chances(draft.budget, len(draft.tokens), draft.confidences) if draft.budget else ()
-            verified = yield Decode([history[-1], *draft.tokens], len(draft.tokens) + 1, chances)
-            assert isinstance(verified, Verified), "a Decode is answered with its Verified rows"
-            logits, verify_s, width = verified.logits, verified.seconds, verified.width
-            draft = self._verified_part(draft, len(logits) - 1)
-        else:
-            logits, verify_s, width = prompt_logits, 0.0, 0
+        chances = self.policy.chances(draft.budget, len(draft.tokens), draft.confidences) if draft.budget else ()
+        verified = yield Decode([history[-1], *draft.tokens], len(draft.tokens) + 1, chances)
+        assert isinstance(verified, Verified), "a Decode is answered with its Verified rows"
+        draft = self._verified_part(draft, len(verified.logits) - 1)
         checked_at = time.perf_counter()
+        accepted, emitted = self._accepted(draft, verified.logits)
+        step = Step(draft, accepted, emitted, drafted_at - started, verified.seconds, time.perf_counter() - checked_at)
+        self.policy.observe(
+            StepRecord(
+                draft.budget,
+                draft.declined,
+                len(draft.tokens),
+                accepted,
+                draft.confidences,
+                step.draft_s,
+                step.verify_s + step.check_s,
+                draft.catch_up_s,
+                verified.width,
+            )
+        )
+        return step
+
+    def _accepted(self, draft: Draft, logits: np.ndarray) -> tuple[int, list[tuple[int, TokenSource]]]:
+        """How many of the draft's tokens the target's rows keep, and the tokens to emit: those and
+        the target's own next one (none after an accepted end of generation)."""
 
         def target_dist(i: int) -> Distribution:
             dist = filtered(logits[i], self.sampler.settings, self._scratch)
@@ -268,22 +275,19 @@ class Generator:
             emitted.append((next_token, "bonus" if draft.tokens and accepted == len(draft.tokens) else "target"))
         if self.constraint:
             self.constraint.commit(accepted, [token for token, _ in emitted])
-        step = Step(draft, accepted, emitted, drafted_at - started, verify_s, time.perf_counter() - checked_at, prefill=first)
-        if not first:  # the prefill's decode says nothing of verify costs
-            self.policy.observe(
-                StepRecord(
-                    draft.budget,
-                    draft.declined,
-                    len(draft.tokens),
-                    accepted,
-                    draft.confidences,
-                    step.draft_s,
-                    step.verify_s + step.check_s,
-                    draft.catch_up_s,
-                    width,
-                )
-            )
-        return step
+        return accepted, emitted
+
+    def _emitted(
+        self, emitted: list[tuple[int, TokenSource]], history: list[int], text: codecs.IncrementalDecoder, stats: Stats
+    ) -> PyGenerator[TokenEvent, None, None]:
+        """Add the emitted tokens to the history (the caches roll back to it) and stream them."""
+        history += [token for token, _ in emitted]
+        self._rollback(history)
+        for token, source in emitted:
+            stats.tokens += 1
+            yield TokenEvent(token, text.decode(self.target.model.piece(token)), source)
+        if emitted[-1][0] in self.eog:
+            stats.stop_reason = "eog"
 
     def _proposed(self, history: list[int], limit: int, other_rows: int) -> Drafting:
         """The drafter's draft, checked against the contract and cut to what can be verified."""
@@ -304,8 +308,7 @@ class Generator:
 
     @staticmethod
     def _count(step: Step, stats: Stats) -> None:
-        if not step.prefill:
-            stats.count_step(len(step.draft.tokens), step.accepted, step.draft.source)
+        stats.count_step(len(step.draft.tokens), step.accepted, step.draft.source)
         stats.draft_s += step.draft_s
         stats.verify_s += step.verify_s
         stats.check_s += step.check_s
