@@ -15,7 +15,7 @@ from tinymodels import write_tiny_llama
 
 from specrun.backend import Context, ContextOptions, Model
 from specrun.backend.library import llama
-from specrun.cli.app import run_app
+from specrun.cli import run_app
 from specrun.errors import SpecrunError
 from specrun.pair.arch import DRAFTER, HEADS, SEPARATE, header_traits, profile_traits, state_bytes
 from specrun.pair.cost import KV_BYTES_PER_VALUE
@@ -75,7 +75,7 @@ def copied_state(path, rollback: int = 0) -> int:
         context = Context(model, ContextOptions(n_ctx=64, rollback=rollback, n_threads=1))
         try:
             context.eval([1, 5, 6, 7])
-            return L.llama_state_seq_get_size_ext(context._ctx, 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+            return L.llama_state_seq_get_size_ext(context.handle, 0, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
         finally:
             context.close()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -28,9 +28,6 @@ from specrun.backend.library import llama, llama_ext
 from specrun.backend.model import Closed, Model
 from specrun.core.sequences import common_prefix
 from specrun.errors import SpecrunError
-
-if TYPE_CHECKING:
-    from specrun.backend.mtp import _HeadContext
 
 Listener = Callable[[Sequence[int], int, np.ndarray], None]
 """Told of every decode of a sequence: its tokens, the position of the first, and its hidden rows
@@ -98,13 +95,13 @@ class _LlamaContext:
             params.n_rs_seq = max(0, min(options.rollback, params.n_ubatch - 2))
         params.no_perf = True
         waiting = rpc_link.Waiting(model.rpc_servers, model.rpc_timeout, "while creating a context")
-        self.ptr = model._call_llama(L.llama_init_from_model, model._model, params, waiting=waiting)
+        self.ptr = model._call_llama(L.llama_init_from_model, model.handle, params, waiting=waiting)
         if not self.ptr:
             raise SpecrunError(
                 f"llama.cpp could not create a {params.n_ctx}-token context for {model.path}: "
                 "lower --ctx-size or offload fewer layers"
             )
-        model._contexts.add(self)
+        model.own(self)
         self.n_seq = options.sequences
         self.n_ctx = L.llama_n_ctx(self.ptr) // options.sequences  # each sequence's share
         # The most tokens a verify may drop again: the snapshots llama.cpp keeps (0 for an architecture
@@ -120,7 +117,6 @@ class _LlamaContext:
         self.seq_ids = [self.batch.seq_id[i] for i in range(self.n_batch)]
         self.views = FloatViews()
         self.sequences: dict[int, Context] = {}
-        self.heads: _HeadContext | None = None  # the MTP heads' context that follows this one, made once
 
     def close(self) -> None:
         if self.ptr:
@@ -169,7 +165,8 @@ class Context:
         return self._shared.ptr is None or self.model.lost
 
     @property
-    def _ctx(self):
+    def handle(self):
+        """The llama_context pointer, for the backend's own calls into llama.cpp."""
         return self._shared.ctx
 
     @property
@@ -276,7 +273,7 @@ class Context:
         return self.model._call_llama(self._logits, rows)
 
     def _logits(self, rows: int) -> np.ndarray:
-        return self._shared.views.rows(llama().llama_get_logits(self._ctx), rows, self.model.n_vocab)
+        return self._shared.views.rows(llama().llama_get_logits(self.handle), rows, self.model.n_vocab)
 
     def truncate(self, n_keep: int) -> None:
         """Roll the sequence back to its first n_keep tokens, exactly."""
@@ -323,7 +320,7 @@ class Context:
         this sequence's id too, which computes nothing and copies no data."""
         L = llama()
         self._remove_from(0)
-        L.llama_memory_seq_cp(L.llama_get_memory(self._ctx), lender.seq, self.seq, 0, n)
+        L.llama_memory_seq_cp(L.llama_get_memory(self.handle), lender.seq, self.seq, 0, n)
         self.tokens = list(lender.tokens[:n])
 
     def checkpoint(self) -> None:
@@ -353,7 +350,7 @@ class Context:
 
     def _remove_from(self, n_keep: int) -> None:
         L = llama()
-        if not L.llama_memory_seq_rm(L.llama_get_memory(self._ctx), self.seq, n_keep, -1):
+        if not L.llama_memory_seq_rm(L.llama_get_memory(self.handle), self.seq, n_keep, -1):
             raise SpecrunError(f"llama.cpp refused to roll the {self.model.role} model's cache back to {n_keep} tokens")
         del self.tokens[n_keep:]
         self._last_decode = 0  # a second roll back before the next decode would go past the snapshots
@@ -363,16 +360,16 @@ class Context:
     def _save_state(self) -> tuple[int, ctypes.Array]:
         L = llama()
         flags = L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent part only: the KV cache rolls back by itself
-        size = L.llama_state_seq_get_size_ext(self._ctx, self.seq, flags)
+        size = L.llama_state_seq_get_size_ext(self.handle, self.seq, flags)
         state = (ctypes.c_uint8 * size)()
-        L.llama_state_seq_get_data_ext(self._ctx, state, size, self.seq, flags)
+        L.llama_state_seq_get_data_ext(self.handle, state, size, self.seq, flags)
         return len(self.tokens), state
 
     def _restore_state(self) -> None:
         L = llama()
         assert self._checkpoint is not None
         _, state = self._checkpoint
-        if not L.llama_state_seq_set_data_ext(self._ctx, state, len(state), self.seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
+        if not L.llama_state_seq_set_data_ext(self.handle, state, len(state), self.seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
             raise SpecrunError(f"llama.cpp could not restore the {self.model.role} model's recurrent state")
 
     def listen(self, listener: Listener | None) -> None:
@@ -383,7 +380,7 @@ class Context:
     def _listen(self, listener: Listener | None) -> None:
         self._listener = listener
         listened = any(sequence._listener is not None for sequence in self._shared.sequences.values())
-        llama_ext().llama_set_embeddings_nextn(self._ctx, listened, False)  # every row, not only outputs
+        llama_ext().llama_set_embeddings_nextn(self.handle, listened, False)  # every row, not only outputs
 
 
 def _free_context(batch, ctx) -> None:

@@ -66,7 +66,7 @@ class Model:
         self.path = Path(path)
         self.role = role
         self._model_ptr = self._vocab_ptr = None
-        self._contexts: weakref.WeakSet[Any] = weakref.WeakSet()  # Contexts  # closed before the weights
+        self._contexts: weakref.WeakSet[Any] = weakref.WeakSet()  # closed before the weights (`own`)
         self.rpc_servers = options.rpc_servers
         self.rpc_timeout = options.rpc_timeout
         # With RPC servers every call that can wait on them goes through the link; else llama.cpp directly.
@@ -132,6 +132,11 @@ class Model:
         except RpcLost:
             pass  # the model is lost: its memory stays, as a parked llama.cpp thread may still be inside it
 
+    def own(self, context: Any) -> None:
+        """Close `context` (anything with `close()` that holds a llama.cpp context over these
+        weights) when the model closes, before the weights go."""
+        self._contexts.add(context)
+
     def close(self) -> None:
         """Free the weights (and first every context over them); later calls raise Closed."""
         for context in list(self._contexts):
@@ -152,51 +157,52 @@ class Model:
         return self._link is not None and self._link.lost
 
     @property
-    def _model(self):
+    def handle(self):
+        """The llama_model pointer, for the backend's own calls into llama.cpp."""
         if self._model_ptr is None:
             raise Closed(f"the {self.role} model {self.path.name} was closed: load it again to use it")
         return self._model_ptr
 
     @property
     def _vocab(self):
-        self._model  # noqa: B018  (raises Closed once the model is freed)
+        self.handle  # noqa: B018  (raises Closed once the model is freed)
         return self._vocab_ptr
 
     @property
     def n_ctx_train(self) -> int:
         L = llama()
-        return L.llama_model_n_ctx_train(self._model)
+        return L.llama_model_n_ctx_train(self.handle)
 
     @cached_property
     def architecture(self) -> str:
         """general.architecture: "llama", "qwen35", "nemotron_h", ..."""
         L = llama()
         buf = ctypes.create_string_buffer(64)
-        n = L.llama_model_meta_val_str(self._model, b"general.architecture", buf, len(buf))
+        n = L.llama_model_meta_val_str(self.handle, b"general.architecture", buf, len(buf))
         return buf.value.decode("utf-8", "replace") if n >= 0 else "unknown"
 
     @cached_property
     def recurrent(self) -> bool:
         """Whether some layers keep a recurrent state (Mamba, RWKV, and hybrids such as Qwen3.5)."""
         L = llama()
-        return bool(L.llama_model_is_recurrent(self._model) or L.llama_model_is_hybrid(self._model))
+        return bool(L.llama_model_is_recurrent(self.handle) or L.llama_model_is_hybrid(self.handle))
 
     @cached_property
     def n_nextn(self) -> int:
         """The model's MTP (NextN) layers: heads that predict the token after the next."""
         L = llama()
-        return int(L.llama_model_n_layer_nextn(self._model))
+        return int(L.llama_model_n_layer_nextn(self.handle))
 
     @cached_property
     def n_embd_out(self) -> int:
         """The width of the hidden rows an MTP head reads."""
         L = llama()
-        return int(L.llama_model_n_embd_out(self._model))
+        return int(L.llama_model_n_embd_out(self.handle))
 
     @property
     def chat_template(self) -> str | None:
         L = llama()
-        template = L.llama_model_chat_template(self._model, None)
+        template = L.llama_model_chat_template(self.handle, None)
         return template.decode("utf-8", "replace") if template else None
 
     # --- vocabulary -----------------------------------------------------------------

@@ -14,6 +14,7 @@ streams' drafting rows go together, one decode for every stream's next position.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -39,12 +40,12 @@ class _HeadContext:
         params.kv_unified = True
         params.n_threads = params.n_threads_batch = target.n_threads
         params.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target._ctx
+        params.ctx_other = target.handle
         params.no_perf = True
         self.model = model
         self.n_batch = target.n_batch
         self.n_embd = model.n_embd_out
-        self.ctx = L.llama_init_from_model(model._model, params)
+        self.ctx = L.llama_init_from_model(model.handle, params)
         if not self.ctx:
             raise SpecrunError(
                 f"llama.cpp could not create an MTP context for {model.path.name} (SPECRUN_DEBUG=1 shows llama.cpp's log)"
@@ -61,7 +62,7 @@ class _HeadContext:
         # Rows that follow the target, not decoded yet: they go with the next drafting rows, and
         # those a rollback drops are never decoded.
         self.waiting: list[Row] = []
-        model._contexts.add(self)  # closed before the weights
+        model.own(self)
 
     def close(self) -> None:
         if self.ctx:
@@ -106,6 +107,17 @@ class _HeadContext:
         return index
 
 
+_HEADS: weakref.WeakKeyDictionary[Context, _HeadContext] = weakref.WeakKeyDictionary()
+"""The heads' context of each target cache, made once, keyed by the cache's sequence 0."""
+
+
+def _heads_of(target: Context) -> _HeadContext:
+    first = target.sequence(0)
+    if first not in _HEADS:
+        _HEADS[first] = _HeadContext(target)
+    return _HEADS[first]
+
+
 class MtpHead:
     """The MTP layers of `target`'s model drafting for that sequence of its cache (one head:
     llama.cpp's single trained head). A draft cache as a draft model's `Context` is: `eval` and
@@ -118,10 +130,7 @@ class MtpHead:
                 f"the target model {model.path.name} has no MTP (NextN) layers, so it cannot draft for "
                 "itself: drop --draft mtp, or give a draft model (--draft PATH) or --lookup"
             )
-        shared = target._shared
-        if shared.heads is None:
-            shared.heads = _HeadContext(target)
-        self._shared: _HeadContext = shared.heads
+        self._shared = _heads_of(target)
         self.model = model
         self.seq = target.seq
         self.n_embd = model.n_embd_out
