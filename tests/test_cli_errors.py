@@ -19,7 +19,7 @@ import pytest
 from tinyhybrid import write_tiny_mamba, write_tiny_qwen35
 from tinymodels import write_tiny_llama
 
-from specrun.cli.app import run_app
+from specrun.cli import run_app
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLING_COMMANDS = ("generate", "chat", "bench", "serve")

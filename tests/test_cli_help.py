@@ -8,7 +8,8 @@ import io
 import pytest
 import typer
 
-from specrun.cli.app import COMMAND_ORDER, app, run_app
+from specrun.cli import run_app
+from specrun.cli.app import COMMAND_ORDER, app
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from hub_fixtures import gguf_bytes
 from store_layouts import LLAMA_VOCAB, hf_layout_file, llamacpp_flat_file, ollama_manifest, ollama_model
 
-from specrun.cli.app import run_app
+from specrun.cli import run_app
 from specrun.errors import SpecrunError
 from specrun.hub import resolve_model
 from specrun.hub.containment import check_name, inside

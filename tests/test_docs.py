@@ -89,9 +89,10 @@ def prose_lines(path: Path) -> list[tuple[int, str]]:
 def cli():
     import typer
 
-    from specrun.cli.app import _register_commands, app
+    from specrun.cli.app import app
+    from specrun.cli.commands import register_commands
 
-    _register_commands()
+    register_commands()
     return typer.main.get_command(app)
 
 

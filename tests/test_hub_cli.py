@@ -6,7 +6,7 @@ import json
 
 from hub_fixtures import gguf_bytes
 
-from specrun.cli.app import run_app
+from specrun.cli import run_app
 
 LLAMA_1B = "bartowski/Llama-3.2-1B-Instruct-GGUF"
 FILES = {

@@ -11,7 +11,7 @@ from pair_hub_server import serve
 from tinymodels import write_tiny_llama
 
 from specrun.backend.compat import check_vocab
-from specrun.cli.app import run_app
+from specrun.cli import run_app
 from specrun.pair.check import check_pair
 from specrun.pair.cost import best_k, decode_cost, expected_speedup, verdict
 from specrun.pair.header import PlainArrayReader, read_local

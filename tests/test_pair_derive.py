@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tinymodels import write_tiny_llama
 
-from specrun.cli.app import run_app
+from specrun.cli import run_app
 from specrun.errors import SpecrunError
 from specrun.pair.derive import describe_layers, parse_layers
 from specrun.pair.header import open_reader

@@ -10,7 +10,7 @@ import pytest
 from pair_hub_server import serve
 from tinymodels import write_tiny_llama
 
-from specrun.cli.app import run_app
+from specrun.cli import run_app
 from specrun.pair.check import acceptance_prior, check_pair
 from specrun.pair.header import read_local
 

@@ -5,7 +5,7 @@ import pytest
 from test_engine import PROMPT
 
 from specrun.backend import Closed, Context, ContextOptions, Model
-from specrun.cli.app import run_app
+from specrun.cli import run_app
 from specrun.config import SessionConfig
 from specrun.core.events import TokenEvent
 from specrun.session import Session

@@ -26,7 +26,7 @@ from store_layouts import (
 )
 from tinymodels import write_tiny_llama
 
-from specrun.cli.app import run_app
+from specrun.cli import run_app
 from specrun.errors import SpecrunError
 from specrun.hub import resolve_model
 from specrun.hub.resolve import resolve_pair

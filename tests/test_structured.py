@@ -291,7 +291,7 @@ def test_the_allowed_check_agrees_with_the_full_mask(tiny):
 
 
 def test_generate_holds_its_output_to_a_json_schema_file(tiny, tmp_path, capsys):
-    from specrun.cli.app import run_app
+    from specrun.cli import run_app
 
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(PERSON))
@@ -306,7 +306,7 @@ def test_generate_holds_its_output_to_a_json_schema_file(tiny, tmp_path, capsys)
 
 
 def test_bench_holds_a_prompt_file_s_records_to_their_schemas(tiny, tmp_path, capsys):
-    from specrun.cli.app import run_app
+    from specrun.cli import run_app
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": PROMPT, "schema": PERSON}) + "\n" for _ in range(2)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import specrun.backend  # noqa: F401  (libllama loads before anything imports numpy: backend.library.load_before_numpy)
-from specrun.cli.app import app, run_app  # noqa: F401  (commands register on `app` when run_app starts)
+from specrun.cli.commands import run_app  # the commands register on the app when run_app starts
 
 
 def main() -> None:

@@ -1,16 +1,14 @@
-"""The Typer app every command module registers on, and the error boundary."""
+"""The Typer app every command module registers on, and the messages of the error boundary
+(specrun.cli.commands.run_app)."""
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import TYPE_CHECKING, Protocol
 
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from specrun.errors import SpecrunError
 from specrun.settings import SettingError
 
 if TYPE_CHECKING:
@@ -37,50 +35,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
-
 # Results go to stdout, everything else (progress, stats, errors) to stderr.
 err_console = Console(stderr=True)
-
-
-def run_app(argv: list[str] | None = None) -> int:
-    """Run the CLI; every problem the user can fix becomes one line on stderr and a non-zero exit."""
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        _register_commands()
-        # Without standalone mode click returns a typer.Exit's code instead of raising it.
-        result = app(args=argv, prog_name="specrun", standalone_mode=False)
-    except typer.Exit as exc:
-        return exc.exit_code
-    except typer.Abort:
-        print("aborted", file=sys.stderr)
-        return INTERRUPTED
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return INTERRUPTED
-    except Exception as exc:
-        if not isinstance(exc, (SpecrunError, OSError, UnicodeError)) and not _is_click_error(exc):
-            raise  # a bug: the traceback is what helps
-        if os.environ.get("SPECRUN_DEBUG"):
-            raise
-        if type(exc).__name__ == "NoArgsIsHelpError" and _is_click_error(exc):  # a bare `specrun` or `specrun pair`
-            print(exc.format_message(), file=sys.stderr)
-            return 2
-        print(f"error: {one_line(exc, argv)}", file=sys.stderr)
-        exit_code = getattr(exc, "exit_code", None)  # click's, or SpecrunError's
-        return exit_code if isinstance(exit_code, int) else 2
-    if result == INTERRUPTED:  # typer turns Ctrl-C inside a command into this exit code
-        print("interrupted", file=sys.stderr)
-    return result if isinstance(result, int) else 0
-
-
-def _register_commands() -> None:
-    """Import the command modules (each registers on `app`) inside the error boundary, so a
-    missing or too old llama-cpp-python is one line, not an import traceback."""
-    from specrun import backend
-
-    backend.check_install()  # first: a missing or too old llama-cpp-python is one line saying what to install
-    from specrun.cli import bench, chat, doctor, generate, models, pair, pull, serve  # noqa: F401
 
 
 class _ClickError(Protocol):
@@ -89,7 +45,7 @@ class _ClickError(Protocol):
     def format_message(self) -> str: ...
 
 
-def _is_click_error(exc: object) -> TypeIs[_ClickError]:
+def is_click_error(exc: object) -> TypeIs[_ClickError]:
     """click's usage errors. Typer 0.2x ships its own copy of click, so they are known by shape."""
     return isinstance(getattr(exc, "exit_code", None), int) and callable(getattr(exc, "format_message", None))
 
@@ -112,7 +68,7 @@ def one_line(exc: Exception, argv: list[str]) -> str:
     """The message for an exception that reached the CLI boundary."""
     if isinstance(exc, SettingError):
         return exc.phrase(option_for(exc.param))
-    if _is_click_error(exc):
+    if is_click_error(exc):
         return _usage_line(exc, argv)
     if isinstance(exc, UnicodeDecodeError):
         return f"input is not UTF-8 text ({exc.reason} at byte {exc.start})"
