@@ -13,19 +13,19 @@ verified. A new prompt is prefilled in chunks that share decodes with the runnin
 rows, so they do not stall behind a long prompt. A prompt that shares most of itself with one still being prefilled
 (requests with one system prompt, arriving together) waits for that prefill and then shares its
 cells (`Context.reuse_prefix`) instead of computing them again. Streams join and leave between
-steps; each reports its events to its own callbacks, as `Generator.run` does for one.
+steps; each hands its events to its own `Consumer`, as `Generator.run`'s stream does.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from specrun.backend import Context
 from specrun.core.auto import rows_to_verify
-from specrun.core.engine import Decode, Generator, OnStep, OnToken, Steps, Verified
-from specrun.core.events import Done, RunResult, Stats, StepEvent, TokenEvent
+from specrun.core.engine import Decode, Generator, Steps, Verified
+from specrun.core.events import Consumer, OnStep, OnToken, RunResult, Stats, StopReason
 from specrun.core.sequences import common_prefix
 from specrun.drafts.base import Decoded, DraftDecode
 
@@ -36,12 +36,10 @@ OnDone = Callable[[RunResult], None]
 class _Stream:
     generator: Generator
     steps: Steps
-    on_token: OnToken | None
-    on_step: OnStep | None
+    consumer: Consumer
     on_done: OnDone | None
     prompt: Sequence[int]
     after: _Stream | None = None  # the stream whose prefill it waits for before it starts
-    tokens: list[int] = field(default_factory=list)
     asks: Decode | None = None  # what it waits for
     drafting: DraftDecode | None = None  # the draft decode it waits for, before it asks
     fed: int = 0  # of a long prefill's tokens, those decoded already
@@ -79,19 +77,23 @@ class Batch:
     ) -> None:
         """Start a generation on `generator`'s sequence; callbacks as `Generator.run`'s, and
         `on_done` with its result. It joins the next decode."""
-        stream = _Stream(
-            generator, generator.steps(prompt, max_tokens, lambda: self._other_rows(stream)), on_token, on_step, on_done, prompt
-        )
+        consumer = Consumer(on_token, on_step)
+        steps = generator.steps(prompt, max_tokens, consumer, lambda: self._other_rows(stream))
+        stream = _Stream(generator, steps, consumer, on_done, prompt)
         stream.after = self._prefill_to_wait_for(stream)
         self.streams.append(stream)
         if stream.after is None:
             self._advance(stream, None)
 
-    def cancel(self, generator: Generator, reason: str = "interrupted") -> None:
+    def cancel(self, generator: Generator, reason: StopReason = "interrupted") -> None:
         """End a generation between steps (its client went away): it rolls back and reports its result."""
         for stream in list(self.streams):
             if stream.generator is generator:
-                self._finish(stream, reason)
+                stream.steps.close()  # it rolls its sequence back in its finally
+                # One cancelled while it waited never started: its generator's stats are the last generation's.
+                stats = Stats(prompt_tokens=len(stream.prompt)) if stream.after is not None else generator.stats
+                stats.stop_reason = reason
+                self._finish(stream, stream.consumer.result(stats))
 
     def step(self) -> None:
         """One decode for every running stream; each then takes its rows and asks again."""
@@ -105,12 +107,12 @@ class Batch:
         logits = self.target.decode_many(parts)
         seconds = time.perf_counter() - started
         self.rows, self.decodes = sum(len(tokens) for _, tokens, _ in parts), self.decodes + 1
-        width = self.rows if all(s.prefilled for s in waiting) else None  # a prompt's rows: off the curve
+        asks = [s.asks for s in waiting if s.asks is not None]
         # (stream, its rows' logits) of each stream whose whole ask was decoded
         done = [(s, rows) for s, rows in zip(waiting, logits) if s.asks is not None and s.fed == len(s.asks.tokens)]
         for stream, rows in done:
             stream.rows = len(rows)
-            self._advance(stream, Verified(rows, seconds, width))
+            self._advance(stream, Verified.of(rows, seconds, asks))
 
     def _draft(self) -> None:
         """Run the draft decodes the streams ask for, every stream's next position in one decode
@@ -146,8 +148,8 @@ class Batch:
             return [group[0][1].alone()]
         started = time.perf_counter()
         rows = group[0][1].context.decode_many([(decode.context, decode.tokens, 1) for _, decode in group])
-        seconds, tokens = time.perf_counter() - started, sum(len(decode.tokens) for _, decode in group)
-        return [Decoded(logits, seconds, tokens) for logits in rows]
+        seconds, decodes = time.perf_counter() - started, [decode for _, decode in group]
+        return [Decoded.of(logits, seconds, decodes) for logits in rows]
 
     def _other_rows(self, stream: _Stream) -> int:
         """The rows the other streams will hold in the next decode, as `stream` sees them while it
@@ -209,33 +211,16 @@ class Batch:
         for the next decode of either, or ends."""
         stream.asks, stream.drafting, stream.fed = None, None, 0
         try:
-            item = stream.steps.send(reply) if reply is not None else next(stream.steps)
-            while not isinstance(item, (Decode, DraftDecode)):
-                if isinstance(item, Done):
-                    return self._finish(stream, item.stats.stop_reason or "max_tokens")
-                stop = self._report(stream, item)
-                if stop:
-                    return self._finish(stream, stop)
-                item = next(stream.steps)
-        except StopIteration:
-            return self._finish(stream, stream.generator.stats.stop_reason or "max_tokens")
-        if isinstance(item, DraftDecode):
-            stream.drafting = item
-            return
-        stream.asks = item
-        stream.rows = len(item.tokens) if stream.prefilled else min(len(item.tokens), self.prefill_chunk)
+            ask = stream.steps.send(reply) if reply is not None else next(stream.steps)
+        except StopIteration as done:
+            return self._finish(stream, done.value)
+        if isinstance(ask, DraftDecode):
+            stream.drafting = ask
+        else:
+            stream.asks = ask
+            stream.rows = min(len(ask.tokens), self.prefill_chunk) if ask.prompt else len(ask.tokens)
 
-    def _report(self, stream: _Stream, event: TokenEvent | StepEvent) -> str | None:
-        if isinstance(event, TokenEvent):
-            stream.tokens.append(event.token)
-            return stream.on_token(event) if stream.on_token else None
-        return stream.on_step(event, stream.generator.stats) if stream.on_step else None
-
-    def _finish(self, stream: _Stream, reason: str) -> None:
-        stream.steps.close()  # a stream ended early rolls its sequence back in its finally
-        if stream in self.streams:
-            self.streams.remove(stream)
-        # One cancelled while it waited never started: its generator's stats are the last generation's.
-        stats = Stats(prompt_tokens=len(stream.prompt)) if stream.after is not None else stream.generator.stats
+    def _finish(self, stream: _Stream, result: RunResult) -> None:
+        self.streams.remove(stream)
         if stream.on_done:
-            stream.on_done(RunResult(stream.tokens, stats, reason))  # type: ignore[arg-type]
+            stream.on_done(result)

@@ -1,9 +1,10 @@
 """The speculative core: draft, verify in one target decode, accept/reject, roll back.
 
-`Generator.generate` yields a `StepEvent` per round and a `TokenEvent` per token and
-ends with one `Done` carrying raw counters; rates are derived in `Stats`. `Generator.run`
-is the one consumer of that stream that every front end uses. Plain decoding is the same
-loop without a drafter, so every speed-up is measured against the same code path.
+`Generator.steps` is a generation as a coroutine: it yields the decodes it needs and hands
+a `StepEvent` per round and a `TokenEvent` per token to its `Consumer`; rates are derived in
+`Stats`. `Generator.run` drives it for one stream (`drive`), a `Batch` for several at once.
+Plain decoding is the same loop without a drafter, so every speed-up is measured against the
+same code path.
 """
 
 from __future__ import annotations
@@ -17,7 +18,20 @@ from typing import Generator as PyGenerator
 import numpy as np
 
 from specrun.backend import Context
-from specrun.core.events import Done, Event, RunResult, Stats, StepEvent, StopReason, TokenEvent, TokenSource
+from specrun.core.driver import drive
+from specrun.core.events import (
+    Consumer,
+    Done,
+    Event,
+    OnStep,
+    OnToken,
+    RunResult,
+    Stats,
+    StepEvent,
+    StopReason,
+    TokenEvent,
+    TokenSource,
+)
 from specrun.core.policy import DraftPolicy, FixedK, StepRecord
 from specrun.core.sampling import Distribution, Sampler, SamplerSettings, filtered, greedy_verify, verify
 from specrun.drafts.base import CatchUp, Decoded, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
@@ -56,33 +70,46 @@ class Step(NamedTuple):
         return StepEvent(len(self.draft.tokens), self.accepted, self.draft.source)
 
 
-class Decode(NamedTuple):
-    """A stream's part of the next target decode: tokens after those its cache holds, logits for
-    the last `rows`; for a verify whose draft may be cut, each draft row's expected tokens
-    (`DraftPolicy.chances`): a batch may decode fewer of them, and returns a row for each it did."""
-
-    tokens: Sequence[int]
-    rows: int
-    chances: Sequence[float] = ()
-
-    def cut(self, drafted: int) -> Decode:
-        """The verify with only its first `drafted` draft tokens."""
-        return Decode(self.tokens[: drafted + 1], drafted + 1, self.chances[:drafted])
-
-
 class Verified(NamedTuple):
-    """What that decode gave the stream: its rows' logits, and the decode's seconds and rows
-    (every stream's; None where it held a prompt's rows too, and its time is no verify's)."""
+    """What a target decode gave a stream: its rows' logits, and the decode's seconds and width
+    (rows of every stream in it; None where it held a prompt's rows: its time is no verify's)."""
 
     logits: np.ndarray
     seconds: float
     width: int | None
 
+    @classmethod
+    def of(cls, logits: np.ndarray, seconds: float, asks: Sequence[Decode]) -> Verified:
+        """A stream's rows of a decode of `asks` (every stream's) that took `seconds`."""
+        prompt = any(ask.prompt for ask in asks)
+        return cls(logits, seconds, None if prompt else sum(len(ask.tokens) for ask in asks))
+
+
+class Decode(NamedTuple):
+    """A stream's part of the next target decode: tokens onto `context` (its sequence of the target's
+    cache) after those it holds, logits for the last `rows`; for a verify whose draft may be cut,
+    each draft row's expected tokens (`DraftPolicy.chances`): a batch may decode fewer of them, and
+    returns a row for each it did. `prompt`: the tokens are a prompt's, not a verify's."""
+
+    context: Context
+    tokens: Sequence[int]
+    rows: int
+    chances: Sequence[float] = ()
+    prompt: bool = False
+
+    def cut(self, drafted: int) -> Decode:
+        """The verify with only its first `drafted` draft tokens."""
+        return self._replace(tokens=self.tokens[: drafted + 1], rows=drafted + 1, chances=self.chances[:drafted])
+
+    def alone(self) -> Verified:
+        """Run as a decode of its own (one stream)."""
+        started = time.perf_counter()
+        logits = self.context.eval(self.tokens, self.rows)
+        return Verified.of(logits, time.perf_counter() - started, [self])
+
 
 EventStream = PyGenerator[Event, None, None]
-Steps = PyGenerator["Event | Decode | DraftDecode", "Verified | Decoded", None]
-OnToken = Callable[[TokenEvent], "StopReason | None"]
-OnStep = Callable[[StepEvent, Stats], "StopReason | None"]
+Steps = PyGenerator["Decode | DraftDecode", "Verified | Decoded", RunResult]
 NO_DRAFT = Draft()
 DEFAULT_K = 8
 
@@ -117,45 +144,54 @@ class Generator:
         self.stats = Stats()  # the running (or last) generation's counters
         self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
-    def generate(self, prompt: Sequence[int], max_tokens: int) -> EventStream:
-        """Stream the continuation of `prompt`; the target cache ends holding all but the last token.
+    def run(
+        self, prompt: Sequence[int], max_tokens: int, on_token: OnToken | None = None, on_step: OnStep | None = None
+    ) -> RunResult:
+        """The generation of up to `max_tokens` after `prompt`, each decode alone (one stream).
 
-        The prefill decodes the whole prompt, so the first token comes with it (as llama.cpp's
-        tools do); drafting starts from that token. One stream: each Decode is one eval.
+        `on_token` and `on_step` see each event as it comes; one that returns a stop reason
+        ends the generation there (the caches roll back to what was emitted). However the
+        loop ends, even by an exception, the generation is closed before this returns.
         """
-        steps = self.steps(prompt, max_tokens)
+        return drive(self.steps(prompt, max_tokens, Consumer(on_token, on_step)))
+
+    def generate(self, prompt: Sequence[int], max_tokens: int) -> EventStream:
+        """`run`'s generation as a stream of its events, handed out after each decode, and last a
+        `Done` with the stats. Closing the stream early closes the generation."""
+        events: list[Event] = []
+        steps = self.steps(prompt, max_tokens, Consumer(events.append, lambda event, stats: events.append(event)))
         try:
-            item = next(steps)
+            ask = next(steps)
             while True:
-                if isinstance(item, Decode):
-                    started = time.perf_counter()
-                    logits = self.target.eval(item.tokens, item.rows)
-                    item = steps.send(Verified(logits, time.perf_counter() - started, len(item.tokens)))
-                elif isinstance(item, DraftDecode):
-                    item = steps.send(item.alone())
-                else:
-                    yield item
-                    item = next(steps)
-        except StopIteration:
-            pass
+                yield from _taken(events)
+                ask = steps.send(ask.alone())
+        except StopIteration as done:
+            yield from _taken(events)
+            yield Done(done.value.stats)
         finally:
             steps.close()
 
-    def steps(self, prompt: Sequence[int], max_tokens: int, other_rows: Callable[[], int] = lambda: 0) -> Steps:
-        """The generation as a coroutine: it yields its events, a `Decode` where it needs the
-        target, to be sent the `Verified` rows back, and a `DraftDecode` where its draft needs a
-        model's, to be sent what it `Decoded`. `generate` does that for one stream; a `Batch` decodes
-        several streams' at once, `other_rows` saying how many rows the other streams will put
-        in the target's decode when a stream sizes its draft."""
+    def steps(
+        self, prompt: Sequence[int], max_tokens: int, consumer: Consumer | None = None, other_rows: Callable[[], int] = lambda: 0
+    ) -> Steps:
+        """The generation as a coroutine: it yields a `Decode` where it needs the target, to be sent
+        the `Verified` rows back, and a `DraftDecode` where its draft needs a model's, to be sent what
+        it `Decoded`; it hands each event to `consumer` and returns the `RunResult`. `drive` runs it
+        for one stream; a `Batch` decodes several streams' at once, `other_rows` saying how many
+        rows the other streams will put in the target's decode when a stream sizes its draft.
+
+        The prefill decodes the whole prompt, so the first token comes with it (as llama.cpp's
+        tools do); drafting starts from that token. The target cache ends holding all but the last token.
+        """
+        consumer = consumer or Consumer()
         history = self._checked_prompt(prompt)
-        # Also kept on the generator: a consumer that stops early (stop string, Ctrl-C) never sees Done.
+        # Also kept on the generator: a consumer that stops early (stop string, Ctrl-C) never sees the result.
         self.stats = stats = Stats(
             prompt_tokens=len(history), counters=dict.fromkeys(self.drafter.counters if self.drafter else (), 0.0)
         )
         started = time.perf_counter()
         cached = self.target.reuse_prefix(history[:-1])  # the last is decoded for its logits
-        prefill = yield Decode(history[cached:], 1)
-        assert isinstance(prefill, Verified), "a Decode is answered with its Verified rows"
+        prefill = yield Decode(self.target, history[cached:], 1, prompt=True)
         stats.prefilled_tokens, stats.prefills, stats.prefill_s = len(history) - cached, 1, time.perf_counter() - started
         started = time.perf_counter()
         text = codecs.getincrementaldecoder("utf-8")("replace")
@@ -164,7 +200,7 @@ class Generator:
                 checked_at = time.perf_counter()
                 _, emitted = self._accepted(NO_DRAFT, prefill.logits)
                 stats.check_s += time.perf_counter() - checked_at
-                yield from self._emitted(emitted, history, text, stats)
+                self._emitted(emitted, history, text, stats, consumer)
             while not (stop := self._stop_reason(stats, max_tokens)):
                 # A recurrent target can drop again only as many drafted tokens as it keeps snapshots for.
                 limit = min(
@@ -172,44 +208,17 @@ class Generator:
                 )
                 step = yield from self._step(history, limit, other_rows)
                 self._count(step, stats)
-                yield step.event
-                yield from self._emitted(step.emitted, history, text, stats)
+                stats.stop_reason = consumer.step(step.event, stats) or ""
+                if not stats.stop_reason:
+                    self._emitted(step.emitted, history, text, stats, consumer)
             stats.stop_reason = stop
         finally:
-            # Whatever happened (including an abandoned generator), caches hold only history;
-            # a generator closed after its session has no caches left to roll back.
+            # Whatever happened (including an abandoned generation), caches hold only history;
+            # a generation closed after its session has no caches left to roll back.
             if not self.target.closed:
                 self._rollback(history)
             stats.generate_s = time.perf_counter() - started
-        yield Done(stats)
-
-    def run(
-        self, prompt: Sequence[int], max_tokens: int, on_token: OnToken | None = None, on_step: OnStep | None = None
-    ) -> RunResult:
-        """Drive `generate` to its end: the one consumer of the event stream.
-
-        `on_token` and `on_step` see each event as it comes; one that returns a stop reason
-        ends the generation there (the caches roll back to what was emitted). However the
-        loop ends, even by an exception, the generator is closed before this returns.
-        """
-        tokens: list[int] = []
-        events = self.generate(prompt, max_tokens)
-        try:
-            for event in events:
-                if isinstance(event, Done):
-                    reason = event.stats.stop_reason
-                    assert reason, "a finished generation says why it ended"
-                    return RunResult(tokens, event.stats, reason)
-                if isinstance(event, TokenEvent):
-                    tokens.append(event.token)
-                    stop = on_token(event) if on_token else None
-                else:
-                    stop = on_step(event, self.stats) if on_step else None
-                if stop:
-                    return RunResult(tokens, self.stats, stop)
-        finally:
-            events.close()
-        raise SpecrunError("the generation ended without its Done event")  # generate() always yields one
+        return consumer.result(stats)
 
     def _stop_reason(self, stats: Stats, max_tokens: int) -> StopReason | None:
         if stats.stop_reason:
@@ -237,7 +246,7 @@ class Generator:
         draft = (yield from self._proposed(history, limit, other_rows())) if drafting else NO_DRAFT
         drafted_at = time.perf_counter()
         chances = self.policy.chances(draft.budget, len(draft.tokens), draft.confidences) if draft.budget else ()
-        verified = yield Decode([history[-1], *draft.tokens], len(draft.tokens) + 1, chances)
+        verified = yield Decode(self.target, [history[-1], *draft.tokens], len(draft.tokens) + 1, chances)
         assert isinstance(verified, Verified), "a Decode is answered with its Verified rows"
         draft = self._verified_part(draft, len(verified.logits) - 1)
         checked_at = time.perf_counter()
@@ -278,14 +287,23 @@ class Generator:
         return accepted, emitted
 
     def _emitted(
-        self, emitted: list[tuple[int, TokenSource]], history: list[int], text: codecs.IncrementalDecoder, stats: Stats
-    ) -> PyGenerator[TokenEvent, None, None]:
-        """Add the emitted tokens to the history (the caches roll back to it) and stream them."""
+        self,
+        emitted: list[tuple[int, TokenSource]],
+        history: list[int],
+        text: codecs.IncrementalDecoder,
+        stats: Stats,
+        consumer: Consumer,
+    ) -> None:
+        """Add the emitted tokens to the history (the caches roll back to it) and hand them to the
+        consumer, which may stop the generation at any of them."""
         history += [token for token, _ in emitted]
         self._rollback(history)
         for token, source in emitted:
             stats.tokens += 1
-            yield TokenEvent(token, text.decode(self.target.model.piece(token)), source)
+            stop = consumer.token(TokenEvent(token, text.decode(self.target.model.piece(token)), source))
+            if stop:
+                stats.stop_reason = stop
+                return
         if emitted[-1][0] in self.eog:
             stats.stop_reason = "eog"
 
@@ -349,3 +367,10 @@ class Generator:
         dists = draft.dists[:n] if draft.dists is not None else None
         confidences = draft.confidences[:n] if draft.confidences is not None else None
         return replace(draft, tokens=draft.tokens[:n], dists=dists, confidences=confidences)
+
+
+def _taken(events: list[Event]) -> list[Event]:
+    """The events so far, the list emptied for the next."""
+    taken = events[:]
+    events.clear()
+    return taken

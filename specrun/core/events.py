@@ -1,4 +1,5 @@
-"""What a generation streams (`TokenEvent`, `StepEvent`, `Done`) and the counters it keeps (`Stats`).
+"""What a generation streams (`TokenEvent`, `StepEvent`, `Done`), the counters it keeps (`Stats`),
+and the one consumer of its events (`Consumer`).
 
 Steps are counted as llama.cpp counts them: the prefill's decode, which gives the first token,
 is not a step; each later target decode is one, and a step that verified a draft is a draft.
@@ -9,7 +10,7 @@ read as llama.cpp's "mean acc len" and "accept" for the same run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal, Union
+from typing import Callable, Literal, Union
 
 TokenSource = Literal["draft", "target", "bonus"]
 """Where an emitted token came from: an accepted guess, the target's own token, or the one
@@ -150,3 +151,29 @@ class RunResult:
     tokens: list[int]  # every emitted token, an end-of-generation token included
     stats: Stats
     stop_reason: StopReason
+
+
+OnToken = Callable[[TokenEvent], "StopReason | None"]
+OnStep = Callable[[StepEvent, Stats], "StopReason | None"]
+
+
+class Consumer:
+    """The one consumer of a generation's events, alone or in a batch: it hands each to the
+    callbacks and keeps the tokens. A callback that returns a stop reason ends the generation
+    there (a stop string, a client gone); otherwise it ends as the generation says."""
+
+    def __init__(self, on_token: OnToken | None = None, on_step: OnStep | None = None):
+        self.on_token, self.on_step = on_token, on_step
+        self.tokens: list[int] = []
+
+    def token(self, event: TokenEvent) -> StopReason | None:
+        self.tokens.append(event.token)
+        return self.on_token(event) if self.on_token else None
+
+    def step(self, event: StepEvent, stats: Stats) -> StopReason | None:
+        return self.on_step(event, stats) if self.on_step else None
+
+    def result(self, stats: Stats) -> RunResult:
+        """The generation's result; every generation that ended says why (`stats.stop_reason`)."""
+        assert stats.stop_reason, "a finished generation says why it ended"
+        return RunResult(self.tokens, stats, stats.stop_reason)

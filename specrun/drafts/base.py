@@ -44,6 +44,7 @@ from typing import Any, Callable, Concatenate, Generator, Literal, Mapping, Name
 
 import numpy as np
 
+from specrun.core.driver import drive
 from specrun.core.policy import PRIOR, Budget, DraftPolicy
 from specrun.core.sampling import Distribution, Sampler
 
@@ -106,6 +107,11 @@ class Decoded(NamedTuple):
     seconds: float
     tokens: int
 
+    @classmethod
+    def of(cls, logits: np.ndarray, seconds: float, decodes: Sequence[DraftDecode]) -> Decoded:
+        """A source's row of one decode of `decodes` (every stream's) that took `seconds`."""
+        return cls(logits, seconds, sum(len(decode.tokens) for decode in decodes))
+
     def share_s(self, tokens: int) -> float:
         """The seconds of the decode that `tokens` of its tokens account for."""
         return self.seconds * tokens / self.tokens
@@ -135,7 +141,7 @@ class DraftDecode(NamedTuple):
         """Run as a decode of its own (one stream)."""
         started = time.perf_counter()
         logits = self.context.eval(self.tokens)
-        return Decoded(logits, time.perf_counter() - started, len(self.tokens))
+        return Decoded.of(logits, time.perf_counter() - started, [self])
 
 
 Result = TypeVar("Result")
@@ -162,13 +168,7 @@ def without_decodes(propose: Callable[Concatenate[Source, Args], Draft]) -> Call
 
 def drafted(source: DraftSource, history: Sequence[int], request: DraftRequest) -> Draft:
     """`source`'s draft for one stream, each decode it asks for run on its own."""
-    drafting = source.propose(history, request)
-    try:
-        decode = next(drafting)
-        while True:
-            decode = drafting.send(decode.alone())
-    except StopIteration as done:
-        return done.value
+    return drive(source.propose(history, request))
 
 
 class DraftSource(Protocol):

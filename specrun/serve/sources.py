@@ -12,12 +12,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Callable, Sequence
+from typing import Sequence
 
 from specrun.core.engine import Generator
-from specrun.core.events import Stats, StepEvent, StopReason, TokenEvent, TokenSource
-
-OnToken = Callable[[TokenEvent], "StopReason | None"]
+from specrun.core.events import OnToken, Stats, StepEvent, StopReason, TokenEvent, TokenSource
 
 
 @dataclass(frozen=True)
