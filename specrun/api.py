@@ -17,6 +17,7 @@ from specrun.chat.reply import Piece, Reply
 from specrun.chat.runner import ChatRunner
 from specrun.config import SessionConfig
 from specrun.core.events import Stats, StepEvent
+from specrun.drafts import registry
 from specrun.hub import resolve_pair
 from specrun.session import Session
 
@@ -46,6 +47,7 @@ def load(
     `options` are `SessionConfig`'s other fields: `lookup=True` drafts by prompt lookup,
     `k` sets the draft length ("auto", "llama.cpp" or a number), `sampler` takes a
     `SamplerSettings`, `store_tokens` keeps n-grams of earlier generations to draft from,
+    `sources` names further registered draft sources (`specrun.drafts.registry.names()`),
     and `n_ctx`, `threads`, `n_gpu_layers`, `rpc` and the rest set up llama.cpp.
     Raises `SpecrunError` (one line saying what to do) for a bad name, a failed
     download, a draft whose vocabulary does not match the target's, or a bad setting.
@@ -75,9 +77,11 @@ def resolve(
     servers = tuple(dict.fromkeys((*options.get("rpc", ()), *options.get("draft_rpc", ()))))
     if servers:  # before any download: a server that is down fails in a second
         backend.check_rpc(servers)
-    if draft == "mtp":  # the target's own MTP layers draft: a source of its own, no second model
-        options["sources"] = (*options.get("sources", ()), "mtp")
+    kind = registry.named_by_draft(draft)
+    if kind is not None:  # a source that drafts as a model (mtp: the target's own MTP layers), no second GGUF
+        options["sources"] = (*options.get("sources", ()), kind)
         draft = None
+    registry.check_names(options.get("sources", ()))
     target_model, draft_model = resolve_pair(
         None if target is None else str(target),
         None if draft is None else str(draft),

@@ -24,7 +24,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 def verify_cost_cache(tmp_path, monkeypatch):
     """Each test measures verify costs afresh and keeps them in its own folder, not the user's cache."""
     path = tmp_path / "verify-costs.json"
-    monkeypatch.setattr("specrun.cost_cache.cache_file", lambda: path)
+    monkeypatch.setattr("specrun.session.cost_cache.cache_file", lambda: path)
     return path
 
 

@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from specrun.bench.methods import METHODS, plan_variants
+from specrun.bench.methods import drafter, plan_variants
 from specrun.bench.runner import measure, run_variant
-from specrun.cli.app import run_app
+from specrun.cli import run_app
 from specrun.config import SessionConfig
 from specrun.core.sampling import SamplerSettings
 from specrun.session import Session
@@ -67,9 +67,11 @@ def test_runs_interleave_and_reuse_contexts_with_emptied_caches(tiny):
 
 def generated(session, variant, prompt, settings=GREEDY, seed=0):
     """The tokens one run of `variant` produces, from a generator made here, not by the bench."""
-    drafter = METHODS[variant.method](session)
+    source = drafter(session, variant.method)
     session.target.truncate(0)
-    generator = session.generator(plain=drafter is None, policy=variant.k, sampler=replace(settings, seed=seed), drafter=drafter)
+    if source is not None:
+        source.rollback([])
+    generator = session.generator(plain=source is None, policy=variant.k, sampler=replace(settings, seed=seed), drafter=source)
     return generator.run(prompt, 10).tokens
 
 

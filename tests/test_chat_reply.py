@@ -3,7 +3,7 @@
 from specrun.chat.formats import plain_transcript
 from specrun.chat.reply import StopScanner, stream_reply
 from specrun.core.engine import Generator
-from specrun.core.events import Done, Stats, StepEvent, TokenEvent
+from specrun.core.events import Stats, StepEvent, TokenEvent
 
 EOG = 99
 
@@ -36,10 +36,11 @@ def test_released_text_keeps_each_characters_source():
 
 
 class ScriptedGenerator:
-    """Yields a fixed event script like Generator.generate; records being closed."""
+    """Hands a fixed event script to the engine's consumer as Generator.steps does, asking for no
+    decode; records being closed."""
 
     eog = frozenset({EOG})
-    run = Generator.run  # the engine's one consumer of the stream, over this script
+    run = Generator.run  # the engine's one driver and consumer, over this script
 
     def __init__(self, pieces, interrupt_after=None):
         self.pieces = pieces  # (token, text, source)
@@ -47,20 +48,25 @@ class ScriptedGenerator:
         self.stats = Stats()
         self.closed = False
 
-    def generate(self, prompt, max_tokens):
-        self.stats = Stats(prompt_tokens=len(prompt))
+    def steps(self, prompt, max_tokens, consumer):
+        yield from ()  # a coroutine like Generator.steps, with no decode to ask for
+        stats = self.stats = Stats(prompt_tokens=len(prompt))
         try:
             for i, (token, text, source) in enumerate(self.pieces):
                 if i == self.interrupt_after:
                     raise KeyboardInterrupt  # Ctrl-C landing inside the engine
-                self.stats.count_step(1, int(source == "draft"))
-                yield StepEvent(1, int(source == "draft"))
-                self.stats.tokens += 1
-                yield TokenEvent(token, text, source)
-            self.stats.stop_reason = "eog" if self.pieces[-1][0] == EOG else "max_tokens"
+                stats.count_step(1, int(source == "draft"))
+                stats.stop_reason = consumer.step(StepEvent(1, int(source == "draft")), stats) or ""
+                if not stats.stop_reason:
+                    stats.tokens += 1
+                    stats.stop_reason = consumer.token(TokenEvent(token, text, source)) or ""
+                if stats.stop_reason:
+                    break
+            else:
+                stats.stop_reason = "eog" if self.pieces[-1][0] == EOG else "max_tokens"
         finally:
             self.closed = True
-        yield Done(self.stats)
+        return consumer.result(stats)
 
 
 class RecordingView:

@@ -245,7 +245,7 @@ def shared_costs(tmp_path_factory):
 @pytest.fixture
 def verify_cost_cache(shared_costs, monkeypatch):
     """Overrides conftest's: the examples share one measurement of the verify costs, as a user's runs do."""
-    monkeypatch.setattr("specrun.cost_cache.cache_file", lambda: shared_costs)
+    monkeypatch.setattr("specrun.session.cost_cache.cache_file", lambda: shared_costs)
     return shared_costs
 
 

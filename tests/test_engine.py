@@ -12,8 +12,9 @@ from specrun.core.events import Done, StepEvent, TokenEvent
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts.base import Chain, Draft, DraftRequest, drafted, model_part
+from specrun.drafts.feeding import MIN_WINDOW, FeedCost
 from specrun.drafts.lookup import PromptLookup
-from specrun.drafts.model import MIN_WINDOW, DraftModel, FeedCost
+from specrun.drafts.model import DraftModel
 from specrun.errors import SpecrunError
 from specrun.session import Session
 
@@ -175,7 +176,7 @@ def test_a_draft_far_behind_catches_up_on_its_first_token_and_a_window_where_the
 
 
 def test_a_first_feed_times_a_batch_and_one_token_and_feeds_all_where_that_shows_it_cheap(tiny, monkeypatch):
-    monkeypatch.setattr("specrun.drafts.model.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
+    monkeypatch.setattr("specrun.drafts.feeding.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
     model = Model(tiny["draft"], role="draft")
     try:
         drafter = DraftModel(Context(model, ContextOptions(n_ctx=1024)), sample=False)

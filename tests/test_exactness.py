@@ -35,8 +35,9 @@ from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings, filtered
 from specrun.drafts.base import Chain
 from specrun.drafts.bridge import VocabBridge
+from specrun.drafts.feeding import Picker
 from specrun.drafts.lookup import PromptLookup
-from specrun.drafts.model import DraftModel, Picker
+from specrun.drafts.model import DraftModel
 from specrun.drafts.translated import TranslatingDraft
 from specrun.session import Session
 

@@ -7,7 +7,8 @@ from specrun.config import SessionConfig
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts.base import DraftRequest, drafted
-from specrun.drafts.store import NgramStore, StoreLookup
+from specrun.drafts.store import NgramStore
+from specrun.drafts.store_lookup import StoreLookup
 from specrun.errors import SpecrunError
 from specrun.session import Session
 from specrun.settings import SettingError
@@ -121,7 +122,7 @@ def test_bench_reports_the_store_as_its_own_method_learning_only_from_earlier_pr
 def test_bench_store_method_from_the_command_line(tiny, tmp_path):
     import json
 
-    from specrun.cli.app import run_app
+    from specrun.cli import run_app
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello world , what was it\nhello world , what was it\n")

@@ -190,7 +190,7 @@ def test_policies_keep_greedy_output_exact(tiny, drafting, k, monkeypatch):
     under auto too: a tiny model's batch is hardly cheaper per token than one token, so its
     catch-up window would be the least one, without the copy 90 tokens back.
     """
-    monkeypatch.setattr("specrun.drafts.model.MIN_WINDOW", 256)
+    monkeypatch.setattr("specrun.drafts.feeding.MIN_WINDOW", 256)
     config = SessionConfig(
         target=tiny["confident"],
         draft=tiny["confident"] if drafting != "lookup" else None,

@@ -17,7 +17,7 @@ from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts.base import DraftRequest, drafted
 from specrun.drafts.bridge import SPECIAL, VocabBridge
-from specrun.drafts.model import MIN_WINDOW, FeedCost
+from specrun.drafts.feeding import MIN_WINDOW, FeedCost
 from specrun.drafts.translated import TranslatingDraft
 from specrun.errors import IncompatibleError, SpecrunError
 from specrun.session import Session
@@ -188,7 +188,7 @@ def test_a_draft_far_behind_reads_its_start_token_and_a_window_where_the_policy_
 
 
 def test_a_first_feed_that_shows_feeding_cheap_feeds_a_translated_draft_all_of_it(translating, monkeypatch):
-    monkeypatch.setattr("specrun.drafts.model.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
+    monkeypatch.setattr("specrun.drafts.feeding.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
     target, drafter = translating
     history = target.tokenize(" ".join([PROMPT] * 8))
     drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY, "window"))

@@ -3,46 +3,47 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from specrun.core.policy import parse_k
-from specrun.drafts.base import Chain, DraftSource, model_part
+from specrun.drafts import registry
+from specrun.drafts.base import DraftSource, chained, model_part
 from specrun.errors import SpecrunError
 from specrun.session import Session
 
 PLAIN = "plain"
+DRAFT = "draft"  # the draft --draft names: a GGUF, or a source that drafts as a model (--draft mtp)
+# Methods that ask several sources in turn, each by its registered name (or the draft).
+CHAINS = {"hybrid": ("lookup", DRAFT), "store": ("lookup", "store")}
+NEEDS_DRAFT_MODEL = {DRAFT, "hybrid"}
+NEEDS_STORE = {"store"}
 
 
-def _lookup(session: Session, slot: int = 0) -> DraftSource:
-    return session.source("lookup", slot)  # fresh per run: its index is the run's history
+def method_names() -> list[str]:
+    """Plain decoding (the baseline, always measured), lookup, the draft and the chains as they
+    have always been listed, then every other registered source alone."""
+    return list(dict.fromkeys([PLAIN, "lookup", DRAFT, *CHAINS, *registry.names()]))
 
 
-def _draft_model(session: Session, slot: int = 0) -> DraftSource:
+def sources_of(methods: list[str]) -> tuple[str, ...]:
+    """The registered sources the methods ask for (the draft and the store are set up by their own options)."""
+    names = [name for method in methods for name in CHAINS.get(method, (method,))]
+    return tuple(dict.fromkeys(name for name in names if name not in (PLAIN, DRAFT, "store")))
+
+
+def drafter(session: Session, method: str, slot: int = 0) -> DraftSource | None:
+    """What drafts for `method` on stream `slot`: None for plain, else the session's own sources."""
+    if method == PLAIN:
+        return None
+    return chained(
+        [_draft(session, slot) if name == DRAFT else session.source(name, slot) for name in CHAINS.get(method, (method,))]
+    )
+
+
+def _draft(session: Session, slot: int) -> DraftSource:
     model = model_part(session.drafter_for(slot))  # alone, or chained with lookup and store
     if model is None:
         raise SpecrunError("the draft method needs a draft model: pass --draft PATH")
     return model
-
-
-def _hybrid(session: Session, slot: int = 0) -> DraftSource:
-    return Chain(_lookup(session, slot), _draft_model(session, slot))  # lookup when the context matches, else the model
-
-
-def _store(session: Session, slot: int = 0) -> DraftSource:
-    # Lookup in the prompt first, then the n-grams of the run's earlier prompts and outputs.
-    return Chain(_lookup(session, slot), session.source("store", slot))
-
-
-# Method name -> drafter for one run on a stream (slot). Plain decoding is the baseline, always measured.
-METHODS: dict[str, Callable[..., DraftSource | None]] = {
-    PLAIN: lambda session, slot=0: None,
-    "lookup": _lookup,
-    "draft": _draft_model,
-    "hybrid": _hybrid,
-    "store": _store,
-}
-NEEDS_DRAFT_MODEL = {"draft", "hybrid"}
-NEEDS_STORE = {"store"}
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,12 @@ def parse_k_values(text: str) -> list[int | str]:
 
 def parse_methods(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
+    known = method_names()
     if not names:
-        raise SpecrunError(f"--methods is empty: give a comma list of {', '.join(METHODS)}")
+        raise SpecrunError(f"--methods is empty: give a comma list of {', '.join(known)}")
     for name in names:
-        if name not in METHODS:
-            raise SpecrunError(f"--methods: unknown method {name!r} (known: {', '.join(METHODS)})")
+        if name not in known:
+            raise SpecrunError(f"--methods: unknown method {name!r} (known: {', '.join(known)})")
     return list(dict.fromkeys(names))
 
 

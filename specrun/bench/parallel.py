@@ -11,7 +11,7 @@ from typing import Sequence
 
 from rich.table import Table
 
-from specrun.bench.methods import METHODS, PLAIN, Variant
+from specrun.bench.methods import PLAIN, Variant, drafter
 from specrun.core.events import RunResult, TokenEvent
 from specrun.core.sampling import SamplerSettings
 from specrun.grammar.schemas import Grammar
@@ -64,11 +64,11 @@ def _serve(
     while waiting or batch.streams:
         while waiting and slots:
             index, slot = waiting.pop(0), slots.pop(0)
-            drafter = METHODS[variant.method](session, slot)
-            if drafter is not None:
-                drafter.rollback([])
+            source = drafter(session, variant.method, slot)
+            if source is not None:
+                source.rollback([])
             generator = session.generator(
-                plain=drafter is None, policy=variant.k, sampler=settings, drafter=drafter, grammar=grammars[index], slot=slot
+                plain=source is None, policy=variant.k, sampler=settings, drafter=source, grammar=grammars[index], slot=slot
             )
 
             def first(event: TokenEvent, index: int = index) -> None:

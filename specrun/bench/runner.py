@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Generator, Sequence
 
-from specrun.bench.methods import METHODS, PLAIN, Variant
+from specrun.bench.methods import PLAIN, Variant, drafter
 from specrun.core.events import Stats
 from specrun.core.sampling import SamplerSettings
 from specrun.errors import SpecrunError
@@ -97,15 +97,15 @@ def run_variant(
     grammar: Grammar | None = None,
 ) -> tuple[list[int], Stats]:
     """One timed generation of `variant` from empty caches: its tokens and stats."""
-    drafter = METHODS[variant.method](session)
+    source = drafter(session, variant.method)
     # Empty the KV caches so no run reuses the previous run's prompt.
     session.target.truncate(0)
-    if drafter is not None:
-        drafter.rollback([])
+    if source is not None:
+        source.rollback([])
     # Same seed for every method, so at temperature > 0 all start from the same stream;
     # auto measures verify costs once per session.
     generator = session.generator(
-        plain=drafter is None, policy=variant.k, sampler=replace(settings, seed=seed), drafter=drafter, grammar=grammar
+        plain=source is None, policy=variant.k, sampler=replace(settings, seed=seed), drafter=source, grammar=grammar
     )
     run = generator.run(prompt, max_tokens)
     return run.tokens, run.stats

@@ -19,7 +19,17 @@ from specrun.backend import system_info
 from specrun.bench import export, view
 from specrun.bench import parallel as parallel_bench
 from specrun.bench import prompts as prompt_files
-from specrun.bench.methods import NEEDS_DRAFT_MODEL, NEEDS_STORE, PLAIN, parse_k_values, parse_methods, plan_variants
+from specrun.bench.methods import (
+    NEEDS_DRAFT_MODEL,
+    NEEDS_STORE,
+    PLAIN,
+    Variant,
+    method_names,
+    parse_k_values,
+    parse_methods,
+    plan_variants,
+    sources_of,
+)
 from specrun.bench.plot import check_plot_path, save_plot
 from specrun.bench.results import SPEEDUP_DEFINITION, TOKENS_PER_S_DEFINITION, Results
 from specrun.bench.runner import measure, tokenize_all
@@ -55,58 +65,97 @@ KList = Annotated[
         help="Comma list of draft lengths, 'auto' and 'llama.cpp' (default 4,8,auto on built-in sets, 2,4,8,16,auto on a file).",
     ),
 ]
+Prompts = Annotated[
+    Optional[Path],
+    typer.Argument(help="Prompts: .txt (one per line, or blocks split by ---) or .jsonl (default: the built-in sets)."),
+]
+PromptSet = Annotated[
+    Optional[str],
+    typer.Option(
+        "--set",
+        help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)} (structured: held to JSON schemas; default: {','.join(prompt_files.DEFAULT_SETS)}).",
+    ),
+]
+Methods = Annotated[
+    Optional[str],
+    typer.Option(
+        "--methods",
+        help=f"Comma list of {', '.join(method_names())} (default plain,lookup,draft; draft: the --draft model; hybrid: lookup, then the draft; store: lookup, then n-grams of the earlier prompts and outputs of the run; any other: that registered source alone).",
+    ),
+]
+MaxTokens = Annotated[
+    Optional[int], typer.Option("--max-tokens", "-n", help="Tokens per run (default 96 on built-in sets, 128 on a file).")
+]
+Repeat = Annotated[
+    Optional[int], typer.Option("--repeat", help="Timed runs per prompt and method; tok/s is their median (default 1).")
+]
+Warmup = Annotated[int, typer.Option("--warmup", help="Untimed rounds of every method on the first prompt.")]
+JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE (default: none).")]
+CsvOut = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE (default: none).")]
+PlotOut = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--plot", help="Save acceptance and speed-up charts to FILE (.png, .svg, ...; needs the plot extra; default: none)."
+    ),
+]
+Parallel = Annotated[
+    int,
+    typer.Option(
+        "--parallel",
+        "-np",
+        help="Run the prompts N at a time, as a server with N slots does, and report aggregate tok/s and latency percentiles (each with --ctx-size tokens; default 1: one at a time, per prompt).",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """The files a bench writes besides its table."""
+
+    json: Path | None
+    csv: Path | None
+    plot: Path | None
+
+    def check(self) -> None:
+        for path, option in ((self.json, "--json"), (self.csv, "--csv"), (self.plot, "--plot")):
+            if path is not None:
+                check_writable(path, option)
+        if self.plot is not None:
+            check_plot_path(self.plot)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a bench runs: the prompts, each method at each k, and how often."""
+
+    prompts: list[prompt_files.Prompt]
+    source_name: str  # where the prompts came from
+    methods: list[str]
+    ks: list[int | str]
+    max_tokens: int
+    repeat: int
+    warmup: int
+
+    @property
+    def variants(self) -> list[Variant]:
+        return plan_variants(self.methods, self.ks)
 
 
 @app.command()
 @o.model_options
 def bench(
-    prompts: Annotated[
-        Optional[Path],
-        typer.Argument(help="Prompts: .txt (one per line, or blocks split by ---) or .jsonl (default: the built-in sets)."),
-    ] = None,
-    prompt_set: Annotated[
-        Optional[str],
-        typer.Option(
-            "--set",
-            help=f"Built-in sets instead of PROMPTS: {', '.join(prompt_files.BUILTIN_SETS)} (structured: held to JSON schemas; default: {','.join(prompt_files.DEFAULT_SETS)}).",
-        ),
-    ] = None,
-    methods: Annotated[
-        Optional[str],
-        typer.Option(
-            "--methods",
-            help="Comma list of plain, lookup, draft, hybrid, store (default plain,lookup,draft; draft and hybrid need --draft; store: lookup, then n-grams of the earlier prompts and outputs of the run).",
-        ),
-    ] = None,
+    prompts: Prompts = None,
+    prompt_set: PromptSet = None,
+    methods: Methods = None,
     k: KList = None,
-    max_tokens: Annotated[
-        Optional[int], typer.Option("--max-tokens", "-n", help="Tokens per run (default 96 on built-in sets, 128 on a file).")
-    ] = None,
-    repeat: Annotated[
-        Optional[int], typer.Option("--repeat", help="Timed runs per prompt and method; tok/s is their median (default 1).")
-    ] = None,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds of every method on the first prompt.")] = 1,
+    max_tokens: MaxTokens = None,
+    repeat: Repeat = None,
+    warmup: Warmup = 1,
     store_tokens: o.StoreTokens = DEFAULT_LIMIT,
-    json_out: Annotated[
-        Optional[Path], typer.Option("--json", help="Write every number as JSON to FILE (default: none).")
-    ] = None,
-    csv_out: Annotated[
-        Optional[Path], typer.Option("--csv", help="Write one row per prompt x method x k to FILE (default: none).")
-    ] = None,
-    plot_out: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--plot", help="Save acceptance and speed-up charts to FILE (.png, .svg, ...; needs the plot extra; default: none)."
-        ),
-    ] = None,
-    parallel: Annotated[
-        int,
-        typer.Option(
-            "--parallel",
-            "-np",
-            help="Run the prompts N at a time, as a server with N slots does, and report aggregate tok/s and latency percentiles (each with --ctx-size tokens; default 1: one at a time, per prompt).",
-        ),
-    ] = 1,
+    json_out: JsonOut = None,
+    csv_out: CsvOut = None,
+    plot_out: PlotOut = None,
+    parallel: Parallel = 1,
     *,
     model: o.ModelOptions,
 ) -> None:
@@ -116,46 +165,62 @@ def bench(
     repeat = defaults.repeat if repeat is None else repeat
     check(max_tokens=max_tokens, repeat=repeat, warmup=warmup, store_tokens=store_tokens, parallel=parallel)
     SessionConfig.check_settings({"parallel": parallel, "n_ctx": model.ctx_size * parallel})  # before any note
+    if model.source:
+        raise SpecrunError(f"bench measures a source as a method: give --methods plain,{model.source[0]} instead of --source")
     if parallel > 1 and (csv_out or plot_out or repeat > 1):
         raise SpecrunError("--parallel reports one pass of all prompts per method: leave out --csv, --plot and --repeat")
     ks = parse_k_values(k or defaults.k)
     loaded, source_name = _load_prompts(prompts, prompt_set)
-    _check_outputs(json_out, csv_out, plot_out)
-    method_names = _methods(methods, model.draft)
+    outputs = Outputs(json_out, csv_out, plot_out)
+    outputs.check()
+    plan = Plan(loaded, source_name, _methods(methods, model.draft), ks, max_tokens, repeat, warmup)
     if model.temp > 0 and model.seed is None:
         model = dataclasses.replace(model, seed=secrets.randbelow(2**31))  # one seed, shared by every method and recorded
-    uses_store = bool(NEEDS_STORE & set(method_names))
+    _run(plan, _session_config(model, plan.methods, store_tokens, parallel), outputs)
+
+
+def _session_config(model: o.ModelOptions, methods: list[str], store_tokens: int, parallel: int) -> SessionConfig:
+    """The session every method runs on: the draft, the store and the sources the methods ask for."""
+    uses_store = bool(NEEDS_STORE & set(methods))
     if uses_store and store_tokens < 1:
         raise SpecrunError(f"--methods includes store but --store-tokens is {store_tokens}: give it 1 or more")
     config = model.session_config(
-        store_tokens=store_tokens if uses_store else 0, use_draft=bool(NEEDS_DRAFT_MODEL & set(method_names))
+        store_tokens=store_tokens if uses_store else 0,
+        use_draft=bool(NEEDS_DRAFT_MODEL & set(methods)),
+        sources=sources_of(methods),
     )
-    if parallel > 1:
-        config = dataclasses.replace(config, parallel=parallel, n_ctx=model.ctx_size * parallel)
-    variants = plan_variants(method_names, ks)
+    return dataclasses.replace(config, parallel=parallel, n_ctx=model.ctx_size * parallel) if parallel > 1 else config
+
+
+def _run(plan: Plan, config: SessionConfig, outputs: Outputs) -> None:
+    s = config.sampler
     err_console.print(
-        f"[dim]bench: {len(loaded)} prompts ({source_name}) x {', '.join(v.label for v in variants)}; "
-        f"max {max_tokens} tokens, repeat {repeat}, warmup {warmup}, "
-        f"{'greedy' if model.temp == 0 else f'temperature {model.temp}, seed {model.seed}'}[/]"
+        f"[dim]bench: {len(plan.prompts)} prompts ({plan.source_name}) x {', '.join(v.label for v in plan.variants)}; "
+        f"max {plan.max_tokens} tokens, repeat {plan.repeat}, warmup {plan.warmup}, "
+        f"{'greedy' if s.greedy else f'temperature {s.temperature}, seed {s.seed}'}[/]"
     )
     with Session(config) as session:
-        texts = _render_all(loaded, session)
-        token_lists = tokenize_all(session, texts, [p.source for p in loaded])
-        results = Results(variants, len(loaded))
-        grammars = [grammar_from_json_schema(p.schema) if p.schema is not None else None for p in loaded]
-        if parallel > 1:
-            served = parallel_bench.serve_all(session, token_lists, variants, config.sampler, max_tokens, grammars)
-            Console().print(parallel_bench.table(served, parallel))
-            if json_out is not None:
-                write_text_atomic(json_out, json.dumps({"parallel": parallel, "runs": parallel_bench.as_json(served)}, indent=1))
-            return
-        with closing(measure(session, token_lists, variants, config.sampler, max_tokens, repeat, warmup, grammars)) as runs:
-            _run_with_progress(runs, results, len(loaded) * repeat * len(variants), loaded, warmup)
-    meta = [{"source": p.source, "group": p.group, "prompt_tokens": len(t)} for p, t in zip(loaded, token_lists)]
-    settings = _config_record(config, method_names, ks, max_tokens, repeat, warmup, source_name, len(loaded))
-    document = export.build_document(results, settings, meta)
+        texts = _render_all(plan.prompts, session)
+        token_lists = tokenize_all(session, texts, [p.source for p in plan.prompts])
+        grammars = [grammar_from_json_schema(p.schema) if p.schema is not None else None for p in plan.prompts]
+        if config.parallel > 1:
+            return _run_parallel(session, plan, token_lists, grammars, outputs.json)
+        results = Results(plan.variants, len(plan.prompts))
+        runs = measure(session, token_lists, plan.variants, s, plan.max_tokens, plan.repeat, plan.warmup, grammars)
+        with closing(runs):
+            _run_with_progress(runs, results, len(plan.prompts) * plan.repeat * len(plan.variants), plan.prompts, plan.warmup)
+    meta = [{"source": p.source, "group": p.group, "prompt_tokens": len(t)} for p, t in zip(plan.prompts, token_lists)]
+    document = export.build_document(results, _config_record(config, plan), meta)
     view.show(document, Console())
-    _write_outputs(document, json_out, csv_out, plot_out)
+    _write_outputs(document, outputs)
+
+
+def _run_parallel(session: Session, plan: Plan, token_lists: list, grammars: list, json_out: Path | None) -> None:
+    served = parallel_bench.serve_all(session, token_lists, plan.variants, session.config.sampler, plan.max_tokens, grammars)
+    Console().print(parallel_bench.table(served, session.config.parallel))
+    if json_out is not None:
+        runs = parallel_bench.as_json(served)
+        write_text_atomic(json_out, json.dumps({"parallel": session.config.parallel, "runs": runs}, indent=1))
 
 
 def _methods(text: str | None, draft: str | None) -> list[str]:
@@ -179,14 +244,6 @@ def _load_prompts(path: Path | None, prompt_set: str | None) -> tuple[list[promp
     return prompt_files.load_builtin(names), "built-in sets: " + ", ".join(names)
 
 
-def _check_outputs(json_out: Path | None, csv_out: Path | None, plot_out: Path | None) -> None:
-    for path, option in ((json_out, "--json"), (csv_out, "--csv"), (plot_out, "--plot")):
-        if path is not None:
-            check_writable(path, option)
-    if plot_out is not None:
-        check_plot_path(plot_out)
-
-
 def _render_all(loaded: list[prompt_files.Prompt], session: Session) -> list[str]:
     chat_format = choose_format(session.target_model, None)
     if any(p.text is None for p in loaded):
@@ -203,21 +260,21 @@ def _run_with_progress(runs, results: Results, total: int, loaded: list, warmup:
             progress.update(task, advance=1, description=f"{loaded[run.prompt_index].source} {run.variant.label}")
 
 
-def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name, n_prompts) -> dict:
+def _config_record(config: SessionConfig, plan: Plan) -> dict:
     s = config.sampler
     return {
         "target": str(config.target),
         "draft": str(config.draft) if config.draft else None,
-        "methods": [PLAIN, *[m for m in methods if m != PLAIN]],
-        "k": ks,
+        "methods": [PLAIN, *[m for m in plan.methods if m != PLAIN]],
+        "k": plan.ks,
         "temperature": s.temperature,
         "top_k": s.top_k,
         "top_p": s.top_p,
         "min_p": s.min_p,
         "seed": s.seed,
-        "max_tokens": max_tokens,
-        "repeat": repeat,
-        "warmup": warmup,
+        "max_tokens": plan.max_tokens,
+        "repeat": plan.repeat,
+        "warmup": plan.warmup,
         "n_ctx": config.n_ctx,
         "n_ubatch": config.n_ubatch,
         "threads": config.threads,
@@ -225,8 +282,8 @@ def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name,
         "rpc": list(config.rpc),
         "draft_rpc": list(config.draft_rpc),
         "tensor_split": list(config.tensor_split),
-        "prompts": source_name,
-        "n_prompts": n_prompts,
+        "prompts": plan.source_name,
+        "n_prompts": len(plan.prompts),
         "order": "for each prompt and repeat: plain, then every method x k in turn (interleaved)",
         "speedup": SPEEDUP_DEFINITION,
         "tokens_per_s": TOKENS_PER_S_DEFINITION,
@@ -237,13 +294,13 @@ def _config_record(config, methods, ks, max_tokens, repeat, warmup, source_name,
     }
 
 
-def _write_outputs(document: dict, json_out: Path | None, csv_out: Path | None, plot_out: Path | None) -> None:
-    if json_out is not None:
-        write_text_atomic(json_out, export.json_text(document), "--json")
-    if csv_out is not None:
-        write_text_atomic(csv_out, export.csv_text(document), "--csv")
-    if plot_out is not None:
-        save_plot(document, plot_out)
-    for path in (json_out, csv_out, plot_out):
+def _write_outputs(document: dict, outputs: Outputs) -> None:
+    if outputs.json is not None:
+        write_text_atomic(outputs.json, export.json_text(document), "--json")
+    if outputs.csv is not None:
+        write_text_atomic(outputs.csv, export.csv_text(document), "--csv")
+    if outputs.plot is not None:
+        save_plot(document, outputs.plot)
+    for path in (outputs.json, outputs.csv, outputs.plot):
         if path is not None:
             err_console.print(f"[dim]wrote {path}[/]")

@@ -36,9 +36,10 @@ def rpc_server_build(version: str) -> str:
 
 
 def diagnose(rpc_endpoints: tuple[str, ...] = ()) -> dict[str, Any]:
-    from specrun import backend, cost_cache
+    from specrun import backend
     from specrun.backend import probe
     from specrun.hub.stores import foreign_stores
+    from specrun.session import cost_cache
 
     backends, devices = backend.compiled_devices()
     info = backend.system_info()

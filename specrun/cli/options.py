@@ -19,6 +19,7 @@ from specrun.cli.app import err_console
 from specrun.config import SessionConfig
 from specrun.core.policy import parse_k
 from specrun.core.sampling import SamplerSettings
+from specrun.drafts import registry
 from specrun.errors import SpecrunError
 from specrun.files import decode_utf8, read_text
 from specrun.settings import BATCH
@@ -66,6 +67,13 @@ DraftQuant = Annotated[
 Offline = Annotated[bool, typer.Option("--offline", help="Use only models already in the cache; no network.")]
 Lookup = Annotated[
     bool, typer.Option("--lookup", help="Draft by prompt lookup (n-grams copied from the context); with --draft: hybrid.")
+]
+Source = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--source",
+        help=f"Also draft with a registered source, by name: {', '.join(registry.names())} (repeatable; asked after --lookup and the store, before --draft; default: none).",
+    ),
 ]
 K = Annotated[
     str,
@@ -152,6 +160,7 @@ class ModelOptions:
     quant: Quant = None
     draft_quant: DraftQuant = None
     draft_translation: DraftTranslation = "text"
+    source: Source = None
     offline: Offline = False
     temp: Temp = 0.0
     top_k: TopK = 40
@@ -171,6 +180,7 @@ class ModelOptions:
     def __post_init__(self) -> None:
         # The library checks each setting; asking it here fails before any prompt is read or model resolved.
         self.sampler()
+        registry.check_names(self.source or ())
         SessionConfig.check_settings({**self._llama_settings(), "translation": self.draft_translation})
 
     def sampler(self) -> SamplerSettings:
@@ -187,9 +197,10 @@ class ModelOptions:
         )
 
     def session_config(
-        self, lookup: bool = False, k: str = "auto", store_tokens: int = 0, use_draft: bool = True
+        self, lookup: bool = False, k: str = "auto", store_tokens: int = 0, use_draft: bool = True, sources: tuple[str, ...] = ()
     ) -> SessionConfig:
-        """`use_draft` False leaves --draft and --draft-rpc out (bench methods that need none)."""
+        """`use_draft` False leaves --draft and --draft-rpc out (bench methods that need none);
+        `sources`: registered sources the command asks for besides --source's."""
         draft, draft_rpc = (self.draft, self.draft_rpc) if use_draft else (None, None)
         draft_endpoints = rpc.parse_endpoints(draft_rpc, "--draft-rpc")
         if draft_endpoints and draft is None:
@@ -209,6 +220,7 @@ class ModelOptions:
             draft_rpc=draft_endpoints,
             tensor_split=rpc.parse_tensor_split(self.tensor_split),
             store_tokens=store_tokens,
+            sources=tuple(dict.fromkeys([*(self.source or ()), *sources])),
             translation=self.draft_translation,
             **self._llama_settings(),
         )

@@ -2,7 +2,7 @@
 
 `--k auto` sizes drafts by this table (verify_cost[w], seconds for a decode of w rows with
 logits). Measuring runs decodes on the target's cache and leaves it as it was; the table a
-run refined is kept across runs outside the core (specrun/cost_cache.py).
+run refined is kept across runs outside the core (specrun/session/cost_cache.py).
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """Draft sources, one module each, behind the contract in base.py (`DraftSource`).
 
 - base: the contract (`DraftRequest`, `Draft`, `DraftDecode`, `DraftSource`) and `Chain`, which asks several in turn.
+- registry: sources by name (`register`), and what a builder gets (`SourceSite`).
 - lookup: n-grams copied from the generation's own context (prompt lookup).
-- store: what earlier requests' prompts and outputs went on with (the cross-request store).
-- model: a smaller model of the target's vocabulary; `FeedCost` and `Picker`, which every model draft uses.
-- translated, with bridge and text: a model of another vocabulary, joined to the target through text.
+- store_lookup: what earlier requests' prompts and outputs went on with (the session's `store.NgramStore`).
+- model: a second, smaller GGUF (`--draft PATH`); translated, with bridge and text, when its vocabulary is another.
+- feeding: what every source with a model shares: the cost of feeding its cache, picking a token, the drafting loop.
+- mtp: the target's own multi-token-prediction (NextN) layers (`--draft mtp`).
 - grammar: what a grammar forces.
-- mtp: the target's own multi-token-prediction (NextN) layers.
-- registry: sources by name, as a session builds them.
 
 A session's chain asks, in order: prompt lookup, the store, the sources its settings name
 (`SessionConfig.sources`), then a draft model; a grammar's forced text goes first of all.
 """
 
-from specrun.drafts import lookup, mtp, store  # noqa: F401  (each registers itself)
+from specrun.drafts import lookup, model, mtp, store_lookup  # noqa: F401  (each registers itself)

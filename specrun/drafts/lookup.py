@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from specrun.core.policy import PRIOR
 from specrun.drafts.base import Draft, DraftRequest, DraftSource, without_decodes
-from specrun.drafts.registry import register
+from specrun.drafts.registry import SourceSite, register
 from specrun.errors import SpecrunError
-
-if TYPE_CHECKING:
-    from specrun.session import Session
 
 
 class PromptLookup:
@@ -130,15 +127,21 @@ class PromptLookup:
             self._crossing = None
 
     def rollback(self, history: Sequence[int]) -> None:
-        pass  # the index only ever holds n-grams of the history itself
+        if not history:  # emptied (a bench run's start): what copies have learned goes too
+            self._forget()
+            self._crossings = [0, 0]
+        # else: the index only ever holds n-grams of the history itself
+
+    def _forget(self) -> None:
+        self._index.clear()
+        self._ambiguous.clear()
+        self._indexed = []
+        self._crossing = None
 
     def _extend_index(self, history: Sequence[int]) -> None:
         done = len(self._indexed)
         if done > len(history) or history[done - 1 : done] != self._indexed[done - 1 : done]:
-            self._index.clear()  # a different conversation: start over
-            self._ambiguous.clear()
-            self._indexed = []
-            self._crossing = None
+            self._forget()  # a different conversation: start over
             done = 0
         self._indexed.extend(history[done:])
         # Positions that now have a follower: n-grams ending at done-1 .. len-2.
@@ -157,9 +160,9 @@ def blank_lines(model) -> frozenset[int]:
     return frozenset(tokens[0] for tokens in spellings if len(tokens) == 1)
 
 
-def _build(session: Session, slot: int) -> PromptLookup:
-    """A new prompt lookup for the session's settings, knowing its target's blank-line tokens."""
-    return PromptLookup(*session.config.lookup_ngram, breaks=blank_lines(session.target_model))
+def _build(site: SourceSite) -> PromptLookup:
+    """A prompt lookup for the session's n-gram sizes, knowing its target's blank-line tokens."""
+    return PromptLookup(*site.config.lookup_ngram, breaks=blank_lines(site.target.model))
 
 
 register("lookup", _build)

@@ -1,8 +1,7 @@
-"""Drafting with a second, smaller model of the target's vocabulary, on a KV cache of its own.
+"""Drafting with a second, smaller GGUF on a KV cache of its own: `--draft PATH`, the "draft" source.
 
-Also what every source with a model shares: `FeedCost`, which times feeding the draft's
-cache and so sizes the window a cache far behind the text catches up on, and `Picker`,
-which picks a draft token from a logits row (sampled with its q, or the argmax).
+Where its vocabulary is the target's (llama.cpp's rule), `DraftModel` drafts target tokens;
+where it is not, `TranslatingDraft` (translated.py) joins the two through text.
 """
 
 from __future__ import annotations
@@ -12,95 +11,14 @@ from typing import Sequence
 
 import numpy as np
 
-from specrun.backend import Context
-from specrun.core.policy import ema
-from specrun.core.sampling import Distribution, Sampler, filtered
-from specrun.drafts.base import CatchUp, Decodes, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
-
-CATCH_UP_DRAFTS = 16  # a bounded catch-up feeds what drafting this many tokens one by one costs
-MIN_WINDOW = 32  # the least context a bounded catch-up leaves a draft, and all it feeds before that is measured
-TIMED_BATCH = 8  # feeds of at least this many tokens measure the per-token cost of catching up
-
-
-class FeedCost:
-    """What a draft model takes per token to feed its cache one token at a time (drafting) and
-    in a batch (catching up), and so the window a bounded catch-up feeds: the text that costs as
-    much as drafting CATCH_UP_DRAFTS tokens. Where a batch is far cheaper per token than one
-    token (a GPU) that is the whole context; on two CPU cores, the last few dozen tokens."""
-
-    def __init__(self) -> None:
-        self.one_s = 0.0  # seconds for a one-token decode
-        self.batched_s = 0.0  # seconds per token in a batch of TIMED_BATCH or more
-
-    @property
-    def measured(self) -> bool:
-        return bool(self.one_s and self.batched_s)
-
-    def eval(self, context: Context, tokens: Sequence[int]) -> Decodes[np.ndarray]:
-        """Feed `tokens` (a decode yielded to the caller), timing it; until both costs are known, a
-        batch goes in as all but its last token and then that one alone, which times each at no
-        extra cost. A decode that held other streams' tokens too is charged its tokens' share."""
-        if not self.measured and len(tokens) > TIMED_BATCH:
-            yield from self._timed(context, tokens[:-1])
-            tokens = tokens[-1:]
-        return (yield from self._timed(context, tokens))
-
-    def _timed(self, context: Context, tokens: Sequence[int]) -> Decodes[np.ndarray]:
-        decoded = yield DraftDecode(context, tokens)
-        logits, seconds = decoded.logits, decoded.share_s(len(tokens))
-        if len(tokens) == 1:
-            self.one_s = ema(self.one_s, seconds, 0.2, not self.one_s)
-        elif len(tokens) >= TIMED_BATCH:
-            self.batched_s = ema(self.batched_s, seconds / len(tokens), 0.2, not self.batched_s)
-        return logits
-
-    @property
-    def window(self) -> int:
-        if not self.measured:
-            return MIN_WINDOW
-        return max(MIN_WINDOW, int(CATCH_UP_DRAFTS * self.one_s / self.batched_s))
-
-    def window_for(self, catch_up: CatchUp) -> int | None:
-        """The most recent tokens a cache far behind the text is fed: the window, or None (all of it)."""
-        return self.window if catch_up == "window" else None
-
-    def covers(self, length: int) -> bool:
-        """Whether the window, as now measured, spans `length` tokens: a windowed cache then takes all of the text."""
-        return length <= self.window
-
-
-def catch_up_seconds(fed: int, k: int, seconds: float) -> float:
-    """Of `seconds` spent decoding `fed` tokens before drafting up to `k`, what was catching up:
-    all of it where more was fed than a step of k drafts can accept, else nothing."""
-    return seconds if fed > k + 1 else 0.0
-
-
-class Picker:
-    """Picks a model draft's next token from its logits row, with buffers reused every token
-    (no vocabulary-sized allocation per draft)."""
-
-    def __init__(self, n_vocab: int):
-        self._softmax = np.empty(n_vocab, dtype=np.float32)
-        self._scratch = np.empty(n_vocab, dtype=bool)
-
-    def pick(
-        self, row: np.ndarray, sampler: Sampler, sample: bool, wants_confidence: bool
-    ) -> tuple[int, Distribution | None, float]:
-        """The next draft token, the distribution it was sampled from (None: argmax), and the
-        draft's confidence there: the probability of its likeliest token. For a sampled token
-        that is not the token's own probability: where a draft stops or is cut depends on the
-        confidence, and a stop that depended on which token was drawn would bias the p/q rule,
-        which is exact only for drafts drawn from q as they are."""
-        if sample:
-            q = filtered(row, sampler.settings, self._scratch)
-            token = q.sample(sampler.rng)
-            return token, q, float(q.probs.max())
-        token = int(row.argmax())
-        if not wants_confidence:
-            return token, None, 1.0
-        np.subtract(row, row[token], out=self._softmax)
-        np.exp(self._softmax, out=self._softmax)
-        return token, None, float(1.0 / self._softmax.sum())
+from specrun.backend import Context, ModelOptions
+from specrun.backend.compat import check_vocab
+from specrun.drafts.base import Decodes, Draft, Drafting, DraftRequest, DraftSource
+from specrun.drafts.bridge import VocabBridge
+from specrun.drafts.feeding import FeedCost, Picker, catch_up_seconds, guessed
+from specrun.drafts.registry import SourceSite, register
+from specrun.drafts.translated import TranslatingDraft
+from specrun.errors import SpecrunError
 
 
 class DraftModel:
@@ -125,7 +43,6 @@ class DraftModel:
         self.start = 0  # where in the history the cache's window begins, after its first token (0: all of it)
 
     def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
-        policy = request.policy
         budget = request.offer(self.names[0], min(request.limit, self.context.free_slots - 1))
         if budget.k < 1:
             return Draft.under(budget)
@@ -136,26 +53,11 @@ class DraftModel:
         catch_up_s = catch_up_seconds(fed, budget.k, time.perf_counter() - started)
         self.context.checkpoint()  # a recurrent draft rolls its 1-token decodes back to here
         sample = self.sample and not request.sampler.settings.greedy
-        tokens: list[int] = []
-        dists: list[Distribution] = []
-        confidences: list[float] = []
-        kept = budget
-        for i in range(budget.k):
-            token, q, confidence = self.picker.pick(logits[-1], request.sampler, sample, policy.wants_confidence)
-            extended = policy.extend(kept, confidence)
-            if extended is None:
-                break
-            kept = extended
-            tokens.append(token)
-            confidences.append(confidence)
-            if q is not None:
-                dists.append(q)
-            if i < budget.k - 1:
-                logits = yield from self.feed.eval(self.context, [token])
-        measured = sample or policy.wants_confidence
-        return Draft(
-            tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None, catch_up_s=catch_up_s
-        )
+        guess = yield from guessed(logits[-1], budget, request, self.picker, sample, self._next_row)
+        return guess.draft(budget, sample, request.policy.wants_confidence, catch_up_s)
+
+    def _next_row(self, token: int) -> Decodes[np.ndarray]:
+        return (yield from self.feed.eval(self.context, [token]))[-1]
 
     def _catch_up(self, history: Sequence[int], window: int | None) -> Decodes[tuple[int, np.ndarray]]:
         """Feed the cache what it lacks of its view of `history` (its cached prefix reused; after
@@ -184,3 +86,31 @@ class DraftModel:
 
     def rollback(self, history: Sequence[int]) -> None:
         self.context.reuse_prefix(self._windowed(history) if self.start < len(history) - 1 else history)
+
+
+def _load(site: SourceSite) -> tuple[Context, VocabBridge | None]:
+    """The draft model's cache, one sequence a stream, and the bridge to the target's vocabulary
+    where the two differ. The same text often takes a draft of another vocabulary more tokens
+    than the target: its cache has twice the room."""
+    c = site.config
+    if c.draft is None:
+        raise SpecrunError("the draft source needs a draft model: pass --draft PATH (specrun.load(target, draft))")
+    placement = ModelOptions(n_gpu_layers=c.draft_n_gpu_layers, rpc_servers=c.draft_rpc)
+    draft = site.resources.load_model(c.draft, "draft", placement)
+    target = site.target.model
+    if check_vocab(target.vocab_facts(), draft.vocab_facts()).ok:
+        return site.resources.open_context(draft), None
+    bridge = VocabBridge(target, draft)
+    bridge.check(c.target.name, c.draft.name)
+    return site.resources.open_context(draft, 2 * c.n_ctx), bridge
+
+
+def _build(site: SourceSite) -> DraftModel | TranslatingDraft:
+    context, bridge = site.resources.once("draft", lambda: _load(site))
+    c = site.config
+    if bridge is None:
+        return DraftModel(context.sequence(site.slot), sample=c.draft_sampling)
+    return TranslatingDraft(context.sequence(site.slot), bridge, c.draft_sampling, c.translation)
+
+
+register("draft", _build)

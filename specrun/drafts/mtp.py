@@ -11,23 +11,20 @@ stream has its own: a head on its sequence of the target, in one MTP context for
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import replace
+from typing import Sequence
 
 import numpy as np
 
-from specrun.backend import Context, Model
+from specrun.backend import Context, Model, ModelOptions
 from specrun.backend.mtp import MtpHead
-from specrun.core.sampling import Distribution
 from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Draft, DraftDecode, Drafting, DraftRequest, DraftSource
-from specrun.drafts.model import Picker
-from specrun.drafts.registry import register
+from specrun.drafts.base import Decodes, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
+from specrun.drafts.feeding import Picker, guessed
+from specrun.drafts.registry import SourceSite, register
 from specrun.errors import SpecrunError
 from specrun.pair.arch import DRAFTER, SEPARATE_DRAFTERS, header_traits
 from specrun.pair.header import read_keys
-
-if TYPE_CHECKING:
-    from specrun.session import Session
 
 
 class MtpDraft:
@@ -72,36 +69,27 @@ class MtpDraft:
         if self.head.tokens != list(history[:pos]):
             return Draft()  # the head missed decodes; following again (a new generation) brings it back
         sample = self.sample and not request.sampler.settings.greedy
-        token, self.head.reads = history[-1], self.hidden[pos]  # the target's row before the last token
-        tokens: list[int] = []
-        dists: list[Distribution] = []
-        confidences: list[float] = []
-        kept = budget
-        for _ in range(budget.k):
-            decoded = yield DraftDecode(self.head, [token])
-            self.head.reads = self.head.row  # the next drafting row reads the head's own
-            token, q, confidence = self.picker.pick(decoded.logits[-1], request.sampler, sample, request.policy.wants_confidence)
-            extended = request.policy.extend(kept, confidence)
-            if extended is None:
-                break
-            kept = extended
-            tokens.append(token)
-            confidences.append(confidence)
-            if q is not None:
-                dists.append(q)
+        self.head.reads = self.hidden[pos]  # the target's row before the last token
+        row = yield from self._next_row(history[-1])
+        guess = yield from guessed(row, budget, request, self.picker, sample, self._next_row)
         self.head.truncate(pos)  # its own drafting rows go: the verify decode brings the target's
-        measured = sample or request.policy.wants_confidence
-        return Draft(tokens, budget, dists=dists if sample else None, confidences=confidences if measured else None)
+        return guess.draft(budget, sample, request.policy.wants_confidence)
+
+    def _next_row(self, token: int) -> Decodes[np.ndarray]:
+        decoded = yield DraftDecode(self.head, [token])
+        self.head.reads = self.head.row  # the next drafting row reads the head's own
+        return decoded.logits[-1]
 
     def rollback(self, history: Sequence[int]) -> None:
         self.head.truncate(max(len(history) - 1, 0))
 
 
-def _build(session: Session, slot: int) -> MtpDraft:
-    return MtpDraft(session.target.sequence(slot), sample=session.config.draft_sampling)
+def _build(site: SourceSite) -> MtpDraft:
+    return MtpDraft(site.target, sample=site.config.draft_sampling)
 
 
-register("mtp", _build)
+def _with_mtp_layers(options: ModelOptions) -> ModelOptions:
+    return replace(options, load_mtp=True)
 
 
 def refuse_mtp_drafter(model: Model) -> None:
@@ -117,3 +105,13 @@ def refuse_mtp_drafter(model: Model) -> None:
             "without the model they draft for), which specrun cannot run yet (llama.cpp's draft-mtp can); "
             "a target with MTP layers of its own drafts with --draft mtp"
         )
+
+
+register(
+    "mtp",
+    _build,
+    target_options=_with_mtp_layers,
+    follow=MtpDraft.follow,
+    check_model=refuse_mtp_drafter,
+    named_by_draft=True,  # --draft mtp: the target's own layers are its draft model
+)

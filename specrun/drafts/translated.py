@@ -38,7 +38,7 @@ from specrun.core.sampling import Distribution
 from specrun.core.sequences import common_prefix
 from specrun.drafts.base import Decodes, Draft, Drafting, DraftRequest, DraftSource
 from specrun.drafts.bridge import SPECIAL, TextStream, VocabBridge
-from specrun.drafts.model import FeedCost, Picker, catch_up_seconds
+from specrun.drafts.feeding import FeedCost, Guess, Picker, catch_up_seconds, guessed
 from specrun.drafts.text import whole_characters
 
 LOOKBEHIND = 4  # draft tokens re-encoded before the boundary, so merges across it come out as the draft's own
@@ -69,15 +69,6 @@ class TranslationStats:
     def reencoded_share(self) -> float:
         """Of the draft tokens fed to its cache, the share re-encoded from the accepted text."""
         return self.reencoded / (self.reencoded + self.kept)
-
-
-@dataclass
-class Guess:
-    """The draft's own tokens of one step, with what the drafter knows of each."""
-
-    draft: list[int]
-    dists: list[Distribution]  # q of each, when sampled
-    confidences: list[float]
 
 
 class TranslatingDraft:
@@ -233,28 +224,32 @@ class TranslatingDraft:
         )
 
     def _guess(self, logits: np.ndarray, budget: Budget, request: DraftRequest) -> Decodes[Guess]:
-        """Up to budget.k draft tokens from the cache's end, each decoded onto it but the last."""
+        """Up to budget.k draft tokens from the cache's end, each decoded onto it but the last;
+        it ends at the draft's end of generation or a token the target cannot take."""
         sample = self.sample and not request.sampler.settings.greedy
         text = self.mode == "text"
-        guess = Guess([], [], [])
-        kept = budget
-        for i in range(budget.k):
-            row = logits[-1]
-            if not text:
-                np.putmask(row, self.bridge.unmapped, -np.inf)  # only tokens the target has
-            token, q, confidence = self.picker.pick(row, request.sampler, sample, request.policy.wants_confidence)
-            extended = request.policy.extend(kept, confidence) if self.bridge.translatable(token, text) else None
-            if extended is None:
-                break
-            kept = extended
-            guess.draft.append(token)
-            guess.confidences.append(confidence)
-            if q is not None:
-                guess.dists.append(q)
-            if token in self.bridge.draft.eog_ids or i == budget.k - 1:
-                break
-            logits = yield from self._decode([token], [self.ends[-1] + len(self.bridge.draft_units(token))], from_stream=False)
-        return guess
+        return (
+            yield from guessed(
+                self._masked(logits[-1]),
+                budget,
+                request,
+                self.picker,
+                sample,
+                self._next_row,
+                allowed=lambda token: self.bridge.translatable(token, text),
+                ends=lambda token: token in self.bridge.draft.eog_ids,
+            )
+        )
+
+    def _next_row(self, token: int) -> Decodes[np.ndarray]:
+        end = self.ends[-1] + len(self.bridge.draft_units(token))
+        return self._masked((yield from self._decode([token], [end], from_stream=False))[-1])
+
+    def _masked(self, row: np.ndarray) -> np.ndarray:
+        """In tokens mode, the row without the draft tokens the target has no same-bytes token for."""
+        if self.mode != "text":
+            np.putmask(row, self.bridge.unmapped, -np.inf)
+        return row
 
     def _for_target(self, guess: Guess, pending: bytes) -> tuple[list[int], list[Distribution] | None, list[float] | None]:
         """The guess as target tokens, with q over target ids (tokens mode, sampled) and confidences."""
@@ -262,7 +257,7 @@ class TranslatingDraft:
             return self._text_for_target(guess, pending), None, None
         if pending:
             return [], None, None  # the draft's tokens would repeat bytes the target already wrote
-        tokens = [int(self.bridge.to_target[token]) for token in guess.draft]
+        tokens = [int(self.bridge.to_target[token]) for token in guess.tokens]
         dists = [Distribution(self.bridge.to_target[q.ids], q.probs) for q in guess.dists] if guess.dists else None
         return tokens, dists, guess.confidences or None
 
@@ -272,8 +267,8 @@ class TranslatingDraft:
         costs a row, and where it is the target's own it saves a step; telling the two apart
         would cost a draft decode a step for the token after it."""
         pieces = self.bridge.draft_pieces
-        ended = bool(guess.draft) and guess.draft[-1] in self.bridge.draft.eog_ids
-        text = b"".join(pieces[token] for token in (guess.draft[:-1] if ended else guess.draft))
+        ended = bool(guess.tokens) and guess.tokens[-1] in self.bridge.draft.eog_ids
+        text = b"".join(pieces[token] for token in (guess.tokens[:-1] if ended else guess.tokens))
         if not text.startswith(pending):
             return []  # the draft did not finish the character the target began
         drafted = text[len(pending) :]

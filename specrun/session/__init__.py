@@ -7,12 +7,9 @@ reused across prompts, not recreated, so hundreds of prompts cost no reloads.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Sequence
 
-from specrun import cost_cache
-from specrun.backend import Context, ContextOptions, Model, ModelOptions
-from specrun.backend.compat import check_vocab
+from specrun.backend import ModelOptions
 from specrun.config import SessionConfig
 from specrun.core.auto import AutoK
 from specrun.core.batch import Batch
@@ -24,16 +21,14 @@ from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.core.sequences import common_prefix
 from specrun.drafts import registry
 from specrun.drafts.base import CatchUp, DraftSource, chained, leaves
-from specrun.drafts.bridge import VocabBridge
 from specrun.drafts.grammar import GrammarDraft, GrammarFirst
-from specrun.drafts.model import DraftModel
-from specrun.drafts.mtp import MtpDraft, refuse_mtp_drafter
+from specrun.drafts.registry import Resources, SourceSite
 from specrun.drafts.store import NgramStore
-from specrun.drafts.translated import TranslatingDraft
 from specrun.errors import SpecrunError
 from specrun.grammar.constraint import Constraint
 from specrun.grammar.schemas import Grammar
-from specrun.settings import BATCH, check
+from specrun.session import cost_cache
+from specrun.settings import check
 
 
 @dataclass(frozen=True)
@@ -61,28 +56,33 @@ class Session:
 
     def __init__(self, config: SessionConfig):
         self.config = config
-        self._closers: list = []
+        self.resources = Resources(config)
         self._verify_costs: list[float] | None = None
         self._policies: dict[int | str, FixedK | PMinPolicy | AutoK] = {}
+        self._sources: dict[tuple[str, int], DraftSource] = {}
+        self._drafters: dict[int, DraftSource | None] = {}
         self.store = NgramStore(config.store_tokens) if config.store_tokens else None
         try:
-            target_options = self._model_options(config.n_gpu_layers, config.rpc, config.tensor_split)
-            target_options = replace(target_options, load_mtp="mtp" in self.source_names)  # its MTP layers draft
-            self.target_model = self._own(Model(config.target, target_options, "target"))
-            refuse_mtp_drafter(self.target_model)
-            speculative = bool(self.source_names) or config.draft is not None
+            self.target_model = self.resources.load_model(config.target, "target", self._target_options())
+            speculative = bool(self.source_names)
             # A recurrent target keeps a snapshot for each token the longest draft its k grants may lose.
-            options = replace(self._context_options(), rollback=rollback_tokens(config.k) if speculative else 0)
-            self.target = self._own(Context(self.target_model, options))
+            self.target = self.resources.open_context(self.target_model, rollback=rollback_tokens(config.k) if speculative else 0)
             if speculative:
                 self._check_rollback()
             self.costs_key = self._costs_key()  # taken now: the file may change or go while we run
-            self._draft_context = self._load_draft(config.draft) if config.draft is not None else None
-            self._drafters: dict[int, DraftSource | None] = {}
             self.drafter = self.drafter_for(0)
         except BaseException:
             self.close()
             raise
+
+    def _target_options(self) -> ModelOptions:
+        """The target's placement, and what the sources asked for ask of its load (MTP layers)."""
+        c = self.config
+        options = ModelOptions(n_gpu_layers=c.n_gpu_layers, rpc_servers=c.rpc, tensor_split=c.tensor_split)
+        for name in self.source_names:
+            asks = registry.kind(name).target_options
+            options = asks(options) if asks is not None else options
+        return options
 
     def _check_rollback(self) -> None:
         """A target whose recurrent state llama.cpp cannot roll back verifies no draft."""
@@ -101,78 +101,35 @@ class Session:
                 "raise --ubatch-size (it has to exceed k + 1)"
             )
 
-    def _own(self, resource):
-        self._closers.append(resource)
-        return resource
-
-    def _model_options(
-        self, n_gpu_layers: int, rpc_servers: tuple[str, ...], tensor_split: tuple[float, ...] = ()
-    ) -> ModelOptions:
-        c = self.config
-        return ModelOptions(
-            n_gpu_layers=n_gpu_layers,
-            repack=c.repack,
-            rpc_servers=rpc_servers,
-            tensor_split=tensor_split,
-            rpc_timeout=c.rpc_timeout,
-        )
-
-    def _context_options(self) -> ContextOptions:
-        c = self.config
-        return ContextOptions(
-            n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn, sequences=c.parallel
-        )
-
     def drafter_for(self, slot: int) -> DraftSource | None:
-        """Stream `slot`'s chain of the sources the settings ask for: copies first (this request's
-        context, then what earlier ones wrote, then the sources named), a draft model last, on the
-        draft cache's sequence of that stream. Each stream has its own; the store is shared."""
+        """Stream `slot`'s chain of the sources the settings ask for, in `source_names`' order.
+        Each stream has its own; the store is shared."""
         if slot not in self._drafters:
-            sources = [self.source(name, slot) for name in self.source_names]
-            if self._draft_context is not None:
-                sources.append(self._draft_source(self._draft_context.sequence(slot)))
-            self._drafters[slot] = chained(sources)
+            self._drafters[slot] = chained([self.source(name, slot) for name in self.source_names])
         return self._drafters[slot]
 
     @property
     def source_names(self) -> list[str]:
-        """The registered sources the settings ask for, in the order the chain asks them."""
+        """The sources the settings ask for, in the order the chain asks them: copies first (this
+        request's context, then what earlier ones wrote), then the sources named, a draft model last."""
         c = self.config
-        return [*(["lookup"] if c.lookup else []), *(["store"] if c.store_tokens else []), *c.sources]
+        named = [*(["lookup"] if c.lookup else []), *(["store"] if c.store_tokens else []), *c.sources]
+        return list(dict.fromkeys([*named, *(["draft"] if c.draft is not None else [])]))
 
     def source(self, name: str, slot: int = 0) -> DraftSource:
-        """A new draft source of the registered kind `name` for stream `slot` of this session
-        (`specrun.drafts.registry`)."""
-        return registry.build(name, self, slot)
-
-    def _load_draft(self, path: Path) -> Context:
-        """The draft model's cache, one sequence a stream: on the target's own tokens when the
-        vocabularies match (llama.cpp's rule), else translated through text."""
-        c = self.config
-        draft_model = self._own(Model(path, self._model_options(c.draft_n_gpu_layers, c.draft_rpc), "draft"))
-        refuse_mtp_drafter(draft_model)
-        self._bridge = None
-        if not check_vocab(self.target_model.vocab_facts(), draft_model.vocab_facts()).ok:
-            self._bridge = VocabBridge(self.target_model, draft_model)
-            self._bridge.check(c.target.name, path.name)
-        # The same text often takes a draft of another vocabulary more tokens than the target: twice the room.
-        options = replace(self._context_options(), n_ctx=c.n_ctx if self._bridge is None else 2 * c.n_ctx)
-        return self._own(Context(draft_model, options))
-
-    def _draft_source(self, context: Context) -> DraftModel | TranslatingDraft:
-        c = self.config
-        if self._bridge is None:
-            return DraftModel(context, sample=c.draft_sampling)
-        return TranslatingDraft(context, self._bridge, c.draft_sampling, c.translation)
+        """Stream `slot`'s source of the registered kind `name` (`specrun.drafts.registry`), built
+        on first use and kept: the one in the stream's chain, when the chain asks it."""
+        if (name, slot) not in self._sources:
+            site = SourceSite(slot, self.target.sequence(slot), self.config, self.store, self.resources)
+            self._sources[name, slot] = registry.kind(name).build(site)
+        return self._sources[name, slot]
 
     def close(self) -> None:
         """Free the models and contexts, keeping the verify costs auto refined for the next session."""
         auto = self._policies.get("auto")
-        if isinstance(auto, AutoK) and self._closers:
+        if isinstance(auto, AutoK) and not self.resources.closed:
             cost_cache.save(self.costs_key, self.config.target, auto.costs)  # what auto refined while running
-        for resource in reversed(self._closers):
-            resource.close()
-        self._closers.clear()
+        self.resources.close()
 
     def __enter__(self) -> "Session":
         return self
@@ -223,20 +180,21 @@ class Session:
         if constraint is not None and grammar_drafts and not plain:
             forced = GrammarDraft(constraint, self.target_model)
             drafter = forced if drafter is None else GrammarFirst(forced, drafter)
-        self._follow_with_mtp(drafter, slot)
+        self._follow(drafter, slot)
         if drafter is None:  # plain decoding needs no policy, nor auto's start-up measurement of verify costs
             return Generator(target, None, Sampler.seeded(settings), constraint=constraint)
         if policy is None or isinstance(policy, (int, str)):
             policy = self.policy(self.config.k if policy is None else policy)
         return Generator(target, drafter, Sampler.seeded(settings), policy, constraint=constraint, catch_up=self.catch_up(policy))
 
-    def _follow_with_mtp(self, drafter: DraftSource | None, slot: int) -> None:
-        """The stream's MTP head follows its decodes while a generation drafts with it, and rests
-        during others (plain decoding is then timed without it)."""
-        own = self.drafter_for(slot)
-        for leaf in leaves(own) if own is not None else []:
-            if isinstance(leaf, MtpDraft):
-                leaf.follow(drafter is not None and leaf in leaves(drafter))
+    def _follow(self, drafter: DraftSource | None, slot: int) -> None:
+        """The stream's sources that follow the target's decodes (an MTP head) follow them while a
+        generation drafts with them, and rest during others (plain decoding is then timed without them)."""
+        asked = leaves(drafter) if drafter is not None else []
+        for (name, at), source in self._sources.items():
+            follow = registry.kind(name).follow
+            if at == slot and follow is not None:
+                follow(source, source in asked)
 
     @staticmethod
     def catch_up(policy: DraftPolicy) -> CatchUp:
