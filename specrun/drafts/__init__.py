@@ -7,10 +7,11 @@
 - model: a second, smaller GGUF (`--draft PATH`); translated, with bridge and text, when its vocabulary is another.
 - feeding: what every source with a model shares: the cost of feeding its cache, picking a token, the drafting loop.
 - mtp: the target's own multi-token-prediction (NextN) layers (`--draft mtp`).
+- suffix: copies from the longest earlier match of the text's end.
 - grammar: what a grammar forces.
 
 A session's chain asks, in order: prompt lookup, the store, the sources its settings name
 (`SessionConfig.sources`), then a draft model; a grammar's forced text goes first of all.
 """
 
-from specrun.drafts import lookup, model, mtp, store_lookup  # noqa: F401  (each registers itself)
+from specrun.drafts import lookup, model, mtp, store_lookup, suffix  # noqa: F401  (each registers itself)
