@@ -21,8 +21,8 @@ from tinymodels import write_tiny_llama
 
 from specrun.config import SessionConfig
 from specrun.serve.app import is_local_host
+from specrun.serve.jobs import Job
 from specrun.serve.server import ServeOptions, bind
-from specrun.serve.worker import Job
 
 STORE_LIMIT = 400
 N_CTX = 512

@@ -21,41 +21,46 @@ from specrun.grammar.schemas import Grammar, grammar_from_gbnf, grammar_from_jso
 from specrun.session import Session
 from specrun.settings import check
 
+PromptArg = Annotated[Optional[str], typer.Argument(help="Text to continue (default: --prompt-file, else standard input).")]
+PromptFile = Annotated[
+    Optional[Path],
+    typer.Option("--prompt-file", "-f", help="Read the prompt from a file (default: PROMPT, else standard input)."),
+]
+ComparePlain = Annotated[bool, typer.Option("--compare-plain", help="Also decode plainly; report speed-up and match.")]
+JsonSchema = Annotated[
+    Optional[Path], typer.Option("--json-schema", help="Hold the output to the JSON schema in FILE (default: free text).")
+]
+GrammarFile = Annotated[
+    Optional[Path],
+    typer.Option("--grammar", help="Hold the output to the GBNF grammar in FILE, llama.cpp's format (default: free text)."),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")]
+Batch = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--batch",
+        help="Continue every prompt of FILE (.txt: one a line; .jsonl: prompt or messages, and a schema) and print one JSON line each, in order (default: one prompt, PROMPT).",
+    ),
+]
+Parallel = Annotated[
+    int, typer.Option("--parallel", "-np", help="With --batch: prompts run at once, each with --ctx-size tokens of context.")
+]
+
 
 @app.command()
 @o.model_options
 def generate(
-    prompt: Annotated[
-        Optional[str], typer.Argument(help="Text to continue (default: --prompt-file, else standard input).")
-    ] = None,
-    prompt_file: Annotated[
-        Optional[Path],
-        typer.Option("--prompt-file", "-f", help="Read the prompt from a file (default: PROMPT, else standard input)."),
-    ] = None,
+    prompt: PromptArg = None,
+    prompt_file: PromptFile = None,
     lookup: o.Lookup = False,
     k: o.K = "auto",
     max_tokens: o.MaxTokens = 256,
-    compare_plain: Annotated[
-        bool, typer.Option("--compare-plain", help="Also decode plainly; report speed-up and match.")
-    ] = False,
-    json_schema: Annotated[
-        Optional[Path], typer.Option("--json-schema", help="Hold the output to the JSON schema in FILE (default: free text).")
-    ] = None,
-    grammar_file: Annotated[
-        Optional[Path],
-        typer.Option("--grammar", help="Hold the output to the GBNF grammar in FILE, llama.cpp's format (default: free text)."),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of streaming text.")] = False,
-    batch: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--batch",
-            help="Continue every prompt of FILE (.txt: one a line; .jsonl: prompt or messages, and a schema) and print one JSON line each, in order (default: one prompt, PROMPT).",
-        ),
-    ] = None,
-    parallel: Annotated[
-        int, typer.Option("--parallel", "-np", help="With --batch: prompts run at once, each with --ctx-size tokens of context.")
-    ] = 4,
+    compare_plain: ComparePlain = False,
+    json_schema: JsonSchema = None,
+    grammar_file: GrammarFile = None,
+    as_json: AsJson = False,
+    batch: Batch = None,
+    parallel: Parallel = 4,
     *,
     model: o.ModelOptions,
 ) -> None:
@@ -67,28 +72,34 @@ def generate(
             raise SpecrunError("--batch reads its prompts from FILE: leave out PROMPT, --prompt-file and --compare-plain")
         return generate_batch(load_prompt_file(batch), model, lookup, k, max_tokens, grammar, parallel)
     text = o.read_prompt(prompt, prompt_file)
-    config = model.session_config(lookup, k)
-    with Session(config) as session:
+    with Session(model.session_config(lookup, k)) as session:
         if session.drafter is None:  # --draft mtp drafts without a draft model
             err_console.print("[dim]no --draft or --lookup: plain decoding[/]")
-        tokens = session.tokenize(text)
-        spec = session.generator(grammar=grammar).run(tokens, max_tokens, _echo if not as_json else None)
-        if not as_json:
-            sys.stdout.write("\n")
-        result: dict[str, Any] = {"text": session.detokenize(spec.tokens), "tokens": spec.tokens, "stats": spec.stats.to_dict()}
-        if compare_plain:
-            plain = session.generator(plain=True, grammar=grammar).run(tokens, max_tokens)
-            result["plain"] = {
-                "text": session.detokenize(plain.tokens),
-                "tokens_per_s": plain.stats.tokens_per_s,
-                "stats": plain.stats.to_dict(),
-            }
-            result["speedup"] = spec.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
-            result["matches_plain"] = plain.tokens == spec.tokens
+        result = _continue(session, session.tokenize(text), max_tokens, grammar, stream=not as_json, compare_plain=compare_plain)
     if as_json:
         print(json.dumps(result))
     else:
         _report(result)
+
+
+def _continue(
+    session: Session, tokens: list[int], max_tokens: int, grammar: Grammar | None, *, stream: bool, compare_plain: bool
+) -> dict[str, Any]:
+    """Generate once (streaming the text to stdout when `stream`), and plainly too if asked: the JSON result."""
+    spec = session.generator(grammar=grammar).run(tokens, max_tokens, _echo if stream else None)
+    if stream:
+        sys.stdout.write("\n")
+    result: dict[str, Any] = {"text": session.detokenize(spec.tokens), "tokens": spec.tokens, "stats": spec.stats.to_dict()}
+    if compare_plain:
+        plain = session.generator(plain=True, grammar=grammar).run(tokens, max_tokens)
+        result["plain"] = {
+            "text": session.detokenize(plain.tokens),
+            "tokens_per_s": plain.stats.tokens_per_s,
+            "stats": plain.stats.to_dict(),
+        }
+        result["speedup"] = spec.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
+        result["matches_plain"] = plain.tokens == spec.tokens
+    return result
 
 
 def generate_batch(

@@ -39,57 +39,62 @@ def checked_origins(param: typer.CallbackParam, values: list[str] | None) -> lis
     return checked
 
 
+Lookup = Annotated[
+    bool,
+    typer.Option("--lookup/--no-lookup", help="Draft by prompt lookup (n-grams copied from the request); with --draft: hybrid."),
+]
+MaxTokens = Annotated[
+    Optional[int],
+    typer.Option("--max-tokens", "-n", help="Most tokens per request that names none (default: until the context is full)."),
+]
+Host = Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface; mind --api-key).")]
+Port = Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).")]
+ApiKey = Annotated[
+    Optional[str],
+    typer.Option(
+        "--api-key",
+        envvar="SPECRUN_API_KEY",
+        help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY; default: no key).",
+    ),
+]
+CorsOrigin = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--cors-origin",
+        callback=checked_origins,
+        help="A browser origin allowed to call the API besides this machine's own pages (scheme://host[:port]; '*': any), once per origin (default: none).",
+    ),
+]
+Parallel = Annotated[
+    Optional[int],
+    typer.Option(
+        "--parallel",
+        "-np",
+        help="Requests run at once, each with --ctx-size tokens of context (default: up to 4, as many as memory holds).",
+    ),
+]
+Queue = Annotated[int, typer.Option("--queue", help="Requests that may wait beyond those running; more get HTTP 429.")]
+GrammarDrafts = Annotated[
+    bool,
+    typer.Option("--grammar-drafts/--no-grammar-drafts", help="Draft what a request's grammar (response_format, tools) forces."),
+]
+
+
 @app.command()
 @o.model_options
 def serve(
-    lookup: Annotated[
-        bool,
-        typer.Option(
-            "--lookup/--no-lookup", help="Draft by prompt lookup (n-grams copied from the request); with --draft: hybrid."
-        ),
-    ] = True,
+    lookup: Lookup = True,
     store_tokens: o.StoreTokens = DEFAULT_LIMIT,
     k: o.K = "auto",
-    max_tokens: Annotated[
-        Optional[int],
-        typer.Option("--max-tokens", "-n", help="Most tokens per request that names none (default: until the context is full)."),
-    ] = None,
+    max_tokens: MaxTokens = None,
     chat_format: o.ChatFormat = None,
-    host: Annotated[
-        str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface; mind --api-key).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on (0: any free one).")] = 8080,
-    api_key: Annotated[
-        Optional[str],
-        typer.Option(
-            "--api-key",
-            envvar="SPECRUN_API_KEY",
-            help="Require 'Authorization: Bearer KEY' (also $SPECRUN_API_KEY; default: no key).",
-        ),
-    ] = None,
-    cors_origin: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--cors-origin",
-            callback=checked_origins,
-            help="A browser origin allowed to call the API besides this machine's own pages (scheme://host[:port]; '*': any), once per origin (default: none).",
-        ),
-    ] = None,
-    parallel: Annotated[
-        Optional[int],
-        typer.Option(
-            "--parallel",
-            "-np",
-            help="Requests run at once, each with --ctx-size tokens of context (default: up to 4, as many as memory holds).",
-        ),
-    ] = None,
-    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait beyond those running; more get HTTP 429.")] = 32,
-    grammar_drafts: Annotated[
-        bool,
-        typer.Option(
-            "--grammar-drafts/--no-grammar-drafts", help="Draft what a request's grammar (response_format, tools) forces."
-        ),
-    ] = True,
+    host: Host = "127.0.0.1",
+    port: Port = 8080,
+    api_key: ApiKey = None,
+    cors_origin: CorsOrigin = None,
+    parallel: Parallel = None,
+    queue: Queue = 32,
+    grammar_drafts: GrammarDrafts = True,
     *,
     model: o.ModelOptions,
 ) -> None:

@@ -20,12 +20,13 @@ from starlette.exceptions import HTTPException
 
 from specrun.serve import api
 from specrun.serve.api import ApiError
+from specrun.serve.jobs import Failed, Finished, Job, Text
 from specrun.serve.metrics import MEDIA_TYPE, Metrics
 from specrun.serve.page import add_page
 from specrun.serve.responses import ChatShape, CompletionShape, Shape
 from specrun.serve.sources import join_pieces
 from specrun.serve.tool_calls import CallPiece, merged
-from specrun.serve.worker import Failed, Finished, Job, Text, Worker
+from specrun.serve.worker import Worker
 from specrun.settings import SettingError
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -27,6 +27,45 @@ PREFIX = "specrun:"
 FINISH_REASONS = ("stop", "length", "tool_calls", "abort")
 MEDIA_TYPE = CONTENT_TYPE_LATEST
 
+COUNTERS = (  # name, help, the Metrics attribute that counts, and the label of counts by kind ("": one count)
+    (
+        "request_success",
+        "Requests finished, by finish reason (abort: the client left or the server stopped).",
+        "finished",
+        "finished_reason",
+    ),
+    ("requests_rejected", "Requests answered with an error, by reason.", "rejected", "reason"),
+    ("prompt_tokens", "Prompt tokens of finished requests.", "prompt_tokens", ""),
+    ("prompt_tokens_cached", "Prompt tokens found in the KV cache (not processed again).", "cached_prompt_tokens", ""),
+    ("generation_tokens", "Tokens generated.", "generation_tokens", ""),
+    ("spec_decode_num_drafts", "Steps that verified a draft.", "drafts", ""),
+    ("spec_decode_num_draft_tokens", "Drafted tokens verified.", "draft_tokens", ""),
+    ("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", "accepted_tokens", ""),
+    (
+        "spec_decode_num_accepted_tokens_per_pos",
+        "Drafted tokens accepted, by position in the draft.",
+        "accepted_by_position",
+        "position",
+    ),
+    ("spec_decode_draft_tokens_by_source", "Drafted tokens verified, by draft source.", "draft_tokens_by_source", "source"),
+    ("spec_decode_accepted_tokens_by_source", "Drafted tokens accepted, by draft source.", "accepted_by_source", "source"),
+    ("spec_decode_translate_seconds", "Seconds a draft with another vocabulary spent translating.", "translate_s", ""),
+    (
+        "spec_decode_translated_cache_tokens",
+        "Tokens fed to a translated draft's cache: re-encoded from the accepted text, or kept (its own guesses the text confirmed).",
+        "translated_cache_tokens",
+        "how",
+    ),
+    ("decodes", "Target decodes (each verifies every running request's rows).", "decodes", ""),
+    ("decode_rows", "Rows of those decodes (rows per decode: this over decodes).", "decode_rows", ""),
+)
+GAUGES = {
+    "slots": "Requests the model runs at once (--parallel).",
+    "num_requests_running": "Requests on the model now (busy slots).",
+    "num_requests_waiting": "Requests waiting in the queue.",
+    "ngram_store_tokens": "Tokens of earlier requests held for drafting.",
+}
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -102,71 +141,16 @@ class Metrics:
     def collect(self) -> Iterator[Metric]:
         """prometheus_client's collector interface: the counts as metric families."""
         with self._lock:
-            yield _counter(
-                "request_success",
-                "Requests finished, by finish reason (abort: the client left or the server stopped).",
-                self.finished,
-                "finished_reason",
-            )
-            yield _counter("requests_rejected", "Requests answered with an error, by reason.", self.rejected, "reason")
-            yield _counter("prompt_tokens", "Prompt tokens of finished requests.", self.prompt_tokens)
-            yield _counter(
-                "prompt_tokens_cached", "Prompt tokens found in the KV cache (not processed again).", self.cached_prompt_tokens
-            )
-            yield _counter("generation_tokens", "Tokens generated.", self.generation_tokens)
-            yield _counter("spec_decode_num_drafts", "Steps that verified a draft.", self.drafts)
-            yield _counter("spec_decode_num_draft_tokens", "Drafted tokens verified.", self.draft_tokens)
-            yield _counter("spec_decode_num_accepted_tokens", "Drafted tokens accepted.", self.accepted_tokens)
-            yield _counter(
-                "spec_decode_num_accepted_tokens_per_pos",
-                "Drafted tokens accepted, by position in the draft.",
-                {str(i): n for i, n in enumerate(self.accepted_by_position)},
-                "position",
-            )
-            yield _counter(
-                "spec_decode_draft_tokens_by_source",
-                "Drafted tokens verified, by draft source.",
-                self.draft_tokens_by_source,
-                "source",
-            )
-            yield _counter(
-                "spec_decode_accepted_tokens_by_source",
-                "Drafted tokens accepted, by draft source.",
-                self.accepted_by_source,
-                "source",
-            )
-            yield _counter(
-                "spec_decode_translate_seconds", "Seconds a draft with another vocabulary spent translating.", self.translate_s
-            )
-            yield _counter(
-                "spec_decode_translated_cache_tokens",
-                "Tokens fed to a translated draft's cache: re-encoded "
-                "from the accepted text, or kept (its own guesses the text confirmed).",
-                self.translated_cache_tokens,
-                "how",
-            )
-            yield _counter("decodes", "Target decodes (each verifies every running request's rows).", self.decodes)
-            yield _counter("decode_rows", "Rows of those decodes (rows per decode: this over decodes).", self.decode_rows)
-            yield GaugeMetricFamily(
-                PREFIX + "slots", "Requests the model runs at once (--parallel).", value=self._gauges["slots"]
-            )
-            yield GaugeMetricFamily(
-                PREFIX + "num_requests_running",
-                "Requests on the model now (busy slots).",
-                value=self._gauges["num_requests_running"],
-            )
-            yield GaugeMetricFamily(
-                PREFIX + "num_requests_waiting", "Requests waiting in the queue.", value=self._gauges["num_requests_waiting"]
-            )
-            yield GaugeMetricFamily(
-                PREFIX + "ngram_store_tokens",
-                "Tokens of earlier requests held for drafting.",
-                value=self._gauges["ngram_store_tokens"],
-            )
+            for name, help_text, attribute, label in COUNTERS:
+                yield _counter(name, help_text, getattr(self, attribute), label)
+            for name, help_text in GAUGES.items():
+                yield GaugeMetricFamily(PREFIX + name, help_text, value=self._gauges[name])
 
 
-def _counter(name: str, help_text: str, values: float | dict[str, int], label: str = "") -> CounterMetricFamily:
-    """A counter family: one value, or one per value of `label`."""
+def _counter(name: str, help_text: str, values: float | dict[str, int] | list[int], label: str) -> CounterMetricFamily:
+    """A counter family: one value, or one per value of `label` (a list's: its positions)."""
+    if isinstance(values, list):
+        values = {str(i): n for i, n in enumerate(values)}
     if not isinstance(values, dict):
         return CounterMetricFamily(PREFIX + name, help_text, value=values)
     family = CounterMetricFamily(PREFIX + name, help_text, labels=[label])

@@ -1,0 +1,76 @@
+"""A request as the event loop and the model's worker thread share it: the `Job`, and what the
+worker reports on it (`Started` or `Failed`, then `Text` and `CallPiece`s, then `Finished`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import Union
+
+from specrun.serve.api import ApiError, GenerationRequest
+from specrun.serve.responses import Outcome
+from specrun.serve.sources import SourcePiece
+from specrun.serve.tool_calls import CallPiece
+
+
+@dataclass(frozen=True)
+class Started:
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+    pieces: tuple[SourcePiece, ...] = ()  # asked for (`specrun.pieces`): the text split by how it came
+    stats: dict | None = None  # asked for: the reply's statistics so far
+
+
+@dataclass(frozen=True)
+class Finished:
+    outcome: Outcome
+    stats: dict | None = None  # asked for (`specrun.pieces`): the reply's final statistics
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+Report = Union[Started, Text, CallPiece, Finished, Failed]
+
+
+class Job:
+    """A request waiting for or running on the model; the worker reports to the event loop awaiting it."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self._loop = loop
+        self._reports: asyncio.Queue[Report] = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self.arrived = time.perf_counter()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def report(self, item: Report) -> None:
+        """From the worker thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._reports.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is waiting any more
+            self.cancel()
+
+    async def next(self) -> Report:
+        return await self._reports.get()
+
+    def ready(self) -> list[Report]:
+        """Reports that arrived and were not taken yet (to send several text pieces as one chunk)."""
+        items = []
+        while not self._reports.empty():
+            items.append(self._reports.get_nowait())
+        return items
