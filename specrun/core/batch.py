@@ -107,12 +107,12 @@ class Batch:
         logits = self.target.decode_many(parts)
         seconds = time.perf_counter() - started
         self.rows, self.decodes = sum(len(tokens) for _, tokens, _ in parts), self.decodes + 1
-        asks = [s.asks for s in waiting if s.asks is not None]
+        width = Verified.width_of([s.asks for s in waiting if s.asks is not None])
         # (stream, its rows' logits) of each stream whose whole ask was decoded
         done = [(s, rows) for s, rows in zip(waiting, logits) if s.asks is not None and s.fed == len(s.asks.tokens)]
         for stream, rows in done:
             stream.rows = len(rows)
-            self._advance(stream, Verified.of(rows, seconds, asks))
+            self._advance(stream, Verified(rows, seconds, width))
 
     def _draft(self) -> None:
         """Run the draft decodes the streams ask for, every stream's next position in one decode

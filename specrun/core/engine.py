@@ -78,11 +78,10 @@ class Verified(NamedTuple):
     seconds: float
     width: int | None
 
-    @classmethod
-    def of(cls, logits: np.ndarray, seconds: float, asks: Sequence[Decode]) -> Verified:
-        """A stream's rows of a decode of `asks` (every stream's) that took `seconds`."""
-        prompt = any(ask.prompt for ask in asks)
-        return cls(logits, seconds, None if prompt else sum(len(ask.tokens) for ask in asks))
+    @staticmethod
+    def width_of(asks: Sequence[Decode]) -> int | None:
+        """The width of a decode of `asks` (every stream's): its rows, or None if it held a prompt's."""
+        return None if any(ask.prompt for ask in asks) else sum(len(ask.tokens) for ask in asks)
 
 
 class Decode(NamedTuple):
@@ -105,7 +104,7 @@ class Decode(NamedTuple):
         """Run as a decode of its own (one stream)."""
         started = time.perf_counter()
         logits = self.context.eval(self.tokens, self.rows)
-        return Verified.of(logits, time.perf_counter() - started, [self])
+        return Verified(logits, time.perf_counter() - started, Verified.width_of((self,)))
 
 
 EventStream = PyGenerator[Event, None, None]
@@ -163,10 +162,11 @@ class Generator:
         try:
             ask = next(steps)
             while True:
-                yield from _taken(events)
+                yield from events  # what the last decode's step handed the consumer
+                events.clear()
                 ask = steps.send(ask.alone())
         except StopIteration as done:
-            yield from _taken(events)
+            yield from events
             yield Done(done.value.stats)
         finally:
             steps.close()
@@ -368,9 +368,3 @@ class Generator:
         confidences = draft.confidences[:n] if draft.confidences is not None else None
         return replace(draft, tokens=draft.tokens[:n], dists=dists, confidences=confidences)
 
-
-def _taken(events: list[Event]) -> list[Event]:
-    """The events so far, the list emptied for the next."""
-    taken = events[:]
-    events.clear()
-    return taken
