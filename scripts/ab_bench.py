@@ -7,7 +7,7 @@ decoding (total tokens / total time over the rounds) and the ratio of their tok/
 included, and how many prompts gave the same greedy text in both.
 
     git worktree add /tmp/before REV
-    python scripts/ab_bench.py /tmp/before . --rounds 2 [-- any bench options]
+    python scripts/ab_bench.py /tmp/before . --rounds 2 [-- any bench arguments]
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ def main() -> None:
     parser.add_argument("a", type=Path, help="the first checkout (the baseline)")
     parser.add_argument("b", type=Path, help="the second checkout")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("bench", nargs="*", help="options for specrun bench, after --")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])  # what follows -- goes to bench whole (argparse may take its options)
+    args.bench = argv[cut + 1 :]
     runs: dict[Path, list[dict]] = {args.a: [], args.b: []}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
