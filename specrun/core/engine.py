@@ -367,4 +367,3 @@ class Generator:
         dists = draft.dists[:n] if draft.dists is not None else None
         confidences = draft.confidences[:n] if draft.confidences is not None else None
         return replace(draft, tokens=draft.tokens[:n], dists=dists, confidences=confidences)
-
