@@ -47,8 +47,8 @@ class _Stream:
 
     @property
     def prefilled(self) -> bool:
-        """Whether its prompt is in the cache: its asks are verifies, not a prompt's rows."""
-        return bool(self.generator.stats.prefills)
+        """Whether its prompt is in the cache: what it asks for, if anything, is no prompt's rows."""
+        return self.asks is None or not self.asks.prompt
 
 
 class Batch:

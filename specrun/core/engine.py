@@ -185,7 +185,7 @@ class Generator:
         """
         consumer = consumer or Consumer()
         history = self._checked_prompt(prompt)
-        # Also kept on the generator: a consumer that stops early (stop string, Ctrl-C) never sees the result.
+        # Also kept on the generator: a generation closed early (Ctrl-C, a cancelled stream) returns no result.
         self.stats = stats = Stats(
             prompt_tokens=len(history), counters=dict.fromkeys(self.drafter.counters if self.drafter else (), 0.0)
         )
