@@ -13,7 +13,8 @@ from reference import TINY_ATOL, FreshContexts, assert_greedy_choice, assert_rea
 from test_exactness import MIN_P, SEEDS, SETTINGS, exact_pairs, first_tokens, seeded
 from tinyhybrid import write_tiny_mamba, write_tiny_qwen35
 
-from specrun.backend import Context, ContextOptions, Model
+from specrun.backend import Context, ContextOptions, Model, ModelOptions
+from specrun.backend.mtp import MtpHead
 from specrun.cli.serve import describe
 from specrun.config import SessionConfig
 from specrun.core.engine import Generator
@@ -149,6 +150,16 @@ def test_the_mtp_head_follows_plain_generations_again_when_it_drafts(hybrid):
 
 def specrun_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specrun", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_the_mtp_heads_context_decodes_on_threads_of_its_own(hybrid):
+    model = Model(hybrid["mtp"], ModelOptions(load_mtp=True))
+    target = Context(model, ContextOptions(n_ctx=128, n_threads=2))
+    head = MtpHead(target)
+    assert head.threads.handle and head.threads.handle != target.threads.handle
+    assert head.threads.params.n_threads == 2
+    model.close()
+    assert head.threads.handle is None and target.threads.handle is None
 
 
 def test_mtp_from_the_command_line(hybrid):

@@ -4,7 +4,9 @@
   compares its fields with the stock reader's, part for part);
 - llama-cpp-python: the names of its chat formats and their formatters are read from
   its handler registry, which has no public listing;
-- llama-cpp-python's raw API: every call the specrun.backend package makes.
+- llama-cpp-python's raw API: every call the specrun.backend package makes;
+- llama.cpp's thread pools: `llama_attach_threadpool`, which llama-cpp-python does not bind, from
+  the libllama it loaded, and ggml's pool calls from the CPU backend's registry.
 """
 
 import importlib
@@ -48,6 +50,10 @@ def test_every_raw_call_the_backend_makes_exists():
     assert called <= set(backend.RAW_API), f"add to RAW_API: {called - set(backend.RAW_API)}"
     staged = {name for module in modules for name in re.findall(r"(?:LX|llama_ext\(\))\.(llama_\w+)", inspect.getsource(module))}
     assert staged <= set(library.EXT_API), f"add to EXT_API: {staged - set(library.EXT_API)}"
+
+
+def test_the_thread_pool_calls_are_found():
+    assert library.thread_pool_calls() is not None
 
 
 @pytest.mark.parametrize("version, too_old", [("0.3.36", False), ("0.3.40", False), ("0.3.9", True), ("0.2.90", True)])

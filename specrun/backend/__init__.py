@@ -2,6 +2,7 @@
 
 - library: llama-cpp-python imported, checked and initialised on first use; libggml's signatures.
 - model: `Model` (weights, vocabulary); context: `Context` (one KV cache); info: system_info.
+- threads: the CPU thread pool each llama.cpp context decodes on, made with the context.
 - devices: ggml's device registry, the local GPUs, the --tensor-split array.
 - rpc_link: the RPC servers this process holds, and the thread every call that can wait on
   them goes through, so that a lost or stuck server raises RpcLost or RpcTimeout.

@@ -26,6 +26,7 @@ import numpy as np
 from specrun.backend import rpc_link
 from specrun.backend.library import llama, llama_ext
 from specrun.backend.model import Closed, Model
+from specrun.backend.threads import ThreadPool
 from specrun.core.sequences import common_prefix
 from specrun.errors import SpecrunError
 
@@ -102,6 +103,7 @@ class _LlamaContext:
                 "lower --ctx-size or offload fewer layers"
             )
         model.own(self)
+        self.threads = ThreadPool(self.ptr, self.n_threads)
         self.n_seq = options.sequences
         self.n_ctx = L.llama_n_ctx(self.ptr) // options.sequences  # each sequence's share
         # The most tokens a verify may drop again: the snapshots llama.cpp keeps (0 for an architecture
@@ -121,7 +123,7 @@ class _LlamaContext:
     def close(self) -> None:
         if self.ptr:
             pointer, self.ptr = self.ptr, None
-            self.model._free(_free_context, self.batch, pointer)
+            self.model._free(_free_context, self.batch, pointer, self.threads)
 
     @property
     def ctx(self):
@@ -168,6 +170,11 @@ class Context:
     def handle(self):
         """The llama_context pointer, for the backend's own calls into llama.cpp."""
         return self._shared.ctx
+
+    @property
+    def threads(self) -> ThreadPool:
+        """The CPU threads its decodes run on, the cache's own."""
+        return self._shared.threads
 
     @property
     def n_ctx(self) -> int:
@@ -383,7 +390,8 @@ class Context:
         llama_ext().llama_set_embeddings_nextn(self.handle, listened, False)  # every row, not only outputs
 
 
-def _free_context(batch, ctx) -> None:
+def _free_context(batch, ctx, threads: ThreadPool) -> None:
     L = llama()
     L.llama_batch_free(batch)
     L.llama_free(ctx)
+    threads.free()

@@ -15,6 +15,7 @@ import sys
 from collections import deque
 from functools import cache
 from types import ModuleType
+from typing import Any, NamedTuple
 
 from specrun.errors import SpecrunError
 
@@ -206,6 +207,17 @@ class DeviceProps(ctypes.Structure):  # struct ggml_backend_dev_props (ggml-back
     ]
 
 
+class ThreadPoolParams(ctypes.Structure):  # struct ggml_threadpool_params (ggml.h)
+    _fields_ = [
+        ("cpumask", ctypes.c_bool * 512),  # GGML_MAX_N_THREADS
+        ("n_threads", ctypes.c_int),
+        ("prio", ctypes.c_int),  # enum ggml_sched_priority
+        ("poll", ctypes.c_uint32),
+        ("strict_cpu", ctypes.c_bool),
+        ("paused", ctypes.c_bool),
+    ]
+
+
 ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)  # ggml_abort_callback_t
 ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)  # ggml_backend_rpc_add_server
 
@@ -240,6 +252,35 @@ def ggml():
         ("ggml_backend_dev_memory", None, vp, ctypes.POINTER(size), ctypes.POINTER(size)),
         ("ggml_backend_dev_get_props", None, vp, ctypes.POINTER(DeviceProps)),
         ("ggml_set_abort_callback", vp, ABORT_CALLBACK),
+        ("ggml_threadpool_params_init", None, ctypes.POINTER(ThreadPoolParams), ctypes.c_int),
     ):
         _declare(lib, name, restype, *args)
     return lib
+
+
+class ThreadPoolCalls(NamedTuple):
+    new: Any  # ggml_threadpool_new (ggml-cpu.h)
+    free: Any  # ggml_threadpool_free
+    attach: Any  # llama_attach_threadpool (llama.h)
+
+
+@cache
+def thread_pool_calls() -> ThreadPoolCalls | None:
+    """ggml's CPU thread pools, found through the CPU backend's registry as llama.cpp's tools find
+    them, and llama.cpp's call that attaches one to a context, which llama-cpp-python does not
+    bind (a TODO in its llama_cpp.py); None where the CPU backend offers no pools."""
+    lib = ggml()
+    cpu = lib.ggml_backend_reg_by_name(b"CPU")
+    new_at, free_at = (lib.ggml_backend_reg_get_proc_address(cpu, name) if cpu else None for name in _POOL_CALLS)
+    if not (new_at and free_at):
+        return None
+    vp = ctypes.c_void_p
+    new = ctypes.CFUNCTYPE(vp, ctypes.POINTER(ThreadPoolParams))(new_at)
+    free = ctypes.CFUNCTYPE(None, vp)(free_at)
+    from llama_cpp.llama_cpp import _lib as libllama  # the library llama-cpp-python loaded
+
+    _declare(libllama, "llama_attach_threadpool", None, vp, vp, vp)
+    return ThreadPoolCalls(new, free, libllama.llama_attach_threadpool)
+
+
+_POOL_CALLS = (b"ggml_threadpool_new", b"ggml_threadpool_free")

@@ -21,6 +21,7 @@ import numpy as np
 
 from specrun.backend.context import Context, FloatViews
 from specrun.backend.library import llama, llama_ext
+from specrun.backend.threads import ThreadPool
 from specrun.errors import SpecrunError
 
 Row = tuple[int, int, int, np.ndarray]
@@ -50,6 +51,7 @@ class _HeadContext:
             raise SpecrunError(
                 f"llama.cpp could not create an MTP context for {model.path.name} (SPECRUN_DEBUG=1 shows llama.cpp's log)"
             )
+        self.threads = ThreadPool(self.ctx, target.n_threads)
         llama_ext().llama_set_embeddings_nextn(self.ctx, True, True)  # its own hidden rows, for output rows only
         self.batch = L.llama_batch_ext_init(self.ctx)
         self.pos = (L.llama_pos * 4)()  # text rows use the first of the four positions
@@ -69,6 +71,7 @@ class _HeadContext:
             L = llama()
             L.llama_batch_ext_free(self.batch)
             L.llama_free(self.ctx)
+            self.threads.free()
             self.ctx = None
 
     def decode(self, drafting: Sequence[Row] = ()) -> list[int]:
@@ -141,6 +144,11 @@ class MtpHead:
     @property
     def n_batch(self) -> int:
         return self._shared.n_batch
+
+    @property
+    def threads(self) -> ThreadPool:
+        """The CPU threads the heads' context decodes on, its own."""
+        return self._shared.threads
 
     def shares_cache(self, other: object) -> bool:
         """Whether `other` is a head of the same MTP context (one `decode_many` takes both)."""
