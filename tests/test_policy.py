@@ -185,12 +185,16 @@ def test_parse_k_rejects_with_the_value(text):
 def test_policies_keep_greedy_output_exact(tiny, drafting, k, monkeypatch):
     """On a confident model (the top token usually over 75%), so llama.cpp's p-min rule drafts too.
 
-    The prompt repeats the model's own text, so prompt lookup has copies the model follows
-    and auto drafts, whatever this machine's verify costs. The draft reads the whole prompt
-    under auto too: a tiny model's batch is hardly cheaper per token than one token, so its
-    catch-up window would be the least one, without the copy 90 tokens back.
+    The prompt repeats the model's own text, so prompt lookup has copies the model follows.
+    Auto sees a target whose decodes cost a second at any width, as a big model verifying on a
+    GPU looks beside its small draft: drafting pays whatever this machine's real costs (here
+    the draft is the target itself, which a one-row decode's measured cost would rightly bench
+    after its first probe, or before it where two rows measured twice one). The draft reads the
+    whole prompt under auto too: a tiny model's batch is hardly cheaper per token than one
+    token, so its catch-up window would be the least one, without the copy 90 tokens back.
     """
     monkeypatch.setattr("specrun.drafts.feeding.MIN_WINDOW", 256)
+    monkeypatch.setattr("specrun.core.costs.time_decodes", lambda context, widths, repeats: dict.fromkeys(widths, 1.0))
     config = SessionConfig(
         target=tiny["confident"],
         draft=tiny["confident"] if drafting != "lookup" else None,
