@@ -172,14 +172,18 @@ def runs_at(ks: list[str]) -> dict[str, Run]:
     return runs
 
 
-def llama_cpp_runs(models: dict[str, Path], bin_dir: Path, tokens: int, threads: int, ks: list[str]) -> dict[str, list[str]]:
-    """llama.cpp's own loop for a run of the same name (every layer offloaded where it can): its command line."""
+def llama_cpp_runs(
+    models: dict[str, Path], bin_dir: Path, tokens: int, threads: int, ks: list[str], depth: int
+) -> dict[str, list[str]]:
+    """llama.cpp's own loop for a run of the same name (every layer offloaded where it can): its command line.
+    llama-bench generates after `depth` tokens, the prompt's: later tokens attend to more, and
+    past 256 cells llama.cpp attends over twice as many (its cache is padded to 256)."""
     common = ["-p", PROMPT, "-n", str(tokens), "-t", str(threads), "-c", "2048", "--temp", "0", "--no-repack", "-ngl", "99"]
     spec = [str(bin_dir / "llama-speculative-simple"), *common, "--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
     pair = [*spec, "-ngld", "99", "--spec-type", "draft-simple", "-m", str(models["target"])]
     runs = {
-        "plain": [str(bin_dir / "llama-bench"), "-m", str(models["target"]), "-p", "0", "-n", str(tokens), "-t", str(threads)]
-        + ["-r", "3", "-o", "json", "--repack", "0", "-ngl", "99"],
+        "plain": [str(bin_dir / "llama-bench"), "-m", str(models["target"]), "-p", "0", "-n", str(tokens), "-d", str(depth)]
+        + ["-t", str(threads), "-r", "3", "-o", "json", "--repack", "0", "-ngl", "99"],
         "mtp k 3": [*spec, "-m", str(models["q35"]), "--spec-type", "draft-mtp", "--spec-draft-n-max", "3"],
     }
     for k in (k for k in ks if k.isdigit()):
@@ -220,11 +224,12 @@ def main() -> None:
     clock.install()
     runs = {name: run for name, run in runs_at(ks).items() if re.search(args.only, name)}
     configs = setups(models, args.threads)
-    theirs = llama_cpp_runs(models, args.llama_bin, args.tokens, args.threads, ks) if args.llama_bin else {}
     totals = {name: Split() for name in runs}
     rounds: list[dict] = []
     with ExitStack() as open_sessions:
         sessions = {name: open_sessions.enter_context(Session(configs[name])) for name in {run.setup for run in runs.values()}}
+        depth = len(sessions["target"].tokenize(PROMPT)) if "target" in sessions else 0  # plain's, the one llama-bench run
+        theirs = llama_cpp_runs(models, args.llama_bin, args.tokens, args.threads, ks, depth) if args.llama_bin else {}
         for round_ in range(args.rounds + 1):  # round 0 warms up (auto's costs, page cache) and is not counted
             rounds += measure_round(round_, runs, sessions, clock, args.tokens, theirs, totals)
     print_table(totals, rounds)

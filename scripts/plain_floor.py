@@ -1,0 +1,130 @@
+"""Plain decoding beside llama-bench, layer by layer (a benchmark, not CI).
+
+Where a Python loop's time goes when a decode takes a fraction of a millisecond, as a small
+model's does on a GPU. Each round runs, interleaved, on the same generated target, threads and
+depth (the prompt's tokens before the first timed one), greedy, N tokens after the prompt:
+- llama-bench tg N at that depth (`-d`), repacking off: llama.cpp's own loop in C++;
+- a bare loop of llama.cpp calls on a specrun context: a one-token batch (`llama_batch_get_one`,
+  as llama-bench's), `llama_decode` and `llama_synchronize`, nothing read (`bare`); then the
+  same reading the last row's logits and taking their argmax (`bare + argmax`);
+- `Context.eval` and the argmax: specrun's backend;
+- `Session.stream(plain=True)`: a whole generation, as `specrun generate` runs it.
+Each is printed as a ratio to llama-bench's tokens/s in the same round, then the medians.
+
+    python scripts/plain_floor.py --llama-bin BIN [--size cpu-small] [--threads 2] [--rounds 8] [--tokens 256]
+"""
+
+from __future__ import annotations
+
+import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.library.load_before_numpy)
+
+# isort: split
+
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+from generated_models import SIZES, write_models
+from host_time import PROMPT
+
+from specrun.backend import Context, ContextOptions
+from specrun.backend.library import llama
+from specrun.config import SessionConfig
+from specrun.session import Session
+from specrun.settings import BATCH
+
+
+def llama_bench(bin_dir: Path, model: Path, tokens: int, depth: int, threads: int) -> float:
+    command = [str(bin_dir / "llama-bench"), "-m", str(model), "-p", "0", "-n", str(tokens), "-d", str(depth)]
+    command += ["-t", str(threads), "-r", "3", "-o", "json", "--repack", "0", "-ngl", "99"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
+    return json.loads(out.stdout)[0]["avg_ts"]
+
+
+def bare_loop(session: Session, prompt: list[int], tokens: int, read: bool) -> float:
+    """Tokens/s of llama.cpp calls alone, on a fresh context made as specrun makes its target's."""
+    L, model = llama(), session.target_model
+    c = session.config
+    options = ContextOptions(n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn)
+    context = Context(model, options)
+    try:
+        token = (ctypes.c_int32 * 1)(int(np.argmax(context.eval(prompt, 1)[-1])))
+        handle = context.handle
+        views: dict[int, np.ndarray] = {}
+        started = time.perf_counter()
+        for _ in range(tokens):
+            L.llama_decode(handle, L.llama_batch_get_one(token, 1))
+            if not read:
+                L.llama_synchronize(handle)
+                continue
+            pointer = L.llama_get_logits_ith(handle, -1)
+            view = views.get(address := ctypes.addressof(pointer.contents))
+            if view is None:
+                view = views[address] = np.ctypeslib.as_array(pointer, shape=(model.n_vocab,))
+            token[0] = int(np.argmax(view))
+        return tokens / (time.perf_counter() - started)
+    finally:
+        context.close()
+
+
+def eval_loop(session: Session, prompt: list[int], tokens: int) -> float:
+    context = session.target
+    context.truncate(0)
+    token = int(np.argmax(context.eval(prompt, 1)[-1]))
+    started = time.perf_counter()
+    for _ in range(tokens):
+        token = int(np.argmax(context.eval([token], 1)[-1]))
+    speed = tokens / (time.perf_counter() - started)
+    context.truncate(0)
+    return speed
+
+
+def generation(session: Session, prompt: list[int], tokens: int) -> float:
+    """Timed from the first token (the prefill's) to the end, as host_time.py times it."""
+    started = None
+    for _ in session.stream(prompt, tokens + 1, plain=True):
+        started = started or time.perf_counter()
+    assert started is not None
+    return tokens / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=Path, default=Path("/tmp/specrun-host-time"), help="folder of the generated models")
+    parser.add_argument("--size", choices=sorted(SIZES), default="cpu-small", help="the generated models' size")
+    parser.add_argument("--llama-bin", type=Path, required=True, help="folder with llama-bench")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=256)
+    args = parser.parse_args()
+    model = write_models(args.models, args.size)["target"]
+    with Session(SessionConfig(target=model, n_ctx=2048, threads=args.threads)) as session:
+        prompt = session.tokenize(PROMPT)
+        runs = {
+            "bare": lambda: bare_loop(session, prompt, args.tokens, read=False),
+            "bare + argmax": lambda: bare_loop(session, prompt, args.tokens, read=True),
+            "Context.eval": lambda: eval_loop(session, prompt, args.tokens),
+            "generation": lambda: generation(session, prompt, args.tokens),
+        }
+        ratios: dict[str, list[float]] = {name: [] for name in runs}
+        for round_ in range(args.rounds):
+            theirs = llama_bench(args.llama_bin, model, args.tokens, len(prompt), args.threads)
+            for name, run in runs.items():
+                ratios[name].append(run() / theirs)
+            print(
+                f"round {round_ + 1}: llama-bench {theirs:.0f} tok/s; " + ", ".join(f"{n} {r[-1]:.3f}" for n, r in ratios.items())
+            )
+    print(
+        f"{args.size}, depth {len(prompt)}, {args.tokens} tokens, {args.threads} threads: median / min / max of each against llama-bench"
+    )
+    for name, values in ratios.items():
+        print(f"| {name} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
