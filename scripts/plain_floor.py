@@ -9,7 +9,8 @@ depth (the prompt's tokens before the first timed one), greedy, N tokens after t
   same reading the last row's logits and taking their argmax (`bare + argmax`);
 - `Context.eval` and the argmax: specrun's backend;
 - `Session.stream(plain=True)`: a whole generation, as `specrun generate` runs it.
-Each is printed as a ratio to llama-bench's tokens/s in the same round, then the medians.
+Each is printed as a ratio to llama-bench's tokens/s in the same round, then the medians; last,
+the generation's own time with `llama_decode` a no-op (warm caches, before the rounds).
 
     python scripts/plain_floor.py --llama-bin BIN [--size cpu-small] [--threads 2] [--rounds 8] [--tokens 256]
 """
@@ -93,6 +94,22 @@ def generation(session: Session, prompt: list[int], tokens: int) -> float:
     return tokens / (time.perf_counter() - started)
 
 
+def loop_alone(session: Session, prompt: list[int], tokens: int) -> float:
+    """Seconds a token of a plain generation with `llama_decode` a no-op: the loop's own time
+    with warm caches (each token reads the logits of the last real decode)."""
+    L = llama()
+    generation(session, prompt, 1)  # a real decode, whose logits every no-op leaves in place
+    decode, L.llama_decode = L.llama_decode, lambda context, batch: 0
+    try:
+        started = time.perf_counter()
+        for _ in session.stream(prompt, tokens, plain=True):
+            pass
+        return (time.perf_counter() - started) / tokens
+    finally:
+        L.llama_decode = decode
+        session.target.truncate(0)  # the cache holds none of what the no-ops "decoded"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=Path("/tmp/specrun-host-time"), help="folder of the generated models")
@@ -105,6 +122,7 @@ def main() -> None:
     model = write_models(args.models, args.size)["target"]
     with Session(SessionConfig(target=model, n_ctx=2048, threads=args.threads)) as session:
         prompt = session.tokenize(PROMPT)
+        alone = min(loop_alone(session, prompt, 1000) for _ in range(5))
         runs = {
             "bare": lambda: bare_loop(session, prompt, args.tokens, read=False),
             "bare + argmax": lambda: bare_loop(session, prompt, args.tokens, read=True),
@@ -124,6 +142,7 @@ def main() -> None:
     )
     for name, values in ratios.items():
         print(f"| {name} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")
+    print(f"a generation's own time, llama_decode a no-op (best of 5): {1000 * alone:.4f} ms a token")
 
 
 if __name__ == "__main__":
