@@ -282,7 +282,7 @@ class OnCurve(AutoK):
     """Auto on a fixed verify-cost curve: the tiny model's real decode times do not move it."""
 
     def observe(self, step: StepRecord) -> None:
-        super().observe(replace(step, rows=None))
+        super().observe(step._replace(rows=None))
 
 
 TWO_FREE = [0.0] + [1.0] * 6 + [3.0] * 10  # up to 6 rows cost one decode, more cost three

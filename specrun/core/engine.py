@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Callable, NamedTuple, Protocol, Sequence
 from typing import Generator as PyGenerator
 
@@ -270,21 +271,21 @@ class Generator:
     def _accepted(self, draft: Draft, logits: np.ndarray) -> tuple[int, list[tuple[int, TokenSource]]]:
         """How many of the draft's tokens the target's rows keep, and the tokens to emit: those and
         the target's own next one (none after an accepted end of generation)."""
-
-        def target_dist(i: int) -> Distribution:
-            dist = filtered(logits[i], self.sampler.settings, self._scratch)
-            return self.constraint.restrict(dist, logits[i], self.sampler.settings, i) if self.constraint else dist
-
         if self.sampler.settings.greedy and draft.dists is None and self.constraint is None:
             accepted, next_token = greedy_verify(draft.tokens, logits)
         else:
-            accepted, next_token = verify(draft.tokens, draft.dists, target_dist, self.sampler.rng)
+            accepted, next_token = verify(draft.tokens, draft.dists, partial(self._target_dist, logits), self.sampler.rng)
         emitted: list[tuple[int, TokenSource]] = [(t, "draft") for t in draft.tokens[:accepted]]
         if not (emitted and emitted[-1][0] in self.eog):  # nothing follows an accepted end of generation
             emitted.append((next_token, "bonus" if draft.tokens and accepted == len(draft.tokens) else "target"))
         if self.constraint:
             self.constraint.commit(accepted, [token for token, _ in emitted])
         return accepted, emitted
+
+    def _target_dist(self, logits: np.ndarray, i: int) -> Distribution:
+        """The target's distribution at verified row i: filtered as the sampler says, held to the grammar."""
+        dist = filtered(logits[i], self.sampler.settings, self._scratch)
+        return self.constraint.restrict(dist, logits[i], self.sampler.settings, i) if self.constraint else dist
 
     def _emitted(
         self,

@@ -73,9 +73,9 @@ class Budget(NamedTuple):
     drafted_s: float = 0.0  # auto: expected seconds spent drafting the tokens kept so far
 
 
-@dataclass(frozen=True)
-class StepRecord:
-    """What one verified step did, as a policy learns from it."""
+class StepRecord(NamedTuple):
+    """What one verified step did, as a policy learns from it (a named tuple, as `Budget` is:
+    every step makes one, and a frozen dataclass costs several times as much to make)."""
 
     budget: Budget | None  # what the verified draft was granted; None for a plain step
     declined: tuple[Budget, ...]  # sources the policy turned down (k = 0) on the way to this step's draft
