@@ -236,6 +236,8 @@ class Context:
 
     def _eval(self, tokens: Sequence[int], rows: int) -> np.ndarray:
         # Decoding on RPC servers is asynchronous: reading the logits is where it waits, so both are one call.
+        if len(tokens) <= self.n_batch:  # one decode, as every step's is: no chunks to cut
+            return self._decode_many([(self, tokens, rows)])[0]
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             rows_here = max(0, rows - (len(tokens) - start - len(chunk)))
