@@ -21,6 +21,7 @@ from specrun.core.policy import PRIOR, Budget, Decision, StepRecord, ema
 
 FREE_DRAFT_SHARE = 0.01  # a draft token costing under 1% of a one-row decode counts as free
 PROBE_SHARE = 0.01  # probes of a source measured slower take at most this share of the time
+UNREACHED = 1e-4  # a draft position reached with less chance adds under 1/10,000 of a token
 
 
 @dataclass
@@ -147,10 +148,14 @@ class AutoK:
         return self.costs[k + 1] + k * track.draft_token_s
 
     def best_k(self, track: SourceTrack, limit: int, rows: int = 0) -> int:
-        """The draft length with the most tokens per second for the decode it joins."""
+        """The draft length with the most tokens per second for the decode it joins. The search
+        ends where a draft is unlikely to reach: where verifying hundreds of rows costs about one
+        (a GPU's batch), the limit is hundreds of positions, and most are out of reach."""
         best_k, best_rate, expected, alive = 0, (rows + 1) / self.costs[rows + 1], 1.0, 1.0
         for k, acceptance in enumerate(track.acceptances(limit), start=1):
             alive *= acceptance
+            if alive < UNREACHED:
+                break
             expected += alive
             rate = (rows + expected) / (self.costs[rows + k + 1] + k * track.draft_token_s)
             if rate > best_rate:
