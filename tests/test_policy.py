@@ -109,6 +109,21 @@ def test_a_probe_drafts_the_cheapest_width_per_token():
     assert AutoK(CPU).probe_k(slow_draft, 16) == 1  # 2 tokens for 158 ms beat 4 for 365
 
 
+@pytest.mark.parametrize("acceptance", [0.3, 0.6, 0.9, 0.95, 0.99])
+@pytest.mark.parametrize("draft_token_s", [0.0, 0.0002])
+def test_the_search_for_k_on_a_batch_wide_table_picks_what_weighing_every_length_would(acceptance, draft_token_s):
+    """Where 512 rows verify for about four one-row decodes (a GPU), the search stops at positions a
+    draft is unlikely to reach, and still picks the k that weighing every length picks."""
+    costs = [0.0] + [0.0017 + 0.00001 * width for width in range(1, 513)]
+    track = SourceTrack(hits=[acceptance * 8] * 3, tries=[8.0] * 3, draft_token_s=draft_token_s, prior=acceptance)
+    rates, expected, alive = [1 / costs[1]], 1.0, 1.0
+    for k, chance in enumerate(track.acceptances(510), start=1):
+        alive *= chance
+        expected += alive
+        rates.append(expected / (costs[k + 1] + k * draft_token_s))
+    assert AutoK(costs).best_k(track, 510) == rates.index(max(rates))
+
+
 def test_a_first_draft_that_caught_up_a_whole_prompt_is_charged_like_a_probe():
     policy = AutoK(FLAT)
     first = policy.offer("draft", 16)
