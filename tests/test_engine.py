@@ -11,6 +11,7 @@ from specrun.core.engine import Generator
 from specrun.core.events import Done, StepEvent, TokenEvent
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
+from specrun.core.sequences import History, common_prefix
 from specrun.drafts.base import Chain, Draft, DraftRequest, drafted, model_part
 from specrun.drafts.feeding import MIN_WINDOW, FeedCost
 from specrun.drafts.lookup import PromptLookup
@@ -256,6 +257,43 @@ def test_random_evals_and_rollbacks_leave_the_cache_as_a_fresh_one(tiny):
         model.close()
 
 
+def test_a_cache_following_a_growing_history_holds_what_a_whole_comparison_finds(tiny):
+    """`reuse_prefix` of the same History compares only what was added since, as a draft's cache
+    does every step: after any mix of growth, drafts, rejections and truncations it keeps exactly
+    the prefix a comparison of the whole text finds, and the cache reads like a fresh one."""
+    rng = np.random.default_rng(1)
+    model = Model(tiny["draft"])
+    context = Context(model, ContextOptions(n_ctx=256, n_batch=8))
+    history = History(rng.integers(3, model.n_vocab, 12).tolist())
+    try:
+        with FreshContexts(tiny["draft"], 256) as fresh:
+            for _ in range(60):
+                for kind in rng.integers(3, size=int(rng.integers(1, 4))):  # a few changes between comparisons
+                    if kind == 0 and len(history) < 200:
+                        history += rng.integers(3, model.n_vocab, int(rng.integers(1, 4))).tolist()  # tokens emitted
+                    elif kind == 1 and len(context.tokens) < 200:
+                        context.eval(rng.integers(3, model.n_vocab, int(rng.integers(1, 5))).tolist())  # a draft
+                    elif kind == 2 and context.tokens:
+                        context.truncate(int(rng.integers(0, len(context.tokens))))
+                whole = common_prefix(list(context.tokens), list(history))
+                assert context.reuse_prefix(history) == whole and context.tokens == history[:whole]
+                if whole < len(history):  # caught up, as a draft's cache is before it drafts
+                    row = context.eval(history[whole:])[-1]
+                    np.testing.assert_allclose(row, fresh.logits(context.tokens), atol=TINY_ATOL)
+    finally:
+        model.close()
+
+
+def test_a_history_only_grows():
+    history = History([1, 2, 3])
+    history += [4]
+    history.append(5)
+    assert history == [1, 2, 3, 4, 5] and history[1:3] == [2, 3]
+    for change in (lambda: history.__setitem__(0, 9), lambda: history.pop(), lambda: history.__delitem__(slice(2, None))):
+        with pytest.raises(TypeError, match="only grows"):
+            change()
+
+
 def test_sampling_is_reproducible_with_a_seed(tiny):
     def sample(seed):
         settings = SamplerSettings(temperature=0.8, seed=seed)
@@ -409,7 +447,7 @@ def test_gemma_micro_batches_of_6_verify_with_the_logits_of_one_token_decoding(g
 def test_float_views_follow_the_buffer_and_its_address():
     import ctypes
 
-    from specrun.backend.context import FloatViews
+    from specrun.backend.views import FloatViews
 
     first, second = (ctypes.c_float * 8)(), (ctypes.c_float * 8)()
     views = FloatViews()

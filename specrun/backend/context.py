@@ -27,7 +27,8 @@ from specrun.backend import rpc_link
 from specrun.backend.library import llama, llama_ext
 from specrun.backend.model import Closed, Model
 from specrun.backend.threads import ThreadPool
-from specrun.core.sequences import common_prefix
+from specrun.backend.views import FloatViews
+from specrun.core.sequences import History, common_prefix
 from specrun.errors import SpecrunError
 
 Listener = Callable[[Sequence[int], int, np.ndarray], None]
@@ -50,25 +51,6 @@ class ContextOptions:
     # n_rs_seq; each costs one more copy of the state, per sequence). Other models drop any.
     rollback: int = 0
     sequences: int = 1  # streams the cache holds, each in its share of n_ctx (llama.cpp's n_seq_max)
-
-
-class FloatViews:
-    """numpy views of a float buffer llama.cpp hands out (logits, hidden rows), made once per
-    address and shape: `np.ctypeslib.as_array` builds ctypes types and parses a buffer format on
-    every call, which costs far more than a decode's own host work when the caches are cold."""
-
-    def __init__(self) -> None:
-        self._views: dict[tuple[int, int, int], np.ndarray] = {}
-
-    def rows(self, pointer, n_rows: int, width: int) -> np.ndarray:
-        """The first n_rows rows of `width` floats at `pointer` (a view, valid while llama.cpp keeps the buffer)."""
-        key = (ctypes.addressof(pointer.contents), n_rows, width)
-        view = self._views.get(key)
-        if view is None:
-            if len(self._views) > 1024:  # buffers llama.cpp reallocated elsewhere
-                self._views.clear()
-            view = self._views[key] = np.ctypeslib.as_array(pointer, shape=(n_rows, width))
-        return view
 
 
 class _LlamaContext:
@@ -148,6 +130,8 @@ class Context:
         self._checkpoint: tuple[int, ctypes.Array] | None = None  # (length, the recurrent state there)
         self.replayed = 0  # tokens decoded again because no snapshot or checkpoint reached back to them
         self._listener: Listener | None = None
+        # The History `reuse_prefix` last kept a prefix of, and how much of it `tokens` still holds.
+        self._follows: tuple[History, int] | None = None
 
     def sequence(self, seq: int) -> Context:
         """Sequence `seq` of the same cache (0 is the one made with the context)."""
@@ -295,13 +279,21 @@ class Context:
         prefix of it (a system prompt that several streams share), that sequence's cells are shared
         instead. A recurrent state keeps one only where its snapshots or checkpoint reach back to
         it; otherwise it starts over (returns 0)."""
-        common = common_prefix(self.tokens, history)
+        common = self._held(history)
         lender, lent = self._longest_lender(history)
         if lender is not None and lent > common:
             self.model._call_llama(self._share_prefix, lender, lent)
         elif common < len(self.tokens):
             self.model._call_llama(self._roll_back, common, False)
+        self._follows = (history, len(self.tokens)) if isinstance(history, History) else None
         return len(self.tokens)
+
+    def _held(self, history: Sequence[int]) -> int:
+        """How many of `history`'s first tokens the cache holds, compared from where the last
+        `reuse_prefix` of the same History left off: what it held of it then it still holds."""
+        followed, held = self._follows or (None, 0)
+        start = held if followed is history else 0
+        return start + common_prefix(self.tokens[start:], history[start:])
 
     def prefix_held(self, history: Sequence[int]) -> int:
         """The most of `history` that `reuse_prefix` could keep or share now."""
@@ -362,6 +354,8 @@ class Context:
         if not L.llama_memory_seq_rm(L.llama_get_memory(self.handle), self.seq, n_keep, -1):
             raise SpecrunError(f"llama.cpp refused to roll the {self.model.role} model's cache back to {n_keep} tokens")
         del self.tokens[n_keep:]
+        if self._follows is not None:
+            self._follows = (self._follows[0], min(self._follows[1], n_keep))
         self._last_decode = 0  # a second roll back before the next decode would go past the snapshots
         if self._checkpoint is not None and self._checkpoint[0] > n_keep:
             self._checkpoint = None

@@ -19,9 +19,10 @@ from typing import Sequence
 
 import numpy as np
 
-from specrun.backend.context import Context, FloatViews
+from specrun.backend.context import Context
 from specrun.backend.library import llama, llama_ext
 from specrun.backend.threads import ThreadPool
+from specrun.backend.views import FloatViews
 from specrun.errors import SpecrunError
 
 Row = tuple[int, int, int, np.ndarray]

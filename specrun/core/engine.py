@@ -35,6 +35,7 @@ from specrun.core.events import (
 )
 from specrun.core.policy import DraftPolicy, FixedK, StepRecord
 from specrun.core.sampling import Distribution, Sampler, SamplerSettings, filtered, greedy_verify, verify
+from specrun.core.sequences import History
 from specrun.drafts.base import CatchUp, Decoded, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 from specrun.errors import SpecrunError
 
@@ -228,7 +229,7 @@ class Generator:
             return "max_tokens"
         return "context_full" if self.target.free_slots < 1 else None  # the last token needs a slot
 
-    def _checked_prompt(self, prompt: Sequence[int]) -> list[int]:
+    def _checked_prompt(self, prompt: Sequence[int]) -> History:
         if not prompt:
             raise SpecrunError("the prompt is empty: give some text to continue")
         if len(prompt) >= self.target.n_ctx:
@@ -236,7 +237,7 @@ class Generator:
                 f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}: "
                 "shorten the prompt or raise --ctx-size"
             )
-        return list(prompt)
+        return History(prompt)
 
     def _step(
         self, history: list[int], limit: int, other_rows: Callable[[], int]

@@ -1,4 +1,5 @@
-"""Token sequences compared: the one helper the caches, the drafts and the store share."""
+"""Token sequences compared: the one helper the caches, the drafts and the store share, and the
+generation's history, which only grows."""
 
 from __future__ import annotations
 
@@ -21,3 +22,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             differs = middle
     return same
+
+
+class History(list):
+    """A generation's text so far: tokens are only ever added at its end. What a cache once
+    found it holds of a History it still holds of it (`Context.reuse_prefix`), so a cache that
+    follows the history compares only what was added since, not the whole text every step."""
+
+    def _changes(self, *args, **kwargs):
+        raise TypeError("a History only grows at its end: append to it or extend it")
+
+    __setitem__ = __delitem__ = insert = pop = remove = reverse = sort = clear = _changes

@@ -23,7 +23,9 @@ What else a source must know:
 - One instance serves one stream across its generations: the next `propose` may come with an
   unrelated history (a new prompt), after `rollback` to the common part, or `[]`.
 - `history` is the engine's own list, which grows after every step: read it, keep a copy of
-  what must outlive the call, never change it.
+  what must outlive the call, never change it. Within a generation it is one `History`, which
+  only grows: a source that follows it can remember how much of it it has seen, and compare
+  only what was added (`Context.reuse_prefix` does so for a cache).
 - `Draft.dists` and `Draft.confidences` run parallel to `Draft.tokens`, one entry per token.
   A sampled draft's `dists[i]` must be exactly the distribution `tokens[i]` was drawn from
   (the p/q rule is exact only then); a deterministic draft leaves `dists` None.

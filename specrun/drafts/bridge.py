@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from specrun.backend import Model
-from specrun.core.sequences import common_prefix
+from specrun.core.sequences import History, common_prefix
 from specrun.drafts.text import by_words, utf8_runs
 from specrun.errors import IncompatibleError
 
@@ -162,10 +162,13 @@ class TextStream:
         self.values: list[int] = list(self.start)
         self.target: list[int] = []  # the target tokens it was made from
         self.ends: list[int] = []  # stream length after each of them
+        self._follows: History | None = None  # the History it was last made, which still starts `target`
 
     def follow(self, history: Sequence[int]) -> int:
-        """Make the stream `history`'s; return how long the part it kept is."""
-        keep = common_prefix(self.target, history)
+        """Make the stream `history`'s; return how long the part it kept is. Following the same
+        History again, only what was added to it since is compared: the rest is unchanged."""
+        start = len(self.target) if history is self._follows else 0
+        keep = start + common_prefix(self.target[start:], history[start:])
         del self.target[keep:], self.ends[keep:]
         kept = self.ends[-1] if self.ends else len(self.start)
         del self.values[kept:]
@@ -173,4 +176,5 @@ class TextStream:
             self.values += self.bridge.units(token)
             self.target.append(token)
             self.ends.append(len(self.values))
+        self._follows = history if isinstance(history, History) else None
         return kept

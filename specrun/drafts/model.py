@@ -13,6 +13,7 @@ import numpy as np
 
 from specrun.backend import Context, ModelOptions
 from specrun.backend.compat import check_vocab
+from specrun.core.sequences import History
 from specrun.drafts.base import Decodes, Draft, Drafting, DraftRequest, DraftSource
 from specrun.drafts.bridge import VocabBridge
 from specrun.drafts.feeding import FeedCost, Picker, catch_up_seconds, guessed
@@ -41,6 +42,7 @@ class DraftModel:
         self.feed = FeedCost()
         self.picker = Picker(context.model.n_vocab)
         self.start = 0  # where in the history the cache's window begins, after its first token (0: all of it)
+        self._window: tuple[History, int, History] | None = None  # (history, start, what `_windowed` made of it)
 
     def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
         budget = request.offer(self.names[0], min(request.limit, self.context.free_slots - 1))
@@ -82,7 +84,18 @@ class DraftModel:
         return view
 
     def _windowed(self, history: Sequence[int]) -> Sequence[int]:
-        return [*history[:1], *history[self.start :]] if self.start else history
+        """The history without the window's gap (its first token, then from `start` on). While a
+        generation's History grows it is the same History, extended by what was added, so that
+        the cache compares only that (`Context.reuse_prefix`)."""
+        if not self.start:
+            return history
+        of, start, view = self._window or (None, 0, History())
+        if of is history and start == self.start:
+            view.extend(history[start + len(view) - 1 :])
+        else:
+            view = History([*history[:1], *history[self.start :]])
+            self._window = (history, self.start, view) if isinstance(history, History) else None
+        return view
 
     def rollback(self, history: Sequence[int]) -> None:
         self.context.reuse_prefix(self._windowed(history) if self.start < len(history) - 1 else history)
