@@ -54,6 +54,7 @@ def main() -> None:
     runs = {
         "plain": ({}, None),
         "lookup k 8": ({"lookup": True}, "8"),
+        "suffix copy k 8": ({"sources": ("suffix",)}, "8"),
         "draft model k 4": ({"draft": models["draft"]}, "4"),
         "translated draft k 4": ({"draft": models["translated"]}, "4"),
         "draft model and lookup k 4": ({"draft": models["draft"], "lookup": True}, "4"),

@@ -167,8 +167,7 @@ class TextStream:
     def follow(self, history: Sequence[int]) -> int:
         """Make the stream `history`'s; return how long the part it kept is. Following the same
         History again, only what was added to it since is compared: the rest is unchanged."""
-        start = len(self.target) if history is self._follows else 0
-        keep = start + common_prefix(self.target[start:], history[start:])
+        keep = len(self.target) if history is self._follows else common_prefix(self.target, history)
         del self.target[keep:], self.ends[keep:]
         kept = self.ends[-1] if self.ends else len(self.start)
         del self.values[kept:]

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specrun.core.sequences import common_prefix
+from specrun.core.sequences import History, common_prefix
 from specrun.drafts.base import Draft, DraftRequest, DraftSource, without_decodes
 from specrun.drafts.registry import SourceSite, register
 
@@ -32,6 +32,7 @@ class SuffixCopy:
     def __init__(self) -> None:
         self._seen: list[int] = []  # the history of the last step
         self._tokens = np.empty(1024, dtype=np.int32)  # the same as an array, grown as it grows
+        self._follows: History | None = None  # the History `_seen` was last made, which still starts it
 
     @without_decodes
     def propose(self, history: Sequence[int], request: DraftRequest) -> Draft:
@@ -43,12 +44,14 @@ class SuffixCopy:
         return Draft.under(request.offer(self.names[0], len(copy)), copy)
 
     def _follow(self, history: Sequence[int]) -> np.ndarray:
-        """The history as an array, copying only what changed since the last step."""
-        same = common_prefix(self._seen, history)
+        """The history as an array, copying only what changed since the last step (of the same
+        History, only what was added to it: the rest is unchanged)."""
+        same = len(self._seen) if history is self._follows else common_prefix(self._seen, history)
         self._seen[same:] = history[same:]
         if len(history) > len(self._tokens):
             self._tokens = np.resize(self._tokens, 2 * len(history))
         self._tokens[same : len(history)] = history[same:]
+        self._follows = history if isinstance(history, History) else None
         return self._tokens[: len(history)]
 
     def rollback(self, history: Sequence[int]) -> None:
