@@ -188,7 +188,7 @@ class Context:
 
     @property
     def free_slots(self) -> int:
-        return self.n_ctx - len(self.tokens)
+        return self._shared.n_ctx - len(self.tokens)
 
     def eval(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray:
         """Append tokens to the cache; return logits for the last `logits_rows` of them.
@@ -197,7 +197,7 @@ class Context:
         """
         if not tokens:
             raise ValueError("eval needs at least one token")
-        if not 1 <= logits_rows <= self.n_batch:
+        if not 1 <= logits_rows <= self._shared.n_batch:
             raise ValueError(f"from 1 to n_batch={self.n_batch} logits rows per eval, not {logits_rows}")
         self._check_room(len(tokens))
         return self.model._call_llama(self._eval, tokens, min(logits_rows, len(tokens)))

@@ -83,7 +83,13 @@ class Verified(NamedTuple):
     @staticmethod
     def width_of(asks: Sequence[Decode]) -> int | None:
         """The width of a decode of `asks` (every stream's): its rows, or None if it held a prompt's."""
-        return None if any(ask.prompt for ask in asks) else sum(len(ask.tokens) for ask in asks)
+        total = 0
+        for ask in asks:
+            width = ask.width
+            if width is None:
+                return None
+            total += width
+        return total
 
 
 class Decode(NamedTuple):
@@ -102,11 +108,16 @@ class Decode(NamedTuple):
         """The verify with only its first `drafted` draft tokens."""
         return self._replace(tokens=self.tokens[: drafted + 1], rows=drafted + 1, chances=self.chances[:drafted])
 
+    @property
+    def width(self) -> int | None:
+        """The rows it puts in a decode, or None for a prompt's."""
+        return None if self.prompt else len(self.tokens)
+
     def alone(self) -> Verified:
         """Run as a decode of its own (one stream)."""
         started = time.perf_counter()
         logits = self.context.eval(self.tokens, self.rows)
-        return Verified(logits, time.perf_counter() - started, Verified.width_of((self,)))
+        return Verified(logits, time.perf_counter() - started, self.width)
 
 
 EventStream = PyGenerator[Event, None, None]
@@ -203,11 +214,10 @@ class Generator:
                 _, emitted = self._accepted(NO_DRAFT, prefill.logits)
                 stats.check_s += time.perf_counter() - checked_at
                 self._emitted(emitted, history, text, stats, consumer)
+            # A recurrent target can drop again only as many drafted tokens as it keeps snapshots for.
+            longest = min(self.policy.max_k, self.target.rollback_limit)
             while not (stop := self._stop_reason(stats, max_tokens)):
-                # A recurrent target can drop again only as many drafted tokens as it keeps snapshots for.
-                limit = min(
-                    max_tokens - stats.tokens - 1, self.target.free_slots - 1, self.policy.max_k, self.target.rollback_limit
-                )
+                limit = min(max_tokens - stats.tokens - 1, self.target.free_slots - 1, longest)
                 step = yield from self._step(history, limit, other_rows)
                 self._count(step, stats)
                 stats.stop_reason = consumer.step(step.event, stats) or ""
@@ -250,7 +260,8 @@ class Generator:
         chances = self.policy.chances(draft.budget, len(draft.tokens), draft.confidences) if draft.budget else ()
         verified = yield Decode(self.target, [history[-1], *draft.tokens], len(draft.tokens) + 1, chances)
         assert isinstance(verified, Verified), "a Decode is answered with its Verified rows"
-        draft = self._verified_part(draft, len(verified.logits) - 1)
+        if len(verified.logits) <= len(draft.tokens):  # a batch verified only part of the draft
+            draft = self._verified_part(draft, len(verified.logits) - 1)
         checked_at = time.perf_counter()
         accepted, emitted = self._accepted(draft, verified.logits)
         step = Step(draft, accepted, emitted, drafted_at - started, verified.seconds, time.perf_counter() - checked_at)
