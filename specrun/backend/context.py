@@ -247,9 +247,9 @@ class Context:
             raise ContextFull("llama.cpp found no KV cache slot for the batch: raise --ctx-size")
         if status != 0:
             raise SpecrunError(f"llama_decode failed with status {status} on the {self.model.role} model")
-        logits, first = [], 0
-        everything = shared.views.rows(L.llama_get_logits(ctx), all_rows, self.model.n_vocab) if all_rows else None
-        row = 0
+        n_vocab = self.model.n_vocab
+        everything = shared.views.rows(L.llama_get_logits(ctx), all_rows, n_vocab) if all_rows else np.empty((0, n_vocab))
+        logits, first, row = [], 0, 0
         for sequence, tokens, rows in parts:
             pos0 = len(sequence.tokens)
             sequence.tokens.extend(tokens)
@@ -257,7 +257,8 @@ class Context:
             if sequence._listener is not None:
                 hidden = shared.views.rows(llama_ext().llama_get_embeddings_nextn(ctx), n, self.model.n_embd_out)
                 sequence._listener(tokens, pos0, hidden[first : first + len(tokens)])
-            logits.append(everything[row : row + rows] if everything is not None else np.empty((0, self.model.n_vocab)))
+            # The one part with rows (as every lone decode) takes them all without a new view.
+            logits.append(everything if rows == all_rows else everything[row : row + rows])
             row, first = row + rows, first + len(tokens)
         return logits
 

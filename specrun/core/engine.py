@@ -153,6 +153,7 @@ class Generator:
         self.eog = target.model.eog_ids if eog is None else eog
         self.constraint = constraint
         self.catch_up = catch_up
+        self._argmax_only = sampler.settings.greedy and constraint is None  # a row's argmax is all a check needs
         self.stats = Stats()  # the running (or last) generation's counters
         self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
@@ -283,7 +284,7 @@ class Generator:
     def _accepted(self, draft: Draft, logits: np.ndarray) -> tuple[int, list[tuple[int, TokenSource]]]:
         """How many of the draft's tokens the target's rows keep, and the tokens to emit: those and
         the target's own next one (none after an accepted end of generation)."""
-        if self.sampler.settings.greedy and draft.dists is None and self.constraint is None:
+        if self._argmax_only and draft.dists is None:
             accepted, next_token = greedy_verify(draft.tokens, logits)
         else:
             accepted, next_token = verify(draft.tokens, draft.dists, partial(self._target_dist, logits), self.sampler.rng)
