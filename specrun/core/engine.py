@@ -261,8 +261,7 @@ class Generator:
         chances = self.policy.chances(draft.budget, len(draft.tokens), draft.confidences) if draft.budget else ()
         verified = yield Decode(self.target, [history[-1], *draft.tokens], len(draft.tokens) + 1, chances)
         assert isinstance(verified, Verified), "a Decode is answered with its Verified rows"
-        if len(verified.logits) <= len(draft.tokens):  # a batch verified only part of the draft
-            draft = self._verified_part(draft, len(verified.logits) - 1)
+        draft = self._verified_part(draft, len(verified.logits) - 1)
         checked_at = time.perf_counter()
         accepted, emitted = self._accepted(draft, verified.logits)
         step = Step(draft, accepted, emitted, drafted_at - started, verified.seconds, time.perf_counter() - checked_at)
@@ -368,7 +367,9 @@ class Generator:
         of counts as the policy declining its source, so old evidence fades and the source is
         tried again, instead of being offered and cut every step without being learned from. (A
         model draft that kept no token stays a draft of nothing: its decode's cost is news.)"""
-        if verified or not draft.tokens or draft.budget is None:
+        if verified >= len(draft.tokens):  # all of it, as every step outside a batch
+            return draft
+        if verified or draft.budget is None:
             return cls._cut(draft, verified)
         declined = draft.budget._replace(k=0, decision="decline")
         return replace(cls._cut(draft, 0), budget=None, declined=(*draft.declined, declined))
