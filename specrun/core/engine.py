@@ -57,21 +57,6 @@ class OutputConstraint(Protocol):
         ...
 
 
-class Step(NamedTuple):
-    """What one round did: the draft, how much of it the target kept, the tokens it emits."""
-
-    draft: Draft
-    accepted: int
-    emitted: list[tuple[int, TokenSource]]
-    draft_s: float  # proposing the draft
-    verify_s: float  # the target's decode of the last token and the draft
-    check_s: float  # reading the verified rows and accepting or rejecting
-
-    @property
-    def event(self) -> StepEvent:
-        return StepEvent(len(self.draft.tokens), self.accepted, self.draft.source)
-
-
 class Verified(NamedTuple):
     """What a target decode gave a stream: its rows' logits, and the decode's seconds and width
     (rows of every stream in it; None where it held a prompt's rows: its time is no verify's)."""
@@ -219,11 +204,10 @@ class Generator:
             longest = min(self.policy.max_k, self.target.rollback_limit)
             while not (stop := self._stop_reason(stats, max_tokens)):
                 limit = min(max_tokens - stats.tokens - 1, self.target.free_slots - 1, longest)
-                step = yield from self._step(history, limit, other_rows)
-                self._count(step, stats)
-                stats.stop_reason = consumer.step(step.event, stats) or ""
+                event, emitted = yield from self._step(history, limit, other_rows, stats)
+                stats.stop_reason = consumer.step(event, stats) or ""
                 if not stats.stop_reason:
-                    self._emitted(step.emitted, history, text, stats, consumer)
+                    self._emitted(emitted, history, text, stats, consumer)
             stats.stop_reason = stop
         finally:
             # Whatever happened (including an abandoned generation), caches hold only history;
@@ -251,9 +235,10 @@ class Generator:
         return History(prompt)
 
     def _step(
-        self, history: list[int], limit: int, other_rows: Callable[[], int]
-    ) -> PyGenerator[Decode | DraftDecode, Verified | Decoded, Step]:
-        """One round: draft, verify the last token and the draft in one decode, keep the agreed prefix."""
+        self, history: list[int], limit: int, other_rows: Callable[[], int], stats: Stats
+    ) -> PyGenerator[Decode | DraftDecode, Verified | Decoded, tuple[StepEvent, list[tuple[int, TokenSource]]]]:
+        """One round: draft, verify the last token and the draft in one decode, keep the agreed
+        prefix; counted in `stats` and shown to the policy. Its event, and the tokens it emits."""
         started = time.perf_counter()
         drafting = limit > 0 and self.drafter is not None
         draft = (yield from self._proposed(history, limit, other_rows())) if drafting else NO_DRAFT
@@ -264,21 +249,22 @@ class Generator:
         draft = self._verified_part(draft, len(verified.logits) - 1)
         checked_at = time.perf_counter()
         accepted, emitted = self._accepted(draft, verified.logits)
-        step = Step(draft, accepted, emitted, drafted_at - started, verified.seconds, time.perf_counter() - checked_at)
+        draft_s, check_s, drafted = drafted_at - started, time.perf_counter() - checked_at, len(draft.tokens)
+        stats.count_step(drafted, accepted, draft.source, draft_s, verified.seconds, check_s, draft.counters)
         self.policy.observe(
             StepRecord(
                 draft.budget,
                 draft.declined,
-                len(draft.tokens),
+                drafted,
                 accepted,
                 draft.confidences,
-                step.draft_s,
-                step.verify_s + step.check_s,
+                draft_s,
+                verified.seconds + check_s,
                 draft.catch_up_s,
                 verified.width,
             )
         )
-        return step
+        return StepEvent(drafted, accepted, draft.source), emitted
 
     def _accepted(self, draft: Draft, logits: np.ndarray) -> tuple[int, list[tuple[int, TokenSource]]]:
         """How many of the draft's tokens the target's rows keep, and the tokens to emit: those and
@@ -310,7 +296,8 @@ class Generator:
         """Add the emitted tokens to the history (the caches roll back to it) and hand them to the
         consumer, which may stop the generation at any of them."""
         history += [token for token, _ in emitted]
-        self._rollback(history)
+        if self.drafter or len(self.target.tokens) >= len(history):  # a plain step leaves nothing to drop
+            self._rollback(history)
         for token, source in emitted:
             stats.tokens += 1
             stop = consumer.token(TokenEvent(token, text.decode(self.target.model.piece(token)), source))
@@ -336,15 +323,6 @@ class Generator:
                 "budget for: draft under request.policy.offer(...) and return its Budget with the draft"
             )
         return self._verifiable(draft, limit)
-
-    @staticmethod
-    def _count(step: Step, stats: Stats) -> None:
-        stats.count_step(len(step.draft.tokens), step.accepted, step.draft.source)
-        stats.draft_s += step.draft_s
-        stats.verify_s += step.verify_s
-        stats.check_s += step.check_s
-        for name, value in step.draft.counters.items():
-            stats.counters[name] = stats.counters.get(name, 0.0) + value
 
     def _rollback(self, history: list[int]) -> None:
         """Drop rejected drafts: the target holds all but the last token, the drafter no more than history."""

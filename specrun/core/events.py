@@ -10,7 +10,7 @@ read as llama.cpp's "mean acc len" and "accept" for the same run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Callable, Literal, NamedTuple, Union
+from typing import Callable, Literal, Mapping, NamedTuple, Union
 
 TokenSource = Literal["draft", "target", "bonus"]
 """Where an emitted token came from: an accepted guess, the target's own token, or the one
@@ -88,9 +88,26 @@ class Stats:
         rest = self.generate_s - self.draft_s - self.verify_s - self.check_s
         return 1000 * rest / self.steps if self.steps else 0.0
 
-    def count_step(self, drafted: int, accepted: int, source: str | None = None) -> None:
-        """One step after the prefill: `drafted` tokens (from `source`) verified, the first `accepted` kept."""
+    def count_step(
+        self,
+        drafted: int,
+        accepted: int,
+        source: str | None = None,
+        draft_s: float = 0.0,
+        verify_s: float = 0.0,
+        check_s: float = 0.0,
+        counters: Mapping[str, float] | None = None,
+    ) -> None:
+        """One step after the prefill: `drafted` tokens (from `source`) verified, the first
+        `accepted` kept; the seconds it spent drafting, verifying and checking, and what its
+        draft source counted."""
         self.steps += 1
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.check_s += check_s
+        if counters:
+            for name, value in counters.items():
+                self.counters[name] = self.counters.get(name, 0.0) + value
         if not drafted:
             return
         self.drafts += 1
