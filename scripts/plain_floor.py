@@ -10,7 +10,9 @@ depth (the prompt's tokens before the first timed one), greedy, N tokens after t
 - `Context.eval` and the argmax: specrun's backend;
 - `Session.stream(plain=True)`: a whole generation, as `specrun generate` runs it.
 Each is printed as a ratio to llama-bench's tokens/s in the same round, then the medians; last,
-the generation's own time with `llama_decode` a no-op (warm caches, before the rounds).
+the generation's own time per token two ways: with `llama_decode` a no-op (warm caches, before
+the rounds), and between real decodes (each round, after the others), which leave the CPU's
+caches holding the model's weights instead of the loop's code and objects.
 
     python scripts/plain_floor.py --llama-bin BIN [--size cpu-small] [--threads 2] [--rounds 8] [--tokens 256]
 """
@@ -110,6 +112,26 @@ def loop_alone(session: Session, prompt: list[int], tokens: int) -> float:
         session.target.truncate(0)  # the cache holds none of what the no-ops "decoded"
 
 
+def loop_between_decodes(session: Session, prompt: list[int], tokens: int) -> float:
+    """Seconds a token of a plain generation spends outside `llama_decode`, behind real decodes:
+    the median gap from one decode's return to the next decode's call."""
+    L = llama()
+    decode, returns, gaps = L.llama_decode, [0.0], []
+
+    def timed(context, batch):
+        gaps.append(time.perf_counter() - returns[0])
+        status = decode(context, batch)
+        returns[0] = time.perf_counter()
+        return status
+
+    L.llama_decode = timed
+    try:
+        generation(session, prompt, tokens)
+    finally:
+        L.llama_decode = decode
+    return statistics.median(gaps[2:])  # from the second step on: the prefill's decode is no step
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=Path("/tmp/specrun-host-time"), help="folder of the generated models")
@@ -130,10 +152,12 @@ def main() -> None:
             "generation": lambda: generation(session, prompt, args.tokens),
         }
         ratios: dict[str, list[float]] = {name: [] for name in runs}
+        between: list[float] = []
         for round_ in range(args.rounds):
             theirs = llama_bench(args.llama_bin, model, args.tokens, len(prompt), args.threads)
             for name, run in runs.items():
                 ratios[name].append(run() / theirs)
+            between.append(loop_between_decodes(session, prompt, args.tokens))
             print(
                 f"round {round_ + 1}: llama-bench {theirs:.0f} tok/s; " + ", ".join(f"{n} {r[-1]:.3f}" for n, r in ratios.items())
             )
@@ -143,6 +167,7 @@ def main() -> None:
     for name, values in ratios.items():
         print(f"| {name} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")
     print(f"a generation's own time, llama_decode a no-op (best of 5): {1000 * alone:.4f} ms a token")
+    print(f"a generation's own time between real decodes (median of rounds): {1000 * statistics.median(between):.4f} ms a token")
 
 
 if __name__ == "__main__":
