@@ -311,8 +311,8 @@ class Context:
     def _longest_lender(self, history: Sequence[int]) -> tuple[Context | None, int]:
         """The other sequence of the cache holding the longest prefix of `history`, and its length
         (None, 0 where this sequence cannot share)."""
-        if not self.shares_prefixes:
-            return None, 0
+        if len(self._shared.sequences) == 1 or not self.shares_prefixes:
+            return None, 0  # a lone sequence (as every stream outside a batch) has none to borrow from
         held = [(common_prefix(other.tokens, history), other) for other in self._shared.sequences.values() if other is not self]
         lent, lender = max(held, key=lambda pair: pair[0], default=(0, None))
         return lender, lent

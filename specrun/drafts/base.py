@@ -143,7 +143,7 @@ class DraftDecode(NamedTuple):
         """Run as a decode of its own (one stream)."""
         started = time.perf_counter()
         logits = self.context.eval(self.tokens)
-        return Decoded.of(logits, time.perf_counter() - started, [self])
+        return Decoded(logits, time.perf_counter() - started, len(self.tokens))
 
 
 Result = TypeVar("Result")

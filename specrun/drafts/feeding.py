@@ -42,19 +42,15 @@ class FeedCost:
         """Feed `tokens` (a decode yielded to the caller), timing it; until both costs are known, a
         batch goes in as all but its last token and then that one alone, which times each at no
         extra cost. A decode that held other streams' tokens too is charged its tokens' share."""
-        if not self.measured and len(tokens) > TIMED_BATCH:
-            yield from self._timed(context, tokens[:-1])
-            tokens = tokens[-1:]
-        return (yield from self._timed(context, tokens))
-
-    def _timed(self, context: Context, tokens: Sequence[int]) -> Decodes[np.ndarray]:
-        decoded = yield DraftDecode(context, tokens)
-        logits, seconds = decoded.logits, decoded.share_s(len(tokens))
-        if len(tokens) == 1:
-            self.one_s = ema(self.one_s, seconds, 0.2, not self.one_s)
-        elif len(tokens) >= TIMED_BATCH:
-            self.batched_s = ema(self.batched_s, seconds / len(tokens), 0.2, not self.batched_s)
-        return logits
+        timing = not self.measured and len(tokens) > TIMED_BATCH
+        for part in (tokens[:-1], tokens[-1:]) if timing else (tokens,):
+            decoded = yield DraftDecode(context, part)
+            seconds = decoded.share_s(len(part))
+            if len(part) == 1:
+                self.one_s = ema(self.one_s, seconds, 0.2, not self.one_s)
+            elif len(part) >= TIMED_BATCH:
+                self.batched_s = ema(self.batched_s, seconds / len(part), 0.2, not self.batched_s)
+        return decoded.logits
 
     @property
     def window(self) -> int:
