@@ -66,7 +66,9 @@ class MtpDraft:
         if budget.k < 1:
             return Draft.under(budget)
         pos = len(history) - 1  # the target holds all but the last token
-        if self.head.tokens != list(history[:pos]):
+        # While it follows, the head holds a prefix of what the target holds (history[:pos]): all
+        # of it, unless it missed decodes. No copy of the history, whose length grows every step.
+        if len(self.head.tokens) != pos:
             return Draft()  # the head missed decodes; following again (a new generation) brings it back
         sample = self.sample and not request.sampler.settings.greedy
         self.head.reads = self.hidden[pos]  # the target's row before the last token
