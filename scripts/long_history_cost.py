@@ -5,7 +5,10 @@ whole history costs per step in proportion to its length, which a long agent con
 tens of thousands of tokens. This runs each kind of drafting on the generated `cpu-small`
 models (scripts/generated_models.py) with `llama_decode` a no-op, after a prompt of 1,000 and
 of 30,000 tokens, so what is timed is specrun's loop alone (and the llama.cpp calls other than
-decoding, such as a cache's rollback), per token over 300 tokens.
+decoding, such as a cache's rollback), per token over 300 tokens. The last run is four streams
+of one batch, each with its own prompt of that length: there each cache also looks for a longer
+prefix of its history in the other streams' sequences every step; its time per token is that of
+300 tokens a stream less that of 1 (the prefills), over the 1,200 tokens.
 
     python scripts/long_history_cost.py [--models /tmp/specrun-host-time] [--lengths 1000,30000]
 """
@@ -44,6 +47,27 @@ def per_token(session: Session, prompt: list[int], k: str | None) -> float:
         L.llama_decode = decode
 
 
+def per_token_batched(session: Session, prompts: list[list[int]], k: str | None) -> float:
+    """Seconds a token of `prompts` run together as streams of one batch, after their prefills,
+    `llama_decode` a no-op."""
+    L = llama()
+    decode, L.llama_decode = L.llama_decode, lambda context, batch: 0
+
+    def run(max_tokens: int) -> float:
+        batch = session.batch()
+        started = time.perf_counter()
+        for slot, prompt in enumerate(prompts):
+            batch.add(session.generator(plain=k is None, policy=k, slot=slot), prompt, max_tokens)
+        while batch.streams:
+            batch.step()
+        return time.perf_counter() - started
+
+    try:
+        return (run(TOKENS + 1) - run(1)) / (len(prompts) * TOKENS)
+    finally:
+        L.llama_decode = decode
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path, default=Path("/tmp/specrun-host-time"), help="folder of the generated models")
@@ -69,6 +93,22 @@ def main() -> None:
             vocab = session.target_model.n_vocab
             costs = [per_token(session, [rng.randrange(3, vocab) for _ in range(n)], k) for n in lengths]
         print(f"| {name} | " + " | ".join(f"{1e6 * c:.1f}" for c in costs) + " |")
+    streams = 4
+    config = SessionConfig(
+        target=models["target"],
+        n_ctx=streams * (max(lengths) + 2 * TOKENS + 64),
+        threads=2,
+        draft=models["draft"],
+        parallel=streams,
+    )
+    with Session(config) as session:
+        session.generate("the cat sat on the mat", 8, k="4")  # a real decode: its logits stay in place
+        vocab = session.target_model.n_vocab
+        costs = [
+            per_token_batched(session, [[rng.randrange(3, vocab) for _ in range(n)] for _ in range(streams)], "4")
+            for n in lengths
+        ]
+    print(f"| {streams} streams, draft model k 4 | " + " | ".join(f"{1e6 * c:.1f}" for c in costs) + " |")
 
 
 if __name__ == "__main__":
