@@ -9,15 +9,21 @@ from typing import Sequence
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many tokens `a` and `b` share from their start."""
     limit = min(len(a), len(b))
-    a, b = list(a[:limit]), list(b[:limit])
-    if a == b:  # the usual case, compared in C
+    # Spans doubling from the start, each compared in C, until one differs; then halve the span
+    # that holds the first difference. The work grows with the prefix the two share, not with
+    # their length: streams whose texts part early are compared every step, however long.
+    same, span = 0, 1
+    while same < limit:
+        end = min(same + span, limit)
+        if list(a[same:end]) != list(b[same:end]):
+            break
+        same, span = end, 2 * span
+    else:
         return limit
-    # Halve the span holding the first difference, each half compared in C: streams whose texts
-    # part early are compared every step, and a Python loop to the difference costs per token.
-    same, differs = 0, limit  # a[:same] == b[:same], a[:differs] != b[:differs]
+    differs = end  # a[:same] == b[:same], a[:differs] != b[:differs]
     while differs - same > 1:
         middle = (same + differs) // 2
-        if a[same:middle] == b[same:middle]:
+        if list(a[same:middle]) == list(b[same:middle]):
             same = middle
         else:
             differs = middle
