@@ -281,8 +281,8 @@ class Context:
         instead. A recurrent state keeps one only where its snapshots or checkpoint reach back to
         it; otherwise it starts over (returns 0)."""
         common = self._held(history)
-        lender, lent = self._longest_lender(history)
-        if lender is not None and lent > common:
+        lender, lent = self._longest_lender(history, common)
+        if lender is not None:
             self.model._call_llama(self._share_prefix, lender, lent)
         elif common < len(self.tokens):
             self.model._call_llama(self._roll_back, common, False)
@@ -298,8 +298,9 @@ class Context:
 
     def prefix_held(self, history: Sequence[int]) -> int:
         """The most of `history` that `reuse_prefix` could keep or share now."""
-        _, lent = self._longest_lender(history)
-        return max(common_prefix(self.tokens, history), lent)
+        held = common_prefix(self.tokens, history)
+        _, lent = self._longest_lender(history, held)
+        return max(held, lent)
 
     @property
     def shares_prefixes(self) -> bool:
@@ -308,14 +309,20 @@ class Context:
         hold no rows for the shared positions."""
         return not self.recurrent and self._listener is None
 
-    def _longest_lender(self, history: Sequence[int]) -> tuple[Context | None, int]:
-        """The other sequence of the cache holding the longest prefix of `history`, and its length
-        (None, 0 where this sequence cannot share)."""
-        if len(self._shared.sequences) == 1 or not self.shares_prefixes:
+    def _longest_lender(self, history: Sequence[int], beyond: int = 0) -> tuple[Context | None, int]:
+        """The other sequence of the cache holding the longest prefix of `history` longer than
+        `beyond` tokens, and its length (None, 0 where none does or this sequence cannot share)."""
+        if len(self._shared.sequences) == 1 or len(history) <= beyond or not self.shares_prefixes:
             return None, 0  # a lone sequence (as every stream outside a batch) has none to borrow from
-        held = [(common_prefix(other.tokens, history), other) for other in self._shared.sequences.values() if other is not self]
-        lent, lender = max(held, key=lambda pair: pair[0], default=(0, None))
-        return lender, lent
+        lender, lent = None, beyond
+        for other in self._shared.sequences.values():
+            # Only one that holds history's token at `lent` can hold more: one lookup rules out a
+            # stream writing a text of its own, before any comparison of whole histories.
+            if other is not self and len(other.tokens) > lent and other.tokens[lent] == history[lent]:
+                held = common_prefix(other.tokens, history)
+                if held > lent:
+                    lender, lent = other, held
+        return (lender, lent) if lender is not None else (None, 0)
 
     def _share_prefix(self, lender: Context, n: int) -> None:
         """Hold the lender's first n tokens instead of its own: in a unified cache their cells take
