@@ -199,6 +199,21 @@ def test_a_prompt_shares_the_cells_another_sequence_holds(tiny):
     assert again.tokens == output and again.stats.prefilled_tokens == len(prompts[1]) - shared
 
 
+def test_a_sequence_borrows_all_of_its_history_where_another_holds_it_and_more(tiny):
+    """Of two other sequences longer than the history, the one that holds all of it lends it; the
+    search stops there, before reading past the history's end for the other."""
+    model = Model(tiny["target"])
+    try:
+        history = model.tokenize(" ".join(PROMPTS))
+        context = Context(model, ContextOptions(n_ctx=3 * 512, sequences=3))
+        context.sequence(1).eval([*history, 7, 8], 1)
+        context.sequence(2).eval([*history[:-1], 9, 10], 1)  # parts from the history at its last token
+        assert context.prefix_held(history) == len(history)
+        assert context.reuse_prefix(history) == len(history) and context.tokens == history
+    finally:
+        model.close()
+
+
 def test_prompts_arriving_together_prefill_what_they_share_once(tiny):
     """Three prompts with one long beginning, added in the same step: the first decode prefills the first
     alone; the others wait for it, then decode only what is their own. Each writes what it would alone."""

@@ -322,6 +322,8 @@ class Context:
                 held = common_prefix(other.tokens, history)
                 if held > lent:
                     lender, lent = other, held
+                    if lent == len(history):
+                        break  # all of it: none can lend more
         return (lender, lent) if lender is not None else (None, 0)
 
     def _share_prefix(self, lender: Context, n: int) -> None:
