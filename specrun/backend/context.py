@@ -310,20 +310,17 @@ class Context:
         return not self.recurrent and self._listener is None
 
     def _longest_lender(self, history: Sequence[int], beyond: int = 0) -> tuple[Context | None, int]:
-        """The other sequence of the cache holding the longest prefix of `history` longer than
-        `beyond` tokens, and its length (None, 0 where none does or this sequence cannot share)."""
+        """The other sequence holding the longest prefix of `history` past `beyond` tokens, and its length; or (None, 0)."""
         if len(self._shared.sequences) == 1 or len(history) <= beyond or not self.shares_prefixes:
             return None, 0  # a lone sequence (as every stream outside a batch) has none to borrow from
         lender, lent = None, beyond
         for other in self._shared.sequences.values():
-            # Only one that holds history's token at `lent` can hold more: one lookup rules out a
-            # stream writing a text of its own, before any comparison of whole histories.
-            if other is not self and len(other.tokens) > lent and other.tokens[lent] == history[lent]:
+            # Only one that holds history's token at `lent` can hold more (none past its end): one
+            # lookup rules out a stream writing a text of its own before any comparison of histories.
+            if other is not self and lent < len(history) and len(other.tokens) > lent and other.tokens[lent] == history[lent]:
                 held = common_prefix(other.tokens, history)
                 if held > lent:
                     lender, lent = other, held
-                    if lent == len(history):
-                        break  # all of it: none can lend more
         return (lender, lent) if lender is not None else (None, 0)
 
     def _share_prefix(self, lender: Context, n: int) -> None:
