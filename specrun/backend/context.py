@@ -311,7 +311,7 @@ class Context:
 
     def _longest_lender(self, history: Sequence[int], beyond: int = 0) -> tuple[Context | None, int]:
         """The other sequence holding the longest prefix of `history` past `beyond` tokens, and its length; or (None, 0)."""
-        if len(self._shared.sequences) == 1 or len(history) <= beyond or not self.shares_prefixes:
+        if len(self._shared.sequences) == 1 or not self.shares_prefixes:
             return None, 0  # a lone sequence (as every stream outside a batch) has none to borrow from
         lender, lent = None, beyond
         for other in self._shared.sequences.values():
