@@ -101,9 +101,10 @@ def test_the_streams_mtp_heads_decode_together(hybrid, monkeypatch):  # noqa: F8
     decodes: list[tuple[int, int]] = []  # (rows following the target, drafting rows) of each head decode
     decode = _HeadContext._decode
 
-    def recording(self, rows, drafting):
-        decodes.append((len(rows), len(drafting)))
-        return decode(self, rows, drafting)
+    def recording(self, rows=None):
+        n = len(self.waiting) if rows is None else rows
+        decodes.append((len(self.waiting), int(self.wants[:n].sum())))  # drafting rows are those that give logits
+        return decode(self, rows)
 
     monkeypatch.setattr(_HeadContext, "_decode", recording)
     config = SessionConfig(target=hybrid["mtp"], sources=("mtp",), k=3, n_ctx=4 * 1024, parallel=4)

@@ -22,6 +22,7 @@ from specrun.core.events import TokenEvent
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts.base import Draft, without_decodes
+from specrun.drafts.mtp import MtpDraft
 from specrun.session import Session
 
 PROMPT = "the cat sat on the mat and the cat sat on the mat, then the dog was there"
@@ -217,3 +218,28 @@ def test_rolling_a_recurrent_cache_back_past_its_snapshots_decodes_again_exactly
             assert abs(row - fresh.logits([*prompt, 40, 50])).max() <= TINY_ATOL
     finally:
         model.close()
+
+
+def mtp_run(path, n_batch: int, prompt: str, n: int) -> tuple[list[int], list[int]]:
+    """A greedy generation drafting with the head after `prompt` (its first multiple of four tokens),
+    on a target context of `n_batch` rows: its tokens and the drafts accepted at each position."""
+    model = Model(path, ModelOptions(load_mtp=True))
+    try:
+        target = Context(model, ContextOptions(n_ctx=256, n_batch=n_batch, n_threads=2, rollback=2))
+        drafter = MtpDraft(target)
+        drafter.follow(True)
+        generator = Generator(target, drafter, Sampler.seeded(SamplerSettings(temperature=0)), FixedK(2))
+        tokens = model.tokenize(prompt)
+        run = generator.run(tokens[: len(tokens) // 4 * 4], n)  # the last rows that follow it fill a batch of four
+        return run.tokens, run.stats.accepted_by_position
+    finally:
+        model.close()
+
+
+def test_the_mtp_heads_drafts_do_not_depend_on_the_batch_size(hybrid):
+    """With a batch of four rows, the rows that follow a long prompt fill the head's batch and
+    decode before the next come, and the first drafting row finds the batch full: the head drafts
+    what it drafts with room to spare."""
+    small = mtp_run(hybrid["mtp"], 4, PROMPT * 3, 32)
+    assert small == mtp_run(hybrid["mtp"], 512, PROMPT * 3, 32)
+    assert small[1] and small[1][0] > 0

@@ -82,17 +82,6 @@ RAW_API = (
     "llama_model_n_embd_out",
     "llama_model_meta_val_str",
     "LLAMA_CONTEXT_TYPE_MTP",
-    "llama_batch_ext_init",
-    "llama_batch_ext_free",
-    "llama_batch_ext_clear",
-    "llama_batch_ext_add_token",
-    "llama_batch_ext_set_pos",
-    "llama_batch_ext_set_embd_token",
-    "llama_batch_ext_set_output_logits",
-    "llama_embd",
-    "llama_pos",
-    "llama_process",
-    "LLAMA_PROCESS_TYPE_DECODE",
     "llama_get_logits_ith",
 )
 # The staging calls llama-cpp-python binds from llama.cpp's src/llama-ext.h (llama_cpp.llama_cpp_ext):

@@ -5,10 +5,10 @@ The head follows a target context over the same model, as llama.cpp's draft-mtp 
 decodes the same tokens, each paired with the target's hidden row of the position before it
 (`process`), so its KV cache stays in step with the target's. To draft it decodes the last
 token with the hidden row before it, then each drafted token with the head's own hidden row
-(`decode_many`). Rows carry a token and a hidden row, so they go through llama.cpp's
-`llama_batch_ext`. The heads of a target's sequences (one per stream) share one MTP context:
-the rows that follow the target wait in its batch and go with the next decode, and the
-streams' drafting rows go together, one decode for every stream's next position.
+(`decode_many`). Rows carry a token and a hidden row, both of which a plain `llama_batch`
+takes (llama.cpp's `llama_batch_compat`). The heads of a target's sequences (one per stream)
+share one MTP context: the rows that follow the target wait in its batch and go with the next
+decode, and the streams' drafting rows go together, one decode for every stream's next position.
 """
 
 from __future__ import annotations
@@ -54,61 +54,84 @@ class _HeadContext:
             )
         self.threads = ThreadPool(self.ctx, target.n_threads)
         llama_ext().llama_set_embeddings_nextn(self.ctx, True, True)  # its own hidden rows, for output rows only
-        self.batch = L.llama_batch_ext_init(self.ctx)
-        self.pos = (L.llama_pos * 4)()  # text rows use the first of the four positions
-        # Each row's hidden state is copied into one staging row that llama.cpp copies out of
-        # (llama_batch_ext_set_embd_token): no ctypes objects made per row.
-        staging = (ctypes.c_float * self.n_embd)()
-        self.staged = np.ctypeslib.as_array(staging)
-        self.embd = L.llama_embd(ctypes.cast(staging, ctypes.POINTER(ctypes.c_float)), 1, self.n_embd)
+        # A plain llama_batch may carry a token and a hidden row per row (llama.cpp's
+        # llama_batch_compat, as its MTP hooks use): rows are written into numpy views of its
+        # arrays and the decode is one call, with no ctypes call per row. llama_batch_init
+        # allocates the hidden rows and no tokens, so the token array is this object's own.
+        self.batch = L.llama_batch_init(self.n_batch, self.n_embd, 1)
+        self._tokens = (L.llama_token * self.n_batch)()
+        self.batch.token = self._tokens
+        self.token = np.ctypeslib.as_array(self._tokens)
+        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(self.n_batch,))
+        self.wants = np.ctypeslib.as_array(ctypes.cast(self.batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,))
+        self.hidden = np.ctypeslib.as_array(self.batch.embd, shape=(self.n_batch, self.n_embd))
+        np.ctypeslib.as_array(self.batch.n_seq_id, shape=(self.n_batch,))[:] = 1
+        self.seq_ids = [self.batch.seq_id[i] for i in range(self.n_batch)]
         self.views = FloatViews()
-        # Rows that follow the target, not decoded yet: they go with the next drafting rows, and
-        # those a rollback drops are never decoded.
-        self.waiting: list[Row] = []
+        # Rows that follow the target, not decoded yet, at the batch's start: (sequence, position)
+        # each. They go with the next drafting rows, and those a rollback drops are never decoded.
+        self.waiting: list[tuple[int, int]] = []
         model.own(self)
 
     def close(self) -> None:
         if self.ctx:
             L = llama()
-            L.llama_batch_ext_free(self.batch)
+            self.batch.token = None  # this object's array, not llama_batch_init's: not for llama_batch_free
+            L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
             self.threads.free()
             self.ctx = None
 
-    def decode(self, drafting: Sequence[Row] = ()) -> list[int]:
-        """Decode the rows that wait, and the `drafting` rows after them (those give logits);
-        the drafting rows' indices in the batch."""
-        waiting, self.waiting = self.waiting, []
-        while waiting and len(waiting) + len(drafting) > self.n_batch:
-            self._decode(waiting[: self.n_batch], [])
-            waiting = waiting[self.n_batch :]
-        return self._decode(waiting, drafting)
+    def follow(self, seq: int, tokens: Sequence[int], pos0: int, hidden: np.ndarray) -> None:
+        """Rows that wait for the next decode: `tokens` of sequence `seq` from position pos0, each
+        reading `hidden[i]`. While nothing drafts (auto declining), a full batch decodes alone."""
+        done = 0
+        while done < len(tokens):
+            if len(self.waiting) == self.n_batch:
+                self._decode()
+            n = min(len(tokens) - done, self.n_batch - len(self.waiting))
+            self._put(len(self.waiting), seq, tokens[done : done + n], pos0 + done, hidden[done : done + n], False)
+            self.waiting += [(seq, pos) for pos in range(pos0 + done, pos0 + done + n)]
+            done += n
 
-    def _decode(self, rows: Sequence[Row], drafting: Sequence[Row]) -> list[int]:
-        L = llama()
-        L.llama_batch_ext_clear(self.batch)
-        for seq, token, pos, hidden in rows:
-            self._add(seq, token, pos, hidden)
-        indices = [self._add(*row) for row in drafting]
-        for index in indices:
-            L.llama_batch_ext_set_output_logits(self.batch, index, True)
-        status = L.llama_process(self.ctx, L.LLAMA_PROCESS_TYPE_DECODE, self.batch)
+    def drop(self, seq: int, n_keep: int) -> None:
+        """Forget the waiting rows of `seq` from position n_keep on."""
+        kept = [i for i, (s, pos) in enumerate(self.waiting) if s != seq or pos < n_keep]
+        if len(kept) == len(self.waiting):
+            return
+        if kept != list(range(len(kept))):  # another sequence's rows follow the dropped ones: move them up
+            self.token[: len(kept)], self.pos[: len(kept)] = self.token[kept], self.pos[kept]
+            self.hidden[: len(kept)] = self.hidden[kept]
+            for row, i in enumerate(kept):
+                self.seq_ids[row][0] = self.waiting[i][0]
+        self.waiting = [self.waiting[i] for i in kept]
+
+    def decode(self, drafting: Sequence[Row]) -> list[int]:
+        """Decode the rows that wait, and the `drafting` rows (sequence, token, position, the
+        hidden row it reads) after them: those give logits. Their indices in the batch."""
+        if len(self.waiting) + len(drafting) > self.n_batch:
+            drafting = [(*row[:3], row[3].copy()) for row in drafting]  # they may read the output the next decode replaces
+            self._decode()
+        first = len(self.waiting)
+        for n, (seq, token, pos, hidden) in enumerate(drafting, first):
+            self._put(n, seq, (token,), pos, hidden, True)
+        self._decode(first + len(drafting))
+        return list(range(first, first + len(drafting)))
+
+    def _put(self, n: int, seq: int, tokens: Sequence[int], pos: int, hidden: np.ndarray, wants: bool) -> None:
+        """Write rows into the batch from its row n on (their hidden rows in one copy)."""
+        self.hidden[n : n + len(tokens)] = hidden
+        for token in tokens:
+            self.token[n], self.pos[n], self.wants[n] = token, pos, wants
+            self.seq_ids[n][0] = seq
+            n, pos = n + 1, pos + 1
+
+    def _decode(self, rows: int | None = None) -> None:
+        self.batch.n_tokens = len(self.waiting) if rows is None else rows
+        self.waiting = []
+        status = llama().llama_decode(self.ctx, self.batch)
         if status != 0:
             raise SpecrunError(f"the MTP head's decode failed with status {status}")
-        return indices
-
-    def _add(self, seq: int, token: int, pos: int, hidden: np.ndarray) -> int:
-        L = llama()
-        index = L.llama_batch_ext_add_token(self.batch, seq, token)
-        self.pos[0] = pos
-        self.staged[:] = hidden
-        if (
-            index < 0
-            or not L.llama_batch_ext_set_pos(self.batch, index, self.pos)
-            or not L.llama_batch_ext_set_embd_token(self.batch, index, self.embd)
-        ):
-            raise SpecrunError("llama.cpp refused a row of the MTP head's batch")
-        return index
 
 
 _HEADS: weakref.WeakKeyDictionary[Context, _HeadContext] = weakref.WeakKeyDictionary()
@@ -158,12 +181,9 @@ class MtpHead:
     def process(self, tokens: Sequence[int], pos0: int, hidden: np.ndarray) -> None:
         """Follow the target's `tokens` from position pos0, each with `hidden[i]`, the target's
         hidden row of the position before it: rows that wait for the context's next decode."""
-        shared = self._shared
         self.truncate(pos0)
-        shared.waiting += [(self.seq, token, pos0 + i, hidden[i].copy()) for i, token in enumerate(tokens)]
+        self._shared.follow(self.seq, tokens, pos0, hidden)
         self.tokens.extend(tokens)
-        if len(shared.waiting) >= shared.n_batch:  # while nothing drafts (auto declining), a batch at a time
-            shared.decode()
 
     def eval(self, tokens: Sequence[int], logits_rows: int = 1) -> np.ndarray:
         """One drafting row on its own (one stream); see `decode_many`."""
@@ -172,7 +192,8 @@ class MtpHead:
     def decode_many(self, parts: Sequence[tuple[MtpHead, Sequence[int], int]]) -> list[np.ndarray]:
         """One decode of a drafting row of each part's head (heads of this context): its token at
         the end of the head's cache, reading the head's `reads`; with the rows that wait. For each,
-        the logits of the token after it (a copy, shape (1, n_vocab)); its hidden row goes to `row`."""
+        the logits of the token after it (shape (1, n_vocab)); its hidden row goes to `row`. Both
+        are views, valid until the context's next decode (which copies a `reads` into its batch first)."""
         L, LX, shared = llama(), llama_ext(), self._shared
         if any(len(tokens) != 1 or not head.shares_cache(self) for head, tokens, _ in parts):
             raise ValueError("each part: a head of this MTP context and one token")
@@ -180,16 +201,15 @@ class MtpHead:
         logits = []
         for (head, tokens, _), index in zip(parts, indices):
             head.tokens.append(tokens[0])
-            row = LX.llama_get_embeddings_nextn_ith(shared.ctx, index)
-            head.row = shared.views.rows(row, 1, self.n_embd)[0].copy()
-            logits.append(shared.views.rows(L.llama_get_logits_ith(shared.ctx, index), 1, self.model.n_vocab).copy())
+            head.row = shared.views.rows(LX.llama_get_embeddings_nextn_ith(shared.ctx, index), 1, self.n_embd)[0]
+            logits.append(shared.views.rows(L.llama_get_logits_ith(shared.ctx, index), 1, self.model.n_vocab))
         return logits
 
     def truncate(self, n_keep: int) -> None:
         """Forget positions from n_keep on, drafting rows included (its cache is attention only: any tail drops)."""
         L, shared = llama(), self._shared
         if n_keep < len(self.tokens):
-            shared.waiting = [row for row in shared.waiting if row[0] != self.seq or row[2] < n_keep]
+            shared.drop(self.seq, n_keep)
             if not L.llama_memory_seq_rm(L.llama_get_memory(shared.ctx), self.seq, n_keep, -1):
                 raise SpecrunError("llama.cpp refused to roll the MTP head's cache back")
             del self.tokens[n_keep:]
