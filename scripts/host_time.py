@@ -53,8 +53,8 @@ class LlamaClock:
     wrapping those functions of llama-cpp-python's bindings (specrun looks each up per call)."""
 
     DECODES = ("llama_decode",)
-    READS = ("llama_get_logits", "llama_get_logits_ith")
-    EXT_READS = ("llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith")
+    READS = ("llama_get_logits",)
+    EXT_READS = ("llama_get_embeddings_nextn",)
     seconds: float = 0.0
     decodes: int = 0
     originals: dict = field(default_factory=dict)

@@ -82,11 +82,10 @@ RAW_API = (
     "llama_model_n_embd_out",
     "llama_model_meta_val_str",
     "LLAMA_CONTEXT_TYPE_MTP",
-    "llama_get_logits_ith",
 )
 # The staging calls llama-cpp-python binds from llama.cpp's src/llama-ext.h (llama_cpp.llama_cpp_ext):
 # the hidden rows an MTP head reads. They may change with llama.cpp; pinned by tests/test_pinned_apis.py.
-EXT_API = ("llama_set_embeddings_nextn", "llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith")
+EXT_API = ("llama_set_embeddings_nextn", "llama_get_embeddings_nextn")
 
 _recent_log: deque[str] = deque(maxlen=8)  # llama.cpp's last lines, for the message when it aborts
 

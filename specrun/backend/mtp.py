@@ -106,9 +106,9 @@ class _HeadContext:
                 self.seq_ids[row][0] = self.waiting[i][0]
         self.waiting = [self.waiting[i] for i in kept]
 
-    def decode(self, drafting: Sequence[Row]) -> list[int]:
+    def decode(self, drafting: Sequence[Row]) -> None:
         """Decode the rows that wait, and the `drafting` rows (sequence, token, position, the
-        hidden row it reads) after them: those give logits. Their indices in the batch."""
+        hidden row it reads) after them: those give logits, and hidden rows, in their order."""
         if len(self.waiting) + len(drafting) > self.n_batch:
             drafting = [(*row[:3], row[3].copy()) for row in drafting]  # they may read the output the next decode replaces
             self._decode()
@@ -116,7 +116,6 @@ class _HeadContext:
         for n, (seq, token, pos, hidden) in enumerate(drafting, first):
             self._put(n, seq, (token,), pos, hidden, True)
         self._decode(first + len(drafting))
-        return list(range(first, first + len(drafting)))
 
     def _put(self, n: int, seq: int, tokens: Sequence[int], pos: int, hidden: np.ndarray, wants: bool) -> None:
         """Write rows into the batch from its row n on (their hidden rows in one copy)."""
@@ -197,13 +196,14 @@ class MtpHead:
         L, LX, shared = llama(), llama_ext(), self._shared
         if any(len(tokens) != 1 or not head.shares_cache(self) for head, tokens, _ in parts):
             raise ValueError("each part: a head of this MTP context and one token")
-        indices = shared.decode([(head.seq, tokens[0], len(head.tokens), head.reads) for head, tokens, _ in parts])
-        logits = []
-        for (head, tokens, _), index in zip(parts, indices):
+        shared.decode([(head.seq, tokens[0], len(head.tokens), head.reads) for head, tokens, _ in parts])
+        # The drafting rows are the decode's only output rows, in the parts' order.
+        rows = shared.views.rows(LX.llama_get_embeddings_nextn(shared.ctx), len(parts), self.n_embd)
+        logits = shared.views.rows(L.llama_get_logits(shared.ctx), len(parts), self.model.n_vocab)
+        for i, (head, tokens, _) in enumerate(parts):
             head.tokens.append(tokens[0])
-            head.row = shared.views.rows(LX.llama_get_embeddings_nextn_ith(shared.ctx, index), 1, self.n_embd)[0]
-            logits.append(shared.views.rows(L.llama_get_logits_ith(shared.ctx, index), 1, self.model.n_vocab))
-        return logits
+            head.row = rows[i]
+        return [logits] if len(parts) == 1 else [logits[i : i + 1] for i in range(len(parts))]
 
     def truncate(self, n_keep: int) -> None:
         """Forget positions from n_keep on, drafting rows included (its cache is attention only: any tail drops)."""
