@@ -178,7 +178,7 @@ def test_llama_cpp_rule_stops_below_p_min():
     budget = policy.offer("draft", 40)
     assert budget.k == 16
     third = Budget("draft", 16, kept=3)
-    assert policy.extend(third, 0.75).kept == 4 and policy.extend(third, 0.74) is None
+    assert policy.extend(third, 0.75) == third and policy.extend(third, 0.74) is None
 
 
 @pytest.mark.parametrize("text, value", [("4", 4), ("auto", "auto"), ("llama.cpp", "llama.cpp")])

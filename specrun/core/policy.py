@@ -67,7 +67,7 @@ class Budget(NamedTuple):
     decision: Decision = "grant"
     prior: float = PRIOR  # the acceptance the source expects before any is measured
     rows: int = 0  # rows other streams hold in the same decode (their tokens and cost count in)
-    kept: int = 0  # model-drafted tokens kept so far
+    kept: int = 0  # auto: model-drafted tokens kept so far
     gain: float = 1.0  # auto: tokens the step is expected to yield with the tokens kept so far
     alive: float = 1.0  # auto: the chance that every kept token is accepted
     drafted_s: float = 0.0  # auto: expected seconds spent drafting the tokens kept so far
@@ -135,7 +135,7 @@ class FixedK:
         return Budget(source, max(0, min(self.k, limit)), prior=prior, rows=rows)
 
     def extend(self, budget: Budget, confidence: float) -> Budget | None:
-        return budget._replace(kept=budget.kept + 1)
+        return budget  # a fixed k tracks nothing per token, so no new tuple per drafted token
 
     def chances(self, budget: Budget, n: int, confidences: Sequence[float] | None) -> tuple[float, ...]:
         return ()  # a k asked for is verified whole
@@ -155,7 +155,7 @@ class PMinPolicy(FixedK):
         self.label = "llama.cpp"
 
     def extend(self, budget: Budget, confidence: float) -> Budget | None:
-        return budget._replace(kept=budget.kept + 1) if confidence >= self.p_min else None
+        return budget if confidence >= self.p_min else None
 
 
 @dataclass(frozen=True)
