@@ -67,6 +67,7 @@ class AutoK:
     """Cost-aware k per step from measured verify costs and online acceptance estimates."""
 
     wants_confidence = True
+    learns = True
 
     def __init__(self, verify_costs: list[float], decay: float = 0.9):
         """`verify_costs[w]`: seconds to verify w rows; the widest sets the longest draft."""

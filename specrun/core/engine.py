@@ -251,19 +251,20 @@ class Generator:
         accepted, emitted = self._accepted(draft, verified.logits)
         draft_s, check_s, drafted = drafted_at - started, time.perf_counter() - checked_at, len(draft.tokens)
         stats.count_step(drafted, accepted, draft.source, draft_s, verified.seconds, check_s, draft.counters)
-        self.policy.observe(
-            StepRecord(
-                draft.budget,
-                draft.declined,
-                drafted,
-                accepted,
-                draft.confidences,
-                draft_s,
-                verified.seconds + check_s,
-                draft.catch_up_s,
-                verified.width,
+        if self.policy.learns:
+            self.policy.observe(
+                StepRecord(
+                    draft.budget,
+                    draft.declined,
+                    drafted,
+                    accepted,
+                    draft.confidences,
+                    draft_s,
+                    verified.seconds + check_s,
+                    draft.catch_up_s,
+                    verified.width,
+                )
             )
-        )
         return StepEvent(drafted, accepted, draft.source), emitted
 
     def _accepted(self, draft: Draft, logits: np.ndarray) -> tuple[int, list[tuple[int, TokenSource]]]:

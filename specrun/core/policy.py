@@ -95,6 +95,7 @@ class DraftPolicy(Protocol):
     label: str  # how --k and the chat panel name it ("auto", "8", "llama.cpp")
     max_k: int  # the longest draft it ever grants: the verify batch needs max_k + 1 rows
     wants_confidence: bool  # whether `extend` reads a token's probability (drafters compute it only then)
+    learns: bool  # whether `observe` learns from steps (the engine makes each step's record only then)
 
     def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0) -> Budget:
         """This step's budget for `source`, at most `limit` tokens (k = 0: do not draft).
@@ -124,6 +125,7 @@ class FixedK:
     """Draft k tokens whenever the drafter offers them (a lookup copy may offer fewer)."""
 
     wants_confidence = False
+    learns = False
 
     def __init__(self, k: int):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
