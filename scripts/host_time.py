@@ -4,8 +4,8 @@ On generated models small enough that a decode takes about a millisecond on a CP
 model's does on a GPU, it runs plain decoding, prompt lookup, a draft model (same vocabulary, and
 another one, translated), the target drafting for itself, MTP and four batched streams, greedy,
 and splits each run's wall time into:
-- llama.cpp's part: inside `llama_decode` (`llama_process` for an MTP head) and the calls that
-  read what a decode computed (`llama_get_logits*`, the MTP head's hidden rows), which are where
+- llama.cpp's part: inside `llama_decode` (the target's and an MTP head's) and the calls that
+  read what a decode computed (`llama_get_logits`, the MTP head's hidden rows), which are where
   a GPU decode is waited for;
 - specrun's part: everything else, per token, per decode call and per step.
 With `--llama-bin DIR` (llama-bench and llama-speculative-simple built from the llama.cpp that
