@@ -27,7 +27,7 @@ from specrun.backend import rpc_link
 from specrun.backend.library import llama, llama_ext
 from specrun.backend.model import Closed, Model
 from specrun.backend.threads import ThreadPool
-from specrun.backend.views import FloatViews
+from specrun.backend.views import BatchViews, FloatViews
 from specrun.core.sequences import History, common_prefix
 from specrun.errors import SpecrunError
 
@@ -93,12 +93,7 @@ class _LlamaContext:
         self.rollback_limit = L.llama_n_rs_seq(self.ptr) if model.recurrent else self.n_ctx
         self.n_batch = options.n_batch
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
-        # Zero-copy views of the batch arrays; each row belongs to one sequence.
-        self.token = np.ctypeslib.as_array(self.batch.token, shape=(self.n_batch,))
-        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(self.n_batch,))
-        self.logits = np.ctypeslib.as_array(ctypes.cast(self.batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,))
-        np.ctypeslib.as_array(self.batch.n_seq_id, shape=(self.n_batch,))[:] = 1
-        self.seq_ids = [self.batch.seq_id[i] for i in range(self.n_batch)]
+        self.token, self.pos, self.logits, self.seq_ids = BatchViews.of(self.batch, self.n_batch)
         self.views = FloatViews()
         self.sequences: dict[int, Context] = {}
 

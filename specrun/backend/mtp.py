@@ -13,7 +13,6 @@ decode, and the streams' drafting rows go together, one decode for every stream'
 
 from __future__ import annotations
 
-import ctypes
 import weakref
 from typing import Sequence
 
@@ -22,7 +21,7 @@ import numpy as np
 from specrun.backend.context import Context
 from specrun.backend.library import llama, llama_ext
 from specrun.backend.threads import ThreadPool
-from specrun.backend.views import FloatViews
+from specrun.backend.views import BatchViews, FloatViews
 from specrun.errors import SpecrunError
 
 Row = tuple[int, int, int, np.ndarray]
@@ -61,12 +60,8 @@ class _HeadContext:
         self.batch = L.llama_batch_init(self.n_batch, self.n_embd, 1)
         self._tokens = (L.llama_token * self.n_batch)()
         self.batch.token = self._tokens
-        self.token = np.ctypeslib.as_array(self._tokens)
-        self.pos = np.ctypeslib.as_array(self.batch.pos, shape=(self.n_batch,))
-        self.wants = np.ctypeslib.as_array(ctypes.cast(self.batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,))
+        self.token, self.pos, self.wants, self.seq_ids = BatchViews.of(self.batch, self.n_batch)
         self.hidden = np.ctypeslib.as_array(self.batch.embd, shape=(self.n_batch, self.n_embd))
-        np.ctypeslib.as_array(self.batch.n_seq_id, shape=(self.n_batch,))[:] = 1
-        self.seq_ids = [self.batch.seq_id[i] for i in range(self.n_batch)]
         self.views = FloatViews()
         # Rows that follow the target, not decoded yet, at the batch's start: (sequence, position)
         # each. They go with the next drafting rows, and those a rollback drops are never decoded.

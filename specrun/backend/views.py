@@ -1,10 +1,34 @@
-"""numpy views of the float buffers llama.cpp hands out (logits, an MTP head's hidden rows)."""
+"""numpy views of the buffers llama.cpp hands out (logits, an MTP head's hidden rows) and of a
+batch's arrays, which decodes write row by row."""
 
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import numpy as np
+
+
+class BatchViews(NamedTuple):
+    """Zero-copy views of a `llama_batch`'s arrays, each row of one sequence (`seq_ids[n][0]`);
+    `wants`: whether a row gives logits."""
+
+    token: np.ndarray
+    pos: np.ndarray
+    wants: np.ndarray
+    seq_ids: list
+
+    @classmethod
+    def of(cls, batch, size: int) -> BatchViews:
+        """The views of `batch` (from llama_batch_init, `size` rows, one sequence id a row, which
+        this sets to one)."""
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(size,))[:] = 1
+        return cls(
+            np.ctypeslib.as_array(batch.token, shape=(size,)),
+            np.ctypeslib.as_array(batch.pos, shape=(size,)),
+            np.ctypeslib.as_array(ctypes.cast(batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(size,)),
+            [batch.seq_id[i] for i in range(size)],
+        )
 
 
 class FloatViews:
