@@ -6,7 +6,7 @@ import re
 
 import httpx
 import pytest
-from serve_helpers import TEMPLATE, RunningServer
+from serve_helpers import TEMPLATE, Pace, RunningServer
 from tinymodels import write_tiny_llama
 
 from specrun.config import SessionConfig
@@ -21,9 +21,15 @@ PAGE_LIMIT = 100_000  # bytes: the page and every file it loads
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def pace() -> Pace:
+    return Pace()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, pace):
     target = write_tiny_llama(tmp_path_factory.mktemp("page") / "chat.gguf", seed=0, chat_template=TEMPLATE)
-    running = RunningServer(SessionConfig(target=target, lookup=True, store_tokens=400, k=4, n_ctx=N_CTX, threads=1))
+    config = SessionConfig(target=target, lookup=True, store_tokens=400, k=4, n_ctx=N_CTX, threads=1)
+    running = RunningServer(config, open_session=lambda: pace.open(config))
     yield running
     running.stop()
 
@@ -77,8 +83,14 @@ def test_completions_carry_the_field_too(server):
     assert pieces and "".join(piece["text"] for piece in pieces) == "".join(chunk.choices[0].text for chunk in chunks)
 
 
-def test_running_stats_grow_chunk_by_chunk(server):
-    chunks = stream(server, messages=REPEATING, max_tokens=30, extra_body={"specrun": {"pieces": True}})
+def test_running_stats_grow_chunk_by_chunk(server, pace):
+    # Reports that arrive together go out as one chunk; on a busy machine a tiny model's whole reply
+    # can arrive before the event loop wakes, so each step waits long enough for it to be sent alone.
+    pace.delay = 0.05
+    try:
+        chunks = stream(server, messages=REPEATING, max_tokens=30, extra_body={"specrun": {"pieces": True}})
+    finally:
+        pace.delay = 0.0
     counts = [field["stats"]["tokens"] for field in fields(chunks)]
     assert len(counts) > 2 and counts == sorted(counts) and counts[0] < counts[-1]
 
