@@ -8,6 +8,10 @@ depth (the prompt's tokens before the first timed one), greedy, N tokens after t
   as llama-bench's), `llama_decode` and `llama_synchronize`, nothing read (`bare`); then the
   same reading the last row's logits and taking their argmax (`bare + argmax`);
 - `Context.eval` and the argmax: specrun's backend;
+- the decode and the argmax in C (a few lines compiled with the system's `cc` at run time, handed
+  llama.cpp's function pointers): called once a token, as a C extension would be in specrun's
+  place (`C, a call a token`), and once for all the tokens (`C, one call`): what compiled code
+  could save, measured instead of guessed;
 - `Session.stream(plain=True)`: a whole generation, as `specrun generate` runs it.
 Each is printed as a ratio to llama-bench's tokens/s in the same round, then the medians; last,
 the generation's own time per token two ways: with `llama_decode` a no-op (warm caches, before
@@ -28,6 +32,7 @@ import ctypes
 import json
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,12 +54,77 @@ def llama_bench(bin_dir: Path, model: Path, tokens: int, depth: int, threads: in
     return json.loads(out.stdout)[0]["avg_ts"]
 
 
+# llama_batch as llama.h declares it; a one-token batch as llama_batch_get_one makes it.
+C_LOOP = r"""
+#include <stdint.h>
+typedef struct { int32_t n_tokens; int32_t *token; float *embd; int32_t *pos; int32_t *n_seq_id;
+                 int32_t **seq_id; int8_t *logits; } llama_batch;
+typedef int32_t (*decode_fn)(void *ctx, llama_batch batch);
+typedef float *(*logits_fn)(void *ctx, int32_t i);
+
+int32_t next_token(decode_fn decode, logits_fn logits, void *ctx, int32_t token, int32_t n_vocab) {
+    llama_batch batch = {1, &token, 0, 0, 0, 0, 0};
+    if (decode(ctx, batch) != 0) return -1;
+    const float *row = logits(ctx, -1);
+    int32_t best = 0;
+    for (int32_t i = 1; i < n_vocab; i++) if (row[i] > row[best]) best = i;  /* the first maximum, as np.argmax */
+    return best;
+}
+
+int32_t next_tokens(decode_fn decode, logits_fn logits, void *ctx, int32_t token, int32_t n_vocab, int32_t n) {
+    for (int32_t i = 0; i < n && token >= 0; i++) token = next_token(decode, logits, ctx, token, n_vocab);
+    return token;
+}
+"""
+
+
+def compiled_loop() -> ctypes.CDLL | None:
+    """C_LOOP built with the system's `cc` (None, and a line saying so, where that fails)."""
+    folder = Path(tempfile.mkdtemp(prefix="plain-floor-"))
+    (folder / "loop.c").write_text(C_LOOP)
+    built = subprocess.run(
+        ["cc", "-O2", "-shared", "-fPIC", "-o", str(folder / "loop.so"), str(folder / "loop.c")], capture_output=True
+    )
+    if built.returncode:
+        print(f"no C rows: cc failed: {built.stderr.decode()[-300:]}")
+        return None
+    lib = ctypes.CDLL(str(folder / "loop.so"))
+    for name, extra in (("next_token", []), ("next_tokens", [ctypes.c_int32])):
+        getattr(lib, name).argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int32, ctypes.c_int32] + extra
+        getattr(lib, name).restype = ctypes.c_int32
+    return lib
+
+
+def fresh_context(session: Session) -> Context:
+    c = session.config
+    options = ContextOptions(n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn)
+    return Context(session.target_model, options)
+
+
+def c_loop(session: Session, prompt: list[int], tokens: int, lib: ctypes.CDLL, one_call: bool) -> float:
+    """Tokens/s of the decode and argmax in C, called once a token or once for all, on a fresh context."""
+    L, n_vocab = llama(), session.target_model.n_vocab
+    pointers = [ctypes.cast(f, ctypes.c_void_p) for f in (L.llama_decode, L.llama_get_logits_ith)]
+    context = fresh_context(session)
+    try:
+        token, handle = int(np.argmax(context.eval(prompt, 1)[-1])), context.handle
+        started = time.perf_counter()
+        if one_call:
+            token = lib.next_tokens(*pointers, handle, token, n_vocab, tokens)
+        else:
+            for _ in range(tokens):
+                token = lib.next_token(*pointers, handle, token, n_vocab)
+        speed = tokens / (time.perf_counter() - started)
+        assert token >= 0, "a decode failed"
+        return speed
+    finally:
+        context.close()
+
+
 def bare_loop(session: Session, prompt: list[int], tokens: int, read: bool) -> float:
     """Tokens/s of llama.cpp calls alone, on a fresh context made as specrun makes its target's."""
     L, model = llama(), session.target_model
-    c = session.config
-    options = ContextOptions(n_ctx=c.n_ctx, n_batch=BATCH, n_ubatch=c.n_ubatch, n_threads=c.threads, flash_attn=c.flash_attn)
-    context = Context(model, options)
+    context = fresh_context(session)
     try:
         token = (ctypes.c_int32 * 1)(int(np.argmax(context.eval(prompt, 1)[-1])))
         handle = context.handle
@@ -151,6 +221,9 @@ def main() -> None:
             "Context.eval": lambda: eval_loop(session, prompt, args.tokens),
             "generation": lambda: generation(session, prompt, args.tokens),
         }
+        if lib := compiled_loop():
+            runs["C, a call a token"] = lambda: c_loop(session, prompt, args.tokens, lib, one_call=False)
+            runs["C, one call"] = lambda: c_loop(session, prompt, args.tokens, lib, one_call=True)
         ratios: dict[str, list[float]] = {name: [] for name in runs}
         between: list[float] = []
         for round_ in range(args.rounds):
