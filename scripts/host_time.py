@@ -30,7 +30,7 @@ import re
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -45,6 +45,23 @@ from specrun.session import Session
 PROMPT = "the cat sat on the mat and the cat sat on the mat , then the dog was there and the cat"
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 ACCEPTED = re.compile(r"n_accept\s*=\s*(\d+)")
+
+
+def skip_decode(context, batch) -> int:
+    """A `llama_decode` that decodes nothing: the logits of the last real decode stay in place."""
+    return 0
+
+
+@contextmanager
+def llama_decode_as(replacement):
+    """llama-cpp-python's `llama_decode` replaced while the block runs (specrun looks it up at each
+    call); yields the original, for a replacement that wraps it."""
+    L = llama()
+    original, L.llama_decode = L.llama_decode, replacement
+    try:
+        yield original
+    finally:
+        L.llama_decode = original
 
 
 @dataclass

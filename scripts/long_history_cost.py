@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from generated_models import write_models
+from host_time import llama_decode_as, skip_decode
 
-from specrun.backend.library import llama
 from specrun.config import SessionConfig
 from specrun.session import Session
 
@@ -35,23 +35,17 @@ TOKENS = 300
 
 def per_token(session: Session, prompt: list[int], k: str | None) -> float:
     """Seconds a token after the first (the prefill's), `llama_decode` a no-op."""
-    L = llama()
-    decode, L.llama_decode = L.llama_decode, lambda context, batch: 0
-    try:
+    with llama_decode_as(skip_decode):
         started = None
         for _ in session.stream(prompt, TOKENS + 1, plain=k is None, k=k):
             started = started or time.perf_counter()
         assert started is not None
         return (time.perf_counter() - started) / TOKENS
-    finally:
-        L.llama_decode = decode
 
 
 def per_token_batched(session: Session, prompts: list[list[int]], k: str | None) -> float:
     """Seconds a token of `prompts` run together as streams of one batch, after their prefills,
     `llama_decode` a no-op."""
-    L = llama()
-    decode, L.llama_decode = L.llama_decode, lambda context, batch: 0
 
     def run(max_tokens: int) -> float:
         batch = session.batch()
@@ -62,10 +56,8 @@ def per_token_batched(session: Session, prompts: list[list[int]], k: str | None)
             batch.step()
         return time.perf_counter() - started
 
-    try:
+    with llama_decode_as(skip_decode):
         return (run(TOKENS + 1) - run(1)) / (len(prompts) * TOKENS)
-    finally:
-        L.llama_decode = decode
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 from generated_models import SIZES, write_models
-from host_time import PROMPT
+from host_time import PROMPT, llama_decode_as, skip_decode
 
 from specrun.backend import Context, ContextOptions
 from specrun.backend.library import llama
@@ -169,24 +169,21 @@ def generation(session: Session, prompt: list[int], tokens: int) -> float:
 def loop_alone(session: Session, prompt: list[int], tokens: int) -> float:
     """Seconds a token of a plain generation with `llama_decode` a no-op: the loop's own time
     with warm caches (each token reads the logits of the last real decode)."""
-    L = llama()
     generation(session, prompt, 1)  # a real decode, whose logits every no-op leaves in place
-    decode, L.llama_decode = L.llama_decode, lambda context, batch: 0
     try:
-        started = time.perf_counter()
-        for _ in session.stream(prompt, tokens, plain=True):
-            pass
-        return (time.perf_counter() - started) / tokens
+        with llama_decode_as(skip_decode):
+            started = time.perf_counter()
+            for _ in session.stream(prompt, tokens, plain=True):
+                pass
+            return (time.perf_counter() - started) / tokens
     finally:
-        L.llama_decode = decode
         session.target.truncate(0)  # the cache holds none of what the no-ops "decoded"
 
 
 def loop_between_decodes(session: Session, prompt: list[int], tokens: int) -> float:
     """Seconds a token of a plain generation spends outside `llama_decode`, behind real decodes:
     the median gap from one decode's return to the next decode's call."""
-    L = llama()
-    decode, returns, gaps = L.llama_decode, [0.0], []
+    decode, returns, gaps = llama().llama_decode, [0.0], []
 
     def timed(context, batch):
         gaps.append(time.perf_counter() - returns[0])
@@ -194,11 +191,8 @@ def loop_between_decodes(session: Session, prompt: list[int], tokens: int) -> fl
         returns[0] = time.perf_counter()
         return status
 
-    L.llama_decode = timed
-    try:
+    with llama_decode_as(timed):
         generation(session, prompt, tokens)
-    finally:
-        L.llama_decode = decode
     return statistics.median(gaps[2:])  # from the second step on: the prefill's decode is no step
 
 
