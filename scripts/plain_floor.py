@@ -80,15 +80,18 @@ int32_t next_tokens(decode_fn decode, logits_fn logits, void *ctx, int32_t token
 
 def compiled_loop() -> ctypes.CDLL | None:
     """C_LOOP built with the system's `cc` (None, and a line saying so, where that fails)."""
-    folder = Path(tempfile.mkdtemp(prefix="plain-floor-"))
-    (folder / "loop.c").write_text(C_LOOP)
-    built = subprocess.run(
-        ["cc", "-O2", "-shared", "-fPIC", "-o", str(folder / "loop.so"), str(folder / "loop.c")], capture_output=True
-    )
-    if built.returncode:
-        print(f"no C rows: cc failed: {built.stderr.decode()[-300:]}")
-        return None
-    lib = ctypes.CDLL(str(folder / "loop.so"))
+    with tempfile.TemporaryDirectory(prefix="plain-floor-") as folder:  # a loaded library outlives its file
+        source, library = Path(folder) / "loop.c", Path(folder) / "loop.so"
+        source.write_text(C_LOOP)
+        try:
+            built = subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(library), str(source)], capture_output=True)
+        except OSError as exc:  # no cc at all
+            print(f"no C rows: cc could not run: {exc}")
+            return None
+        if built.returncode:
+            print(f"no C rows: cc failed: {built.stderr.decode()[-300:]}")
+            return None
+        lib = ctypes.CDLL(str(library))
     for name, extra in (("next_token", []), ("next_tokens", [ctypes.c_int32])):
         getattr(lib, name).argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int32, ctypes.c_int32] + extra
         getattr(lib, name).restype = ctypes.c_int32
