@@ -73,6 +73,10 @@ RULES: dict[str, Rule] = {
     "top_p": Rule("a number in (0, 1] (1 disables it)", 0, 1, low_open=True),
     "min_p": Rule("a number in [0, 1] (0 disables it)", 0, 1),
     "seed": _count(0, "leave it out for a random seed"),
+    "repeat_penalty": Rule("a number from 0.01 to 100 (1 disables it)", 0.01, 100),
+    "frequency_penalty": Rule("a number from -2 to 2 (0 disables it)", -2, 2),
+    "presence_penalty": Rule("a number from -2 to 2 (0 disables it)", -2, 2),
+    "repeat_last_n": _count(0, "0 disables the penalties", INT32_MAX),
     "max_tokens": _count(1),
     # models and llama.cpp
     "n_ctx": _count(8, high=INT32_MAX),

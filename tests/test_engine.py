@@ -77,6 +77,25 @@ def test_greedy_tokens_are_the_targets_argmax(tiny, drafting):
         assert stats.drafted > 0 and 0 <= stats.accepted <= stats.drafted
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [SamplerSettings(frequency_penalty=2.0), SamplerSettings(repeat_penalty=1.3, presence_penalty=0.5, repeat_last_n=8)],
+    ids=["frequency", "repeat-presence-last-8"],
+)
+def test_greedy_output_under_repetition_penalties_is_plain_decodings(tiny, settings):
+    """The target's own weights draft its unpenalized choices: a row after a drafted token keeps
+    the target's choice only if that token counts in the row's penalties."""
+    outputs = {}
+    for name, drafting in (("plain", {}), ("same", {"draft": tiny["same"]}), ("lookup", {"lookup": True})):
+        config = SessionConfig(target=tiny["target"], k=8, n_ctx=256, sampler=settings, **drafting)
+        with Session(config) as session:
+            outputs[name], _, _, stats = run(session, PROMPT, 60, plain=name == "plain")
+        assert name != "same" or stats.accepted > 0  # (lookup finds little to copy in text the penalties vary)
+    assert outputs["same"] == outputs["plain"] and outputs["lookup"] == outputs["plain"]
+    with Session(SessionConfig(target=tiny["target"], n_ctx=256)) as session:
+        assert run(session, PROMPT, 60, plain=True)[0] != outputs["plain"]  # the penalties changed the text
+
+
 def test_draft_equal_to_target_is_almost_always_accepted(tiny):
     config = SessionConfig(target=tiny["target"], draft=tiny["same"], k=4, n_ctx=256)
     with Session(config) as session:

@@ -32,7 +32,7 @@ from specrun.config import SessionConfig
 from specrun.core.engine import Generator
 from specrun.core.events import TokenEvent
 from specrun.core.policy import FixedK
-from specrun.core.sampling import Sampler, SamplerSettings, filtered
+from specrun.core.sampling import Penalties, Sampler, SamplerSettings, filtered
 from specrun.drafts.base import Chain
 from specrun.drafts.bridge import VocabBridge
 from specrun.drafts.feeding import Picker
@@ -43,6 +43,8 @@ from specrun.session import Session
 
 SETTINGS = SamplerSettings(temperature=1.0)  # llama.cpp's default filters: top-k 40, top-p 0.95, min-p 0.05
 UNFILTERED = SamplerSettings(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0)
+# Strong enough that a penalty left out of a row (a drafted token missing from its window) shows.
+PENALIZED = replace(SETTINGS, repeat_penalty=1.5, frequency_penalty=0.5, presence_penalty=1.0)
 MIN_P = 1e-4  # a correct sampler fails a check this strict once in 10,000
 SEEDS = 2000
 TINY_TEXT = "when the water was long after"
@@ -115,13 +117,20 @@ def first_tokens(make_generator, prompt: list[int], seeds: range, n: int = 2):
 
 
 def exact_pairs(model, prompt: list[int], settings: SamplerSettings, n_ctx: int) -> dict[tuple[int, int], float]:
-    """P(first token, second token) from fresh contexts and the sampler's own filter chain."""
+    """P(first token, second token) from fresh contexts and the sampler's own chain (its penalties
+    checked against llama.cpp's in test_sampling.py)."""
+    penalties = Penalties.of(settings)
+
+    def dist(text: list[int]):
+        row = fresh.logits(text)
+        return filtered(penalties.apply(row, penalties.window(text)) if penalties else row, settings)
+
     with FreshContexts(model, n_ctx) as fresh:
-        first = filtered(fresh.logits(prompt), settings)
+        first = dist(prompt)
         fresh.prefetch([prompt + [t] for t in first.ids.tolist()])
         pairs = {}
         for t1, p1 in zip(first.ids.tolist(), first.probs.tolist()):
-            second = filtered(fresh.logits(prompt + [t1]), settings)
+            second = dist(prompt + [t1])
             pairs.update({(t1, t2): p1 * p2 for t2, p2 in zip(second.ids.tolist(), second.probs.tolist())})
     return pairs
 
@@ -149,6 +158,19 @@ def test_tiny_deterministic_drafters_give_plain_decodings_tokens_per_seed(rig, t
     )
     assert drafted > 0 and accepted > 0
     assert matched == plain
+
+
+@pytest.mark.parametrize("drafting", ["plain", "draft"])
+def test_tiny_drafts_under_repetition_penalties_follow_the_penalized_distribution(rig, tiny, tiny_prompt, drafting):
+    """Each verified row is penalized for the text before it, the draft's tokens included. (Prompt
+    lookup copies the repeats these penalties push the target away from: none is kept.)"""
+    exact = exact_pairs(tiny["target"], tiny_prompt, PENALIZED, 128)
+    sampled, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, PENALIZED, seed), tiny_prompt, range(SEEDS))
+    if drafting != "plain":
+        assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)
+    assert chi_square_p(Counter(sampled.values()), exact) > MIN_P
+    unpenalized = exact_pairs(tiny["target"], tiny_prompt, SETTINGS, 128)
+    assert chi_square_p(Counter(sampled.values()), unpenalized) < MIN_P  # the penalties did change it
 
 
 def test_the_chi_square_check_sees_a_small_distortion(rig, tiny_prompt, exact):

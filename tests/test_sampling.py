@@ -1,10 +1,13 @@
 """The sampler chain and the accept/reject rule, on small arrays: no model needed."""
 
+import ctypes
+
 import numpy as np
 import pytest
 from reference import chi_square_p
 
-from specrun.core.sampling import Distribution, SamplerSettings, filtered, greedy_verify, top_k_ids, verify
+from specrun.backend.library import llama
+from specrun.core.sampling import Distribution, Penalties, SamplerSettings, filtered, greedy_verify, top_k_ids, verify
 from specrun.errors import SpecrunError
 
 DRAWS = 100_000
@@ -107,7 +110,19 @@ def test_greedy_verification_keeps_drafts_while_they_equal_argmax():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"temperature": -1}, {"top_k": -2}, {"top_p": 0}, {"top_p": 1.5}, {"min_p": 2}, {"temperature": float("nan")}, {"seed": -1}],
+    [
+        {"temperature": -1},
+        {"top_k": -2},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"min_p": 2},
+        {"temperature": float("nan")},
+        {"seed": -1},
+        {"repeat_penalty": 0},
+        {"frequency_penalty": 2.5},
+        {"presence_penalty": -3},
+        {"repeat_last_n": -1},
+    ],
 )
 def test_bad_sampler_settings_name_the_value(kwargs):
     with pytest.raises(SpecrunError, match="but is"):
@@ -137,3 +152,47 @@ def test_greedy_verify_answers_as_verify_does_at_temperature_0():
         rows = [filtered(row, greedy) for row in logits]
         assert greedy_verify(draft, logits) == verify(draft, None, rows.__getitem__, rng)
     assert greedy_verify([], logits[:1]) == (0, best[0])
+
+
+def llama_cpp_penalized(row: np.ndarray, text: list[int], settings: SamplerSettings) -> np.ndarray:
+    """The row after llama.cpp's own penalties sampler has accepted `text`, token by token."""
+    L = llama()
+    sampler = L.llama_sampler_init_penalties(
+        row.size, settings.repeat_last_n, settings.repeat_penalty, settings.frequency_penalty, settings.presence_penalty
+    )
+    try:
+        for token in text:
+            L.llama_sampler_accept(sampler, token)
+        data = (L.llama_token_data * row.size)(*[L.llama_token_data(i, float(v), 0.0) for i, v in enumerate(row)])
+        array = L.llama_token_data_array(data=data, size=row.size, selected=-1, sorted=False)
+        L.llama_sampler_apply(sampler, ctypes.byref(array))
+        out = np.empty(row.size, dtype=np.float32)
+        for item in data:
+            out[item.id] = item.logit
+        return out
+    finally:
+        L.llama_sampler_free(sampler)
+
+
+@pytest.mark.parametrize("last_n", [64, 5, 1000])
+def test_penalties_give_llama_cpps_logits_bit_for_bit(last_n):
+    rng = np.random.default_rng(11)
+    for case in range(50):
+        settings = SamplerSettings(
+            repeat_penalty=float(rng.choice([1.0, 1.1, 1.5, 0.8])),
+            frequency_penalty=float(rng.uniform(-2, 2)) if case % 2 else 0.0,
+            presence_penalty=float(rng.uniform(-2, 2)) if case % 3 else 0.0,
+            repeat_last_n=last_n,
+        )
+        row = (rng.standard_normal(40) * 3).astype(np.float32)
+        text = rng.integers(0, 40, int(rng.integers(1, 120))).tolist()
+        split = int(rng.integers(0, len(text) + 1))  # a row's window: the text, then draft tokens before it
+        penalties = Penalties.of(settings)
+        ours = penalties.apply(row, penalties.window(text[:split], text[split:])) if penalties else row
+        assert np.array_equal(ours, llama_cpp_penalized(row, text, settings)), (case, settings)
+
+
+def test_penalties_that_change_nothing_are_skipped():
+    assert Penalties.of(SamplerSettings()) is None
+    assert Penalties.of(SamplerSettings(repeat_penalty=1.3, repeat_last_n=0)) is None
+    assert Penalties.of(SamplerSettings(presence_penalty=0.5)) is not None

@@ -158,6 +158,12 @@ def test_requests_pick_their_sampling_and_drafting(idle):
     assert one.choices[0].text == two.choices[0].text  # the same seed, the same sample
     hot = client.completions.create(model="any", prompt=prompt, max_tokens=4, temperature=3.5)  # the library's range
     assert hot.usage.completion_tokens >= 1
+    penalties = {"frequency_penalty": 1.5, "presence_penalty": 0.5}
+    penalized = [
+        client.completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0, extra_body={**penalties, **extra})
+        for extra in ({"k": 2}, {"k": "auto", "repeat_penalty": 1.0, "repeat_last_n": 64})  # llama-server's, at their defaults
+    ]
+    assert penalized[0].choices[0].text == penalized[1].choices[0].text != greedy
 
 
 @pytest.mark.parametrize(
@@ -180,6 +186,16 @@ def test_requests_pick_their_sampling_and_drafting(idle):
         ({"prompt": "hi", "top_p": 1.5}, "top_p", "it has to be a number in (0, 1] (1 disables it), but is 1.5."),
         ({"prompt": "hi", "top_k": -1}, "top_k", "it has to be an integer >= 0 (0 disables it), but is -1."),
         ({"prompt": "hi", "min_p": 2}, "min_p", "it has to be a number in [0, 1] (0 disables it), but is 2."),
+        (
+            {"prompt": "hi", "frequency_penalty": 3},
+            "frequency_penalty",
+            "it has to be a number from -2 to 2 (0 disables it), but is 3.",
+        ),
+        (
+            {"prompt": "hi", "repeat_penalty": 0},
+            "repeat_penalty",
+            "it has to be a number from 0.01 to 100 (1 disables it), but is 0.",
+        ),
         ({"prompt": "hi", "stop": [1, 2]}, "stop", "expected a string or an array of strings"),
         ({"prompt": "hi", "k": 0}, "k", "it has to be an integer >= 1, 'auto' or 'llama.cpp', but is 0."),
         ({"prompt": "hi", "k": "fast"}, "k", "but is 'fast'."),
@@ -261,6 +277,10 @@ COMMON = {
     "top_p": {"null"},  # in (0, 1]
     "top_k": {"null", "integer"},
     "min_p": {"null"},  # in [0, 1]
+    "frequency_penalty": {"null", "number"},  # in [-2, 2]
+    "presence_penalty": {"null", "number"},
+    "repeat_penalty": {"null", "integer", "number"},  # in [0.01, 100]
+    "repeat_last_n": {"null", "integer"},
     "seed": {"null", "integer"},
     "stop": {"null", "string", "array"},
     "stream": {"null", "boolean"},
@@ -305,6 +325,10 @@ NUMERIC = [
     "top_p",
     "top_k",
     "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
     "k",
     "speculative.n_max",
     "speculative.n_min",

@@ -85,6 +85,21 @@ Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is 
 TopK = Annotated[int, typer.Option("--top-k", help="Top-k filter at temperature > 0 (0 disables).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Top-p filter at temperature > 0 (1 disables).")]
 MinP = Annotated[float, typer.Option("--min-p", help="Min-p filter at temperature > 0 (0 disables).")]
+RepeatPenalty = Annotated[
+    float, typer.Option("--repeat-penalty", help="Divide the logits of recent tokens by this (1 disables; llama.cpp's rule).")
+]
+FrequencyPenalty = Annotated[
+    float, typer.Option("--frequency-penalty", help="Lower a recent token's logit this much per time it occurs (0 disables).")
+]
+PresencePenalty = Annotated[
+    float, typer.Option("--presence-penalty", help="Lower the logit of any token that occurs recently this much (0 disables).")
+]
+RepeatLastN = Annotated[
+    int,
+    typer.Option(
+        "--repeat-last-n", help="How many of the last tokens, the prompt's included, the penalties look at (0 disables)."
+    ),
+]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for reproducible sampling (default: a random seed).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
 CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens for target and draft.")]
@@ -166,6 +181,10 @@ class ModelOptions:
     top_k: TopK = 40
     top_p: TopP = 0.95
     min_p: MinP = 0.05
+    repeat_penalty: RepeatPenalty = 1.0
+    frequency_penalty: FrequencyPenalty = 0.0
+    presence_penalty: PresencePenalty = 0.0
+    repeat_last_n: RepeatLastN = 64
     seed: Seed = None
     ctx_size: CtxSize = 4096
     threads: Threads = 0
@@ -184,7 +203,17 @@ class ModelOptions:
         SessionConfig.check_settings({**self._llama_settings(), "translation": self.draft_translation})
 
     def sampler(self) -> SamplerSettings:
-        return SamplerSettings(temperature=self.temp, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+        return SamplerSettings(
+            temperature=self.temp,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            seed=self.seed,
+            repeat_penalty=self.repeat_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            repeat_last_n=self.repeat_last_n,
+        )
 
     def _llama_settings(self) -> dict:
         return dict(

@@ -34,7 +34,7 @@ from specrun.core.events import (
     TokenSource,
 )
 from specrun.core.policy import DraftPolicy, FixedK, StepRecord
-from specrun.core.sampling import Distribution, Sampler, SamplerSettings, filtered, greedy_verify, verify
+from specrun.core.sampling import Distribution, Penalties, Sampler, SamplerSettings, filtered, greedy_verify, verify
 from specrun.core.sequences import History
 from specrun.drafts.base import CatchUp, Decoded, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 from specrun.errors import SpecrunError
@@ -138,7 +138,9 @@ class Generator:
         self.eog = target.model.eog_ids if eog is None else eog
         self.constraint = constraint
         self.catch_up = catch_up
-        self._argmax_only = sampler.settings.greedy and constraint is None  # a row's argmax is all a check needs
+        self.penalties = Penalties.of(sampler.settings)
+        # a row's argmax is all a check needs
+        self._argmax_only = sampler.settings.greedy and constraint is None and self.penalties is None
         self.stats = Stats()  # the running (or last) generation's counters
         self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
@@ -197,7 +199,7 @@ class Generator:
         try:
             if not self._stop_reason(stats, max_tokens):  # the first token, from the prefill's last row: no step
                 checked_at = time.perf_counter()
-                _, emitted = self._accepted(NO_DRAFT, prefill.logits)
+                _, emitted = self._accepted(NO_DRAFT, prefill.logits, history)
                 stats.check_s += time.perf_counter() - checked_at
                 self._emitted(emitted, history, text, stats, consumer)
             # A recurrent target can drop again only as many drafted tokens as it keeps snapshots for.
@@ -248,7 +250,7 @@ class Generator:
         assert isinstance(verified, Verified), "a Decode is answered with its Verified rows"
         draft = self._verified_part(draft, len(verified.logits) - 1)
         checked_at = time.perf_counter()
-        accepted, emitted = self._accepted(draft, verified.logits)
+        accepted, emitted = self._accepted(draft, verified.logits, history)
         draft_s, check_s, drafted = drafted_at - started, time.perf_counter() - checked_at, len(draft.tokens)
         stats.count_step(drafted, accepted, draft.source, draft_s, verified.seconds, check_s, draft.counters)
         if self.policy.learns:
@@ -267,13 +269,14 @@ class Generator:
             )
         return StepEvent(drafted, accepted, draft.source), emitted
 
-    def _accepted(self, draft: Draft, logits: np.ndarray) -> tuple[int, list[tuple[int, TokenSource]]]:
+    def _accepted(self, draft: Draft, logits: np.ndarray, history: list[int]) -> tuple[int, list[tuple[int, TokenSource]]]:
         """How many of the draft's tokens the target's rows keep, and the tokens to emit: those and
         the target's own next one (none after an accepted end of generation)."""
         if self._argmax_only and draft.dists is None:
             accepted, next_token = greedy_verify(draft.tokens, logits)
         else:
-            accepted, next_token = verify(draft.tokens, draft.dists, partial(self._target_dist, logits), self.sampler.rng)
+            target_dist = partial(self._target_dist, logits, history, draft.tokens)
+            accepted, next_token = verify(draft.tokens, draft.dists, target_dist, self.sampler.rng)
         emitted: list[tuple[int, TokenSource]] = [(t, "draft") for t in draft.tokens[:accepted]]
         if not (emitted and emitted[-1][0] in self.eog):  # nothing follows an accepted end of generation
             emitted.append((next_token, "bonus" if draft.tokens and accepted == len(draft.tokens) else "target"))
@@ -281,10 +284,14 @@ class Generator:
             self.constraint.commit(accepted, [token for token, _ in emitted])
         return accepted, emitted
 
-    def _target_dist(self, logits: np.ndarray, i: int) -> Distribution:
-        """The target's distribution at verified row i: filtered as the sampler says, held to the grammar."""
-        dist = filtered(logits[i], self.sampler.settings, self._scratch)
-        return self.constraint.restrict(dist, logits[i], self.sampler.settings, i) if self.constraint else dist
+    def _target_dist(self, logits: np.ndarray, history: list[int], drafted: Sequence[int], i: int) -> Distribution:
+        """The target's distribution at verified row i, after the history and the draft's first i
+        tokens: penalized and filtered as the sampler says, held to the grammar."""
+        row = logits[i]
+        if self.penalties:
+            row = self.penalties.apply(row, self.penalties.window(history, drafted[:i]))
+        dist = filtered(row, self.sampler.settings, self._scratch)
+        return self.constraint.restrict(dist, row, self.sampler.settings, i) if self.constraint else dist
 
     def _emitted(
         self,

@@ -5,7 +5,7 @@ Everything here works on small arrays, so it is tested without any model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Callable, Sequence
 
@@ -21,9 +21,15 @@ class SamplerSettings:
     top_p: float = 0.95  # keep the smallest set whose temperature-1 mass reaches p; 1 disables
     min_p: float = 0.05  # drop tokens below min_p x the top probability; 0 disables
     seed: int | None = None  # None draws a fresh seed
+    # llama.cpp's repetition penalties, first in its chain (greedy too), over the last
+    # repeat_last_n tokens of the text, the prompt's included (0 disables them)
+    repeat_penalty: float = 1.0  # a logit of such a token divided by it (multiplied, if negative); 1 disables
+    frequency_penalty: float = 0.0  # subtracted once per time the token occurs there
+    presence_penalty: float = 0.0  # subtracted once if it occurs there at all
+    repeat_last_n: int = 64
 
     def __post_init__(self) -> None:
-        check(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+        check(**asdict(self))  # every field is a setting, named as its rule
 
     @property
     def greedy(self) -> bool:
@@ -80,6 +86,38 @@ class Distribution:
             return self
         keep = mass > 0
         return Distribution(self.ids[keep], mass[keep] / total)
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """llama.cpp's `penalties` sampler: a row's logits for the tokens among the last `last_n` of
+    the text, lowered by how often each occurs there, in float32 as llama.cpp computes."""
+
+    last_n: int
+    repeat: np.float32
+    frequency: np.float32
+    presence: np.float32
+
+    @classmethod
+    def of(cls, settings: SamplerSettings) -> "Penalties | None":
+        """The settings' penalties; None where they change nothing, as llama.cpp skips them."""
+        s = settings
+        if s.repeat_last_n == 0 or (s.repeat_penalty == 1 and s.frequency_penalty == 0 and s.presence_penalty == 0):
+            return None
+        return cls(s.repeat_last_n, np.float32(s.repeat_penalty), np.float32(s.frequency_penalty), np.float32(s.presence_penalty))
+
+    def window(self, text: Sequence[int], then: Sequence[int] = ()) -> list[int]:
+        """The tokens penalized after `text` and then `then` (a row's draft tokens before it)."""
+        return [*text[-self.last_n :], *then][-self.last_n :]
+
+    def apply(self, row: np.ndarray, window: Sequence[int]) -> np.ndarray:
+        """A copy of `row` with the window's tokens penalized."""
+        ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+        out = row.astype(np.float32, copy=True)
+        values = out[ids]
+        values = np.where(values <= 0, values * self.repeat, values / self.repeat)
+        out[ids] = values - (counts.astype(np.float32) * self.frequency + self.presence)
+        return out
 
 
 def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray | None = None) -> Distribution:

@@ -23,7 +23,8 @@ from specrun.serve.bodies import EXPECTED, Body, ChatBody, CompletionBody
 from specrun.serve.tools import ToolRequest, call_grammar, function_parameters
 from specrun.settings import SettingError, check
 
-SAMPLING = {"temperature", "top_p", "top_k", "min_p"}  # request fields passed on to SamplerSettings, named as there
+# Request fields passed on to SamplerSettings, named as there: OpenAI's, and llama-server's own.
+SAMPLING = {"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n"}
 SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `speculative` object
 NO_LOGPROBS = "specrun returns no log probabilities"
 UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) when they ask for something

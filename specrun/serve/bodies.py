@@ -218,6 +218,10 @@ class Body(Strict):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repeat_penalty: float | None = None  # llama-server's
+    repeat_last_n: int | None = None  # llama-server's
     seed: int | None = None
     stop: Annotated[list[str], BeforeValidator(_listed), expecting("a string or an array of strings")] | None = None
     stream: bool | None = None
