@@ -37,6 +37,7 @@ from specrun.chat.formats import choose_format
 from specrun.cli import options as o
 from specrun.cli.app import app, err_console
 from specrun.config import SessionConfig
+from specrun.core.sampling import Penalties
 from specrun.drafts.store import DEFAULT_LIMIT
 from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic
@@ -194,10 +195,16 @@ def _session_config(model: o.ModelOptions, methods: list[str], store_tokens: int
 
 def _run(plan: Plan, config: SessionConfig, outputs: Outputs) -> None:
     s = config.sampler
+    penalties = (
+        f", penalties: repeat {s.repeat_penalty:g}, frequency {s.frequency_penalty:g}, presence {s.presence_penalty:g} "
+        f"over the last {s.repeat_last_n} tokens"
+        if Penalties.of(s)
+        else ""
+    )
     err_console.print(
         f"[dim]bench: {len(plan.prompts)} prompts ({plan.source_name}) x {', '.join(v.label for v in plan.variants)}; "
         f"max {plan.max_tokens} tokens, repeat {plan.repeat}, warmup {plan.warmup}, "
-        f"{'greedy' if s.greedy else f'temperature {s.temperature}, seed {s.seed}'}[/]"
+        f"{'greedy' if s.greedy else f'temperature {s.temperature}, seed {s.seed}'}{penalties}[/]"
     )
     with Session(config) as session:
         texts = _render_all(plan.prompts, session)
