@@ -83,14 +83,16 @@ def test_greedy_tokens_are_the_targets_argmax(tiny, drafting):
     ids=["frequency", "repeat-presence-last-8"],
 )
 def test_greedy_output_under_repetition_penalties_is_plain_decodings(tiny, settings):
-    """The target's own weights draft its unpenalized choices: a row after a drafted token keeps
-    the target's choice only if that token counts in the row's penalties."""
+    """The target's own weights draft, penalized as the target's rows are, so nearly every drafted
+    token is kept; a row after drafted tokens gives the target's choice only if they count in its
+    penalties."""
     outputs = {}
     for name, drafting in (("plain", {}), ("same", {"draft": tiny["same"]}), ("lookup", {"lookup": True})):
         config = SessionConfig(target=tiny["target"], k=8, n_ctx=256, sampler=settings, **drafting)
         with Session(config) as session:
             outputs[name], _, _, stats = run(session, PROMPT, 60, plain=name == "plain")
-        assert name != "same" or stats.accepted > 0  # (lookup finds little to copy in text the penalties vary)
+        if name == "same":  # (lookup finds little to copy in text the penalties vary)
+            assert stats.accepted > 0.95 * stats.drafted, (stats.accepted, stats.drafted)
     assert outputs["same"] == outputs["plain"] and outputs["lookup"] == outputs["plain"]
     with Session(SessionConfig(target=tiny["target"], n_ctx=256)) as session:
         assert run(session, PROMPT, 60, plain=True)[0] != outputs["plain"]  # the penalties changed the text

@@ -160,9 +160,10 @@ def test_tiny_deterministic_drafters_give_plain_decodings_tokens_per_seed(rig, t
     assert matched == plain
 
 
-@pytest.mark.parametrize("drafting", ["plain", "draft"])
+@pytest.mark.parametrize("drafting", ["plain", "draft", "translated", "translated-tokens"])
 def test_tiny_drafts_under_repetition_penalties_follow_the_penalized_distribution(rig, tiny, tiny_prompt, drafting):
-    """Each verified row is penalized for the text before it, the draft's tokens included. (Prompt
+    """Each verified row is penalized for the text before it, the draft's tokens included; the
+    drafts are penalized too, over their own view of the text, which changes q and not p. (Prompt
     lookup copies the repeats these penalties push the target away from: none is kept.)"""
     exact = exact_pairs(tiny["target"], tiny_prompt, PENALIZED, 128)
     sampled, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, PENALIZED, seed), tiny_prompt, range(SEEDS))

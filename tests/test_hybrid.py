@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 from reference import TINY_ATOL, FreshContexts, assert_greedy_choice, assert_reads_match, chi_square_p, record_reads
-from test_exactness import MIN_P, SEEDS, SETTINGS, exact_pairs, first_tokens, seeded
+from test_exactness import MIN_P, PENALIZED, SEEDS, SETTINGS, exact_pairs, first_tokens, seeded
 from tinyhybrid import write_tiny_mamba, write_tiny_qwen35
 
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
@@ -127,10 +127,11 @@ def test_a_prompt_that_extends_the_cache_reuses_it_and_one_that_departs_is_decod
         assert departed.prefilled_tokens == departed.prompt_tokens  # the state cannot go back to token 5
 
 
-def test_mtp_drafts_sample_like_the_target(hybrid, tmp_path):
+@pytest.mark.parametrize("settings", [SETTINGS, PENALIZED], ids=["filters", "and-penalties"])
+def test_mtp_drafts_sample_like_the_target(hybrid, settings):
     """At temperature 1 the head's drafts are sampled and verified by the p/q rule: the first two
-    tokens of 2,000 seeded generations follow the target's own distribution."""
-    settings = SETTINGS
+    tokens of 2,000 seeded generations follow the target's own distribution (with repetition
+    penalties, the head's rows are penalized too, over the same text)."""
     with Session(config(hybrid, "mtp", 2, sampler=settings)) as session:
         prompt = session.tokenize(PROMPT)
         sampled, drafted, accepted = first_tokens(seeded(session), prompt, range(SEEDS))

@@ -16,7 +16,7 @@ import numpy as np
 
 from specrun.backend import Context
 from specrun.core.policy import Budget, ema
-from specrun.core.sampling import Distribution, Sampler, filtered
+from specrun.core.sampling import Distribution, Penalties, Sampler, filtered
 from specrun.drafts.base import CatchUp, Decodes, Draft, DraftDecode, DraftRequest
 
 CATCH_UP_DRAFTS = 16  # a bounded catch-up feeds what drafting this many tokens one by one costs
@@ -129,13 +129,20 @@ def guessed(
     next_row: NextRow,
     allowed: Callable[[int], bool] | None = None,
     ends: Callable[[int], bool] | None = None,
+    text: Sequence[int] = (),
 ) -> Decodes[Guess]:
-    """Up to `budget.k` tokens drafted one at a time from `row` (the logits after the text): each
-    picked, kept while the policy extends the draft (and `allowed` takes it), and decoded for the
-    next one's row, except the last and one that `ends` the draft."""
+    """Up to `budget.k` tokens drafted one at a time from `row` (the logits after `text`, in the
+    source's vocabulary): each picked, under the sampler's repetition penalties where it has them
+    (as the target's rows are, so that more of the draft is kept), kept while the policy extends
+    the draft (and `allowed` takes it), and decoded for the next one's row, except the last and
+    one that `ends` the draft."""
     guess = Guess()
     kept = budget
+    penalties = Penalties.of(request.sampler.settings)
+    recent = penalties.window(text) if penalties else []  # taken now: a source's cache may grow as it drafts
     for i in range(budget.k):
+        if penalties:
+            row = penalties.apply(row, penalties.window(recent, guess.tokens))
         token, q, confidence = picker.pick(row, request.sampler, sample, request.policy.wants_confidence)
         extended = request.policy.extend(kept, confidence) if allowed is None or allowed(token) else None
         if extended is None:

@@ -55,7 +55,7 @@ class DraftModel:
         catch_up_s = catch_up_seconds(fed, budget.k, time.perf_counter() - started)
         self.context.checkpoint()  # a recurrent draft rolls its 1-token decodes back to here
         sample = self.sample and not request.sampler.settings.greedy
-        guess = yield from guessed(logits[-1], budget, request, self.picker, sample, self._next_row)
+        guess = yield from guessed(logits[-1], budget, request, self.picker, sample, self._next_row, text=history)
         return guess.draft(budget, sample, request.policy.wants_confidence, catch_up_s)
 
     def _next_row(self, token: int) -> Decodes[np.ndarray]:

@@ -73,7 +73,7 @@ class MtpDraft:
         sample = self.sample and not request.sampler.settings.greedy
         self.head.reads = self.hidden[pos]  # the target's row before the last token
         row = yield from self._next_row(history[-1])
-        guess = yield from guessed(row, budget, request, self.picker, sample, self._next_row)
+        guess = yield from guessed(row, budget, request, self.picker, sample, self._next_row, text=history)
         self.head.truncate(pos)  # its own drafting rows go: the verify decode brings the target's
         return guess.draft(budget, sample, request.policy.wants_confidence)
 

@@ -238,6 +238,7 @@ class TranslatingDraft:
                 self._next_row,
                 allowed=lambda token: self.bridge.translatable(token, text),
                 ends=lambda token: token in self.bridge.draft.eog_ids,
+                text=self.context.tokens,  # its own view of the text
             )
         )
 
