@@ -192,6 +192,12 @@ def test_penalties_give_llama_cpps_logits_bit_for_bit(last_n):
         assert np.array_equal(ours, llama_cpp_penalized(row, text, settings)), (case, settings)
 
 
+def test_penalties_pass_over_tokens_a_smaller_vocabulary_lacks():
+    penalties = Penalties.of(SamplerSettings(presence_penalty=1.0))
+    row = np.zeros(4, dtype=np.float32)
+    assert penalties.apply(row, [1, 7, 1]).tolist() == [0.0, -1.0, 0.0, 0.0]
+
+
 def test_penalties_that_change_nothing_are_skipped():
     assert Penalties.of(SamplerSettings()) is None
     assert Penalties.of(SamplerSettings(repeat_penalty=1.3, repeat_last_n=0)) is None

@@ -111,8 +111,11 @@ class Penalties:
         return [*text[-self.last_n :], *then][-self.last_n :]
 
     def apply(self, row: np.ndarray, window: Sequence[int]) -> np.ndarray:
-        """A copy of `row` with the window's tokens penalized."""
+        """A copy of `row` with the window's tokens penalized (those it has a logit for: a draft's
+        vocabulary may end before the target's)."""
         ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+        inside = ids < row.size
+        ids, counts = ids[inside], counts[inside]
         out = row.astype(np.float32, copy=True)
         values = out[ids]
         values = np.where(values <= 0, values * self.repeat, values / self.repeat)
