@@ -123,7 +123,7 @@ def exact_pairs(model, prompt: list[int], settings: SamplerSettings, n_ctx: int)
 
     def dist(text: list[int]):
         row = fresh.logits(text)
-        return filtered(penalties.apply(row, penalties.window(text)) if penalties else row, settings)
+        return filtered(penalties.penalized(row, text) if penalties else row, settings)
 
     with FreshContexts(model, n_ctx) as fresh:
         first = dist(prompt)

@@ -188,14 +188,14 @@ def test_penalties_give_llama_cpps_logits_bit_for_bit(last_n):
         text = rng.integers(0, 40, int(rng.integers(1, 120))).tolist()
         split = int(rng.integers(0, len(text) + 1))  # a row's window: the text, then draft tokens before it
         penalties = Penalties.of(settings)
-        ours = penalties.apply(row, penalties.window(text[:split], text[split:])) if penalties else row
+        ours = penalties.penalized(row, text[:split], text[split:]) if penalties else row
         assert np.array_equal(ours, llama_cpp_penalized(row, text, settings)), (case, settings)
 
 
 def test_penalties_pass_over_tokens_a_smaller_vocabulary_lacks():
     penalties = Penalties.of(SamplerSettings(presence_penalty=1.0))
     row = np.zeros(4, dtype=np.float32)
-    assert penalties.apply(row, [1, 7, 1]).tolist() == [0.0, -1.0, 0.0, 0.0]
+    assert penalties.penalized(row, [1, 7, 1]).tolist() == [0.0, -1.0, 0.0, 0.0]
 
 
 def test_penalties_that_change_nothing_are_skipped():

@@ -289,7 +289,7 @@ class Generator:
         tokens: penalized and filtered as the sampler says, held to the grammar."""
         row = logits[i]
         if self.penalties:
-            row = self.penalties.apply(row, self.penalties.window(history, drafted[:i]))
+            row = self.penalties.penalized(row, history, drafted[:i])
         dist = filtered(row, self.sampler.settings, self._scratch)
         return self.constraint.restrict(dist, row, self.sampler.settings, i) if self.constraint else dist
 

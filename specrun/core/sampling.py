@@ -110,10 +110,10 @@ class Penalties:
         """The tokens penalized after `text` and then `then` (a row's draft tokens before it)."""
         return [*text[-self.last_n :], *then][-self.last_n :]
 
-    def apply(self, row: np.ndarray, window: Sequence[int]) -> np.ndarray:
-        """A copy of `row` with the window's tokens penalized (those it has a logit for: a draft's
-        vocabulary may end before the target's)."""
-        ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+    def penalized(self, row: np.ndarray, text: Sequence[int], then: Sequence[int] = ()) -> np.ndarray:
+        """A copy of `row` with the window's tokens after `text` and `then` penalized (those it has
+        a logit for: a draft's vocabulary may end before the target's)."""
+        ids, counts = np.unique(np.asarray(self.window(text, then), dtype=np.int64), return_counts=True)
         inside = ids < row.size
         ids, counts = ids[inside], counts[inside]
         out = row.astype(np.float32, copy=True)

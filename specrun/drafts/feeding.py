@@ -142,7 +142,7 @@ def guessed(
     recent = penalties.window(text) if penalties else []  # taken now: a source's cache may grow as it drafts
     for i in range(budget.k):
         if penalties:
-            row = penalties.apply(row, penalties.window(recent, guess.tokens))
+            row = penalties.penalized(row, recent, guess.tokens)
         token, q, confidence = picker.pick(row, request.sampler, sample, request.policy.wants_confidence)
         extended = request.policy.extend(kept, confidence) if allowed is None or allowed(token) else None
         if extended is None:
