@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from specrun.errors import SpecrunError
 
@@ -102,6 +102,26 @@ RULES: dict[str, Rule] = {
     "acceptance": Rule("a number in [0, 1]", 0, 1),  # assumed per-token acceptance rate
     "top": _count(1),  # how many drafts pair suggest lists
 }
+
+
+BIAS = Rule("a number from -100 to 100, or -inf to ban the token", -100, 100)
+
+
+def check_logit_bias(bias: Mapping[Any, Any]) -> None:
+    """Raise a SettingError for the first entry of a logit bias that is not a token id (an integer
+    >= 0) mapped to a bias BIAS allows, or -inf (a ban)."""
+    for token, value in bias.items():
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise SettingError("logit_bias", "keyed by token ids (integers >= 0)", token)
+        if not (BIAS.holds(value) or value == -math.inf):
+            raise SettingError("logit_bias", BIAS.allowed, value)
+
+
+def check_bias_tokens(bias: Mapping[int, float], n_vocab: int) -> None:
+    """Raise a SettingError for a logit bias naming a token past the model's vocabulary."""
+    outside = [token for token in bias if token >= n_vocab]
+    if outside:
+        raise SettingError("logit_bias", f"keyed by the target's token ids, from 0 to {n_vocab - 1}", outside[0])
 
 
 def check(**values: Any) -> None:

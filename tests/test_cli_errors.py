@@ -40,6 +40,9 @@ SHARED_OPTIONS = [
     ("--frequency-penalty", "3", ["--frequency-penalty", "from -2 to 2", "but is 3"]),
     ("--presence-penalty", "-2.5", ["--presence-penalty", "but is -2.5"]),
     ("--repeat-last-n", "-1", ["--repeat-last-n", "0 disables the penalties", "but is -1"]),
+    ("--logit-bias", "15043", ["--logit-bias", "TOKEN_ID+BIAS", "but is '15043'"]),
+    ("-l", "5+101", ["--logit-bias", "from -100 to 100", "but is 101"]),
+    ("-l", "5+inf", ["--logit-bias", "-inf to ban", "but is inf"]),
     ("--seed", "-1", ["--seed", "-1", ">= 0"]),
     ("--seed", "abc", ["--seed", "'abc'"]),
     ("--ctx-size", "4", ["--ctx-size", "but is 4", "from 8"]),
@@ -109,6 +112,7 @@ COMMAND_ROWS = [
         ["generate", "hi", "-m", "{qwen35}", "--lookup", "--k", "8", "--ubatch-size", "6"],
         ["can roll back only 4 tokens with --ubatch-size 6"],
     ),
+    (["generate", "hi", "-m", "{tiny}", "-l", "7+1", "-l", "99999-inf"], ["--logit-bias", "target's token ids", "but is 99999"]),
     # several streams
     (
         ["generate", "--batch", "{prompts}", "-m", "{tiny}", "--parallel", "0"],

@@ -18,6 +18,7 @@ from specrun.drafts.lookup import PromptLookup
 from specrun.drafts.model import DraftModel
 from specrun.errors import SpecrunError
 from specrun.session import Session
+from specrun.settings import SettingError
 
 PROMPT = "the cat sat on the mat and the dog sat on the log , the cat sat on the"
 
@@ -79,13 +80,18 @@ def test_greedy_tokens_are_the_targets_argmax(tiny, drafting):
 
 @pytest.mark.parametrize(
     "settings",
-    [SamplerSettings(frequency_penalty=2.0), SamplerSettings(repeat_penalty=1.3, presence_penalty=0.5, repeat_last_n=8)],
-    ids=["frequency", "repeat-presence-last-8"],
+    [
+        SamplerSettings(frequency_penalty=2.0),
+        SamplerSettings(repeat_penalty=1.3, presence_penalty=0.5, repeat_last_n=8),
+        SamplerSettings(logit_bias={2: -np.inf, 183: -2.0}),  # 2 ends the text early; plain writes 183 four times
+        SamplerSettings(logit_bias={183: -2.0}, presence_penalty=0.5),
+    ],
+    ids=["frequency", "repeat-presence-last-8", "bias", "bias-presence"],
 )
-def test_greedy_output_under_repetition_penalties_is_plain_decodings(tiny, settings):
-    """The target's own weights draft, penalized as the target's rows are, so nearly every drafted
-    token is kept; a row after drafted tokens gives the target's choice only if they count in its
-    penalties."""
+def test_greedy_output_under_bias_and_penalties_is_plain_decodings(tiny, settings):
+    """The target's own weights draft, biased and penalized as the target's rows are, so nearly
+    every drafted token is kept; a row after drafted tokens gives the target's choice only if they
+    count in its penalties."""
     outputs = {}
     for name, drafting in (("plain", {}), ("same", {"draft": tiny["same"]}), ("lookup", {"lookup": True})):
         config = SessionConfig(target=tiny["target"], k=8, n_ctx=256, sampler=settings, **drafting)
@@ -95,7 +101,7 @@ def test_greedy_output_under_repetition_penalties_is_plain_decodings(tiny, setti
             assert stats.accepted > 0.95 * stats.drafted, (stats.accepted, stats.drafted)
     assert outputs["same"] == outputs["plain"] and outputs["lookup"] == outputs["plain"]
     with Session(SessionConfig(target=tiny["target"], n_ctx=256)) as session:
-        assert run(session, PROMPT, 60, plain=True)[0] != outputs["plain"]  # the penalties changed the text
+        assert run(session, PROMPT, 60, plain=True)[0] != outputs["plain"]  # the settings changed the text
 
 
 def test_draft_equal_to_target_is_almost_always_accepted(tiny):
@@ -480,3 +486,10 @@ def test_float_views_follow_the_buffer_and_its_address():
     other = views.rows(ctypes.cast(second, ctypes.POINTER(ctypes.c_float)), 2, 4)
     second[5] = 4.0
     assert other is not view and other[1, 1] == 4.0 and view[1, 1] == 3.0
+
+
+def test_a_logit_bias_past_the_targets_vocabulary_is_refused_naming_the_token(tiny):
+    with Session(SessionConfig(target=tiny["target"], n_ctx=256)) as session:
+        n_vocab = session.target.model.n_vocab
+        with pytest.raises(SettingError, match=f"from 0 to {n_vocab - 1}, but is {n_vocab}$"):
+            session.generator(sampler=SamplerSettings(logit_bias={5: 1.0, n_vocab: 1.0}))

@@ -32,7 +32,7 @@ from specrun.config import SessionConfig
 from specrun.core.engine import Generator
 from specrun.core.events import TokenEvent
 from specrun.core.policy import FixedK
-from specrun.core.sampling import Penalties, Sampler, SamplerSettings, filtered
+from specrun.core.sampling import Adjustments, Sampler, SamplerSettings, filtered
 from specrun.drafts.base import Chain
 from specrun.drafts.bridge import VocabBridge
 from specrun.drafts.feeding import Picker
@@ -117,13 +117,13 @@ def first_tokens(make_generator, prompt: list[int], seeds: range, n: int = 2):
 
 
 def exact_pairs(model, prompt: list[int], settings: SamplerSettings, n_ctx: int) -> dict[tuple[int, int], float]:
-    """P(first token, second token) from fresh contexts and the sampler's own chain (its penalties
-    checked against llama.cpp's in test_sampling.py)."""
-    penalties = Penalties.of(settings)
+    """P(first token, second token) from fresh contexts and the sampler's own chain (its bias and
+    penalties checked against llama.cpp's in test_sampling.py)."""
+    adjustments = Adjustments.of(settings)
 
     def dist(text: list[int]):
         row = fresh.logits(text)
-        return filtered(penalties.penalized(row, text) if penalties else row, settings)
+        return filtered(adjustments.adjusted(row, text) if adjustments else row, settings)
 
     with FreshContexts(model, n_ctx) as fresh:
         first = dist(prompt)
@@ -160,18 +160,32 @@ def test_tiny_deterministic_drafters_give_plain_decodings_tokens_per_seed(rig, t
     assert matched == plain
 
 
+@pytest.fixture(scope="module")
+def biased(exact) -> SamplerSettings:
+    """A logit bias that bans the likeliest first token and lifts the next."""
+    first: Counter = Counter()
+    for (t1, _), p in exact.items():
+        first[t1] += p
+    (top, _), (second, _) = first.most_common(2)
+    return replace(SETTINGS, logit_bias={top: -np.inf, second: 1.0})
+
+
 @pytest.mark.parametrize("drafting", ["plain", "draft", "translated", "translated-tokens"])
-def test_tiny_drafts_under_repetition_penalties_follow_the_penalized_distribution(rig, tiny, tiny_prompt, drafting):
-    """Each verified row is penalized for the text before it, the draft's tokens included; the
-    drafts are penalized too, over their own view of the text, which changes q and not p. (Prompt
-    lookup copies the repeats these penalties push the target away from: none is kept.)"""
-    exact = exact_pairs(tiny["target"], tiny_prompt, PENALIZED, 128)
-    sampled, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, PENALIZED, seed), tiny_prompt, range(SEEDS))
+@pytest.mark.parametrize("adjusting", ["penalized", "biased"])
+def test_tiny_drafts_under_bias_and_penalties_follow_the_adjusted_distribution(
+    rig, tiny, tiny_prompt, exact, biased, adjusting, drafting
+):
+    """Each verified row is biased, and penalized for the text before it, the draft's tokens
+    included; the drafts are adjusted too (biased only in the target's vocabulary), over their
+    own view of the text, which changes q and not p. (Prompt lookup copies the repeats these
+    penalties push the target away from: none is kept.)"""
+    settings = PENALIZED if adjusting == "penalized" else biased
+    adjusted = exact_pairs(tiny["target"], tiny_prompt, settings, 128)
+    sampled, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, settings, seed), tiny_prompt, range(SEEDS))
     if drafting != "plain":
         assert 0.05 < accepted / drafted < 0.95, (accepted, drafted)
-    assert chi_square_p(Counter(sampled.values()), exact) > MIN_P
-    unpenalized = exact_pairs(tiny["target"], tiny_prompt, SETTINGS, 128)
-    assert chi_square_p(Counter(sampled.values()), unpenalized) < MIN_P  # the penalties did change it
+    assert chi_square_p(Counter(sampled.values()), adjusted) > MIN_P
+    assert chi_square_p(Counter(sampled.values()), exact) < MIN_P  # the settings did change it
 
 
 def test_the_chi_square_check_sees_a_small_distortion(rig, tiny_prompt, exact):

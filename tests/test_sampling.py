@@ -7,7 +7,16 @@ import pytest
 from reference import chi_square_p
 
 from specrun.backend.library import llama
-from specrun.core.sampling import Distribution, Penalties, SamplerSettings, filtered, greedy_verify, top_k_ids, verify
+from specrun.core.sampling import (
+    Adjustments,
+    Distribution,
+    Penalties,
+    SamplerSettings,
+    filtered,
+    greedy_verify,
+    top_k_ids,
+    verify,
+)
 from specrun.errors import SpecrunError
 
 DRAWS = 100_000
@@ -122,6 +131,12 @@ def test_greedy_verification_keeps_drafts_while_they_equal_argmax():
         {"frequency_penalty": 2.5},
         {"presence_penalty": -3},
         {"repeat_last_n": -1},
+        {"logit_bias": {-1: 1.0}},
+        {"logit_bias": {"5": 1.0}},
+        {"logit_bias": {5: 101.0}},
+        {"logit_bias": {5: float("inf")}},
+        {"logit_bias": {5: float("nan")}},
+        {"logit_bias": {5: "1"}},
     ],
 )
 def test_bad_sampler_settings_name_the_value(kwargs):
@@ -154,42 +169,51 @@ def test_greedy_verify_answers_as_verify_does_at_temperature_0():
     assert greedy_verify([], logits[:1]) == (0, best[0])
 
 
-def llama_cpp_penalized(row: np.ndarray, text: list[int], settings: SamplerSettings) -> np.ndarray:
-    """The row after llama.cpp's own penalties sampler has accepted `text`, token by token."""
+def llama_cpp_adjusted(row: np.ndarray, text: list[int], settings: SamplerSettings) -> np.ndarray:
+    """The row after llama.cpp's own logit bias and penalties samplers, in its chain's order, the
+    penalties having accepted `text` token by token."""
     L = llama()
-    sampler = L.llama_sampler_init_penalties(
-        row.size, settings.repeat_last_n, settings.repeat_penalty, settings.frequency_penalty, settings.presence_penalty
-    )
+    bias = (L.llama_logit_bias * len(settings.logit_bias))(*[L.llama_logit_bias(t, b) for t, b in settings.logit_bias.items()])
+    samplers = [
+        L.llama_sampler_init_logit_bias(row.size, len(settings.logit_bias), bias),
+        L.llama_sampler_init_penalties(
+            row.size, settings.repeat_last_n, settings.repeat_penalty, settings.frequency_penalty, settings.presence_penalty
+        ),
+    ]
     try:
         for token in text:
-            L.llama_sampler_accept(sampler, token)
+            L.llama_sampler_accept(samplers[1], token)
         data = (L.llama_token_data * row.size)(*[L.llama_token_data(i, float(v), 0.0) for i, v in enumerate(row)])
         array = L.llama_token_data_array(data=data, size=row.size, selected=-1, sorted=False)
-        L.llama_sampler_apply(sampler, ctypes.byref(array))
+        for sampler in samplers:
+            L.llama_sampler_apply(sampler, ctypes.byref(array))
         out = np.empty(row.size, dtype=np.float32)
         for item in data:
             out[item.id] = item.logit
         return out
     finally:
-        L.llama_sampler_free(sampler)
+        for sampler in samplers:
+            L.llama_sampler_free(sampler)
 
 
 @pytest.mark.parametrize("last_n", [64, 5, 1000])
-def test_penalties_give_llama_cpps_logits_bit_for_bit(last_n):
+def test_bias_and_penalties_give_llama_cpps_logits_bit_for_bit(last_n):
     rng = np.random.default_rng(11)
-    for case in range(50):
+    for case in range(60):
+        biased = rng.choice(40, int(rng.integers(0, 6)), replace=False).tolist() if case % 4 else []
         settings = SamplerSettings(
             repeat_penalty=float(rng.choice([1.0, 1.1, 1.5, 0.8])),
             frequency_penalty=float(rng.uniform(-2, 2)) if case % 2 else 0.0,
             presence_penalty=float(rng.uniform(-2, 2)) if case % 3 else 0.0,
             repeat_last_n=last_n,
+            logit_bias={token: float(rng.choice([rng.uniform(-100, 100), -np.inf])) for token in biased},
         )
         row = (rng.standard_normal(40) * 3).astype(np.float32)
         text = rng.integers(0, 40, int(rng.integers(1, 120))).tolist()
         split = int(rng.integers(0, len(text) + 1))  # a row's window: the text, then draft tokens before it
-        penalties = Penalties.of(settings)
-        ours = penalties.penalized(row, text[:split], text[split:]) if penalties else row
-        assert np.array_equal(ours, llama_cpp_penalized(row, text, settings)), (case, settings)
+        adjustments = Adjustments.of(settings)
+        ours = adjustments.adjusted(row, text[:split], text[split:]) if adjustments else row
+        assert np.array_equal(ours, llama_cpp_adjusted(row, text, settings)), (case, settings)
 
 
 def test_penalties_pass_over_tokens_a_smaller_vocabulary_lacks():
@@ -198,7 +222,17 @@ def test_penalties_pass_over_tokens_a_smaller_vocabulary_lacks():
     assert penalties.penalized(row, [1, 7, 1]).tolist() == [0.0, -1.0, 0.0, 0.0]
 
 
+def test_a_row_in_another_vocabulary_is_penalized_but_not_biased():
+    adjustments = Adjustments.of(SamplerSettings(presence_penalty=1.0, logit_bias={2: 5.0, 9: -np.inf}))
+    row = np.zeros(4, dtype=np.float32)
+    assert adjustments.adjusted(row, [1]).tolist() == [0.0, -1.0, 5.0, 0.0]  # 9: past a smaller vocabulary's end
+    assert adjustments.adjusted(row, [1], bias=False).tolist() == [0.0, -1.0, 0.0, 0.0]
+    assert row.tolist() == [0.0] * 4
+
+
 def test_penalties_that_change_nothing_are_skipped():
     assert Penalties.of(SamplerSettings()) is None
     assert Penalties.of(SamplerSettings(repeat_penalty=1.3, repeat_last_n=0)) is None
     assert Penalties.of(SamplerSettings(presence_penalty=0.5)) is not None
+    assert Adjustments.of(SamplerSettings(repeat_penalty=1.3, repeat_last_n=0)) is None
+    assert Adjustments.of(SamplerSettings(logit_bias={3: 0.5})).penalties is None

@@ -295,7 +295,7 @@ COMMON = {
     "response_format.type": set(),
     "json_schema": {"null"},  # {"x": 1} is no schema
     "grammar": {"null"},  # "x" has no root rule
-    "logit_bias": {"null"},  # refused unless empty
+    "logit_bias": {"null"},  # keyed by token ids
     "top_logprobs": {"null"},  # refused
 }
 OWN = {

@@ -185,7 +185,13 @@ REFUSED = [
     ({"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'}, "grammar", "only one of"),
     ({"grammar": 'yes ::= "yes"'}, "grammar", "root"),
     ({"grammar": 'root ::= "yes" | ('}, "grammar", "cannot parse"),  # llama.cpp's parser refuses it on the model thread
-    ({"logit_bias": {"50": 10}}, "logit_bias", "does not bias"),
+    ({"logit_bias": {"hello": 10}}, "logit_bias", "names tokens by their ids"),
+    ({"logit_bias": [[50, 1, 2]]}, "logit_bias", "[token id, bias]"),
+    ({"logit_bias": [[50.5, 1]]}, "logit_bias", "names tokens by their ids"),
+    ({"logit_bias": {"50": 150}}, "logit_bias", "from -100 to 100"),
+    ({"logit_bias": [[50, True]]}, "logit_bias", "or false to ban"),
+    ({"logit_bias": {"50": 1, "99999999": 1}}, "logit_bias", "token ids, from 0 to"),  # found when it runs
+    ({"logit_bias": "50"}, "logit_bias", "an object of token ids to biases"),
     ({"top_logprobs": 2}, "top_logprobs", "no log probabilities"),
     ({"n": 2}, "n", "one choice"),
 ]
@@ -263,6 +269,18 @@ def test_each_tool_schema_is_converted_once_and_one_not_chosen_is_still_checked(
     unchosen = {"type": "function", "function": {"name": "f", "parameters": MINIMUM}}
     refused = generic.post(CHAT, json={"messages": ASK, "tools": [CLOCK, unchosen], "tool_choice": choose, "max_tokens": 4})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools[1].function.parameters"
+
+
+def test_a_logit_bias_lifts_bans_and_is_kept_by_speculation(generic):
+    """A bias of 100 makes greedy decoding write one token over and over (which prompt lookup then
+    drafts and the target keeps); false bans it, as llama-server's does, in either of its shapes."""
+    body = {"prompt": "the cat sat", "max_tokens": 12}
+    lifted = ok(generic, COMPLETIONS, {**body, "logit_bias": {"50": 100}})
+    text = lifted["choices"][0]["text"]
+    assert text and text == text[: len(text) // 12] * 12
+    assert lifted["timings"]["draft_n_accepted"] > 0
+    banned = ok(generic, COMPLETIONS, {**body, "logit_bias": [[50, False], [51, 100]]})["choices"][0]["text"]
+    assert banned and banned == banned[: len(banned) // 12] * 12 and banned != text
 
 
 def test_completion_logprobs_are_refused_and_fields_that_ask_for_nothing_are_served(generic):

@@ -201,10 +201,11 @@ def _run(plan: Plan, config: SessionConfig, outputs: Outputs) -> None:
         if Penalties.of(s)
         else ""
     )
+    bias = f", logit bias on {len(s.logit_bias)} tokens" if s.logit_bias else ""
     err_console.print(
         f"[dim]bench: {len(plan.prompts)} prompts ({plan.source_name}) x {', '.join(v.label for v in plan.variants)}; "
         f"max {plan.max_tokens} tokens, repeat {plan.repeat}, warmup {plan.warmup}, "
-        f"{'greedy' if s.greedy else f'temperature {s.temperature}, seed {s.seed}'}{penalties}[/]"
+        f"{'greedy' if s.greedy else f'temperature {s.temperature}, seed {s.seed}'}{penalties}{bias}[/]"
     )
     with Session(config) as session:
         texts = _render_all(plan.prompts, session)
@@ -282,6 +283,7 @@ def _config_record(config: SessionConfig, plan: Plan) -> dict:
         "frequency_penalty": s.frequency_penalty,
         "presence_penalty": s.presence_penalty,
         "repeat_last_n": s.repeat_last_n,
+        "logit_bias": [f"{token}{bias:+g}" for token, bias in s.logit_bias.items()],  # as --logit-bias takes them
         "seed": s.seed,
         "max_tokens": plan.max_tokens,
         "repeat": plan.repeat,

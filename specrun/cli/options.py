@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Callable, Optional, Sequence
 
 import typer
 
@@ -100,6 +101,15 @@ RepeatLastN = Annotated[
         "--repeat-last-n", help="How many of the last tokens, the prompt's included, the penalties look at (0 disables)."
     ),
 ]
+LogitBias = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--logit-bias",
+        "-l",
+        metavar="TOKEN_ID(+/-)BIAS",
+        help="Add BIAS to a token's logit, as llama.cpp's: 15043+1 raises token 15043, 15043-inf bans it (repeatable; default: none).",
+    ),
+]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for reproducible sampling (default: a random seed).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
 CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens for target and draft.")]
@@ -165,6 +175,21 @@ ChatFormat = Annotated[
 ]
 
 
+def parse_logit_bias(given: Sequence[str]) -> dict[int, float]:
+    """--logit-bias's values (llama.cpp's TOKEN_ID+BIAS or TOKEN_ID-BIAS) as the library's logit
+    bias; a token given twice keeps its last bias, as a request's would."""
+    bias = {}
+    for value in given:
+        match = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(inf|\d+(?:\.\d*)?(?:e[+-]?\d+)?)\s*", value, re.IGNORECASE)
+        if match is None:
+            raise SpecrunError(
+                f"--logit-bias takes TOKEN_ID+BIAS or TOKEN_ID-BIAS, such as 15043+1 or 15043-inf, but is {value!r}"
+            )
+        token, sign, amount = match.groups()
+        bias[int(token)] = float(amount) * (-1 if sign == "-" else 1)
+    return bias
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """The model, sampling and runtime options that generate, chat, bench and serve share,
@@ -185,6 +210,7 @@ class ModelOptions:
     frequency_penalty: FrequencyPenalty = 0.0
     presence_penalty: PresencePenalty = 0.0
     repeat_last_n: RepeatLastN = 64
+    logit_bias: LogitBias = None
     seed: Seed = None
     ctx_size: CtxSize = 4096
     threads: Threads = 0
@@ -213,6 +239,7 @@ class ModelOptions:
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             repeat_last_n=self.repeat_last_n,
+            logit_bias=parse_logit_bias(self.logit_bias or ()),
         )
 
     def _llama_settings(self) -> dict:

@@ -34,10 +34,11 @@ from specrun.core.events import (
     TokenSource,
 )
 from specrun.core.policy import DraftPolicy, FixedK, StepRecord
-from specrun.core.sampling import Distribution, Penalties, Sampler, SamplerSettings, filtered, greedy_verify, verify
+from specrun.core.sampling import Adjustments, Distribution, Sampler, SamplerSettings, filtered, greedy_verify, verify
 from specrun.core.sequences import History
 from specrun.drafts.base import CatchUp, Decoded, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 from specrun.errors import SpecrunError
+from specrun.settings import check_bias_tokens
 
 
 class OutputConstraint(Protocol):
@@ -138,9 +139,10 @@ class Generator:
         self.eog = target.model.eog_ids if eog is None else eog
         self.constraint = constraint
         self.catch_up = catch_up
-        self.penalties = Penalties.of(sampler.settings)
+        self.adjustments = Adjustments.of(sampler.settings)
+        check_bias_tokens(sampler.settings.logit_bias, target.model.n_vocab)
         # a row's argmax is all a check needs
-        self._argmax_only = sampler.settings.greedy and constraint is None and self.penalties is None
+        self._argmax_only = sampler.settings.greedy and constraint is None and self.adjustments is None
         self.stats = Stats()  # the running (or last) generation's counters
         self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
@@ -286,10 +288,10 @@ class Generator:
 
     def _target_dist(self, logits: np.ndarray, history: list[int], drafted: Sequence[int], i: int) -> Distribution:
         """The target's distribution at verified row i, after the history and the draft's first i
-        tokens: penalized and filtered as the sampler says, held to the grammar."""
+        tokens: biased, penalized and filtered as the sampler says, held to the grammar."""
         row = logits[i]
-        if self.penalties:
-            row = self.penalties.penalized(row, history, drafted[:i])
+        if self.adjustments:
+            row = self.adjustments.adjusted(row, history, drafted[:i])
         dist = filtered(row, self.sampler.settings, self._scratch)
         return self.constraint.restrict(dist, row, self.sampler.settings, i) if self.constraint else dist
 

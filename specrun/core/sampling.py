@@ -5,13 +5,13 @@ Everything here works on small arrays, so it is tested without any model.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from specrun.settings import check
+from specrun.settings import check, check_logit_bias
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,14 @@ class SamplerSettings:
     frequency_penalty: float = 0.0  # subtracted once per time the token occurs there
     presence_penalty: float = 0.0  # subtracted once if it occurs there at all
     repeat_last_n: int = 64
+    # llama.cpp's logit bias, before everything else in its chain: token id -> what is added to
+    # its logit (-inf bans it)
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check(**asdict(self))  # every field is a setting, named as its rule
+        values = asdict(self)
+        check_logit_bias(values.pop("logit_bias"))
+        check(**values)  # every other field is a setting, named as its rule
 
     @property
     def greedy(self) -> bool:
@@ -121,6 +126,38 @@ class Penalties:
         values = np.where(values <= 0, values * self.repeat, values / self.repeat)
         out[ids] = values - (counts.astype(np.float32) * self.frequency + self.presence)
         return out
+
+
+@dataclass(frozen=True)
+class Adjustments:
+    """What llama.cpp's chain does to a row's logits before it filters them: the logit bias, then
+    the repetition penalties over the text before the row."""
+
+    bias_ids: np.ndarray
+    bias: np.ndarray
+    penalties: Penalties | None
+
+    @classmethod
+    def of(cls, settings: SamplerSettings) -> "Adjustments | None":
+        """The settings' adjustments; None where they change nothing."""
+        penalties = Penalties.of(settings)
+        if not (settings.logit_bias or penalties):
+            return None
+        ids = np.fromiter(settings.logit_bias.keys(), dtype=np.int64, count=len(settings.logit_bias))
+        return cls(ids, np.fromiter(settings.logit_bias.values(), dtype=np.float32, count=ids.size), penalties)
+
+    def window(self, text: Sequence[int]) -> list[int]:
+        """What of `text` the penalties look at (all a row needs of it)."""
+        return self.penalties.window(text) if self.penalties else []
+
+    def adjusted(self, row: np.ndarray, text: Sequence[int], then: Sequence[int] = (), bias: bool = True) -> np.ndarray:
+        """`row` (a copy where anything changes) after `text` and then `then`, biased unless `bias` is
+        False (a row in another vocabulary than the one the bias names), then penalized."""
+        if bias and self.bias_ids.size:
+            inside = self.bias_ids < row.size  # a draft's vocabulary may end before the target's
+            row = row.astype(np.float32, copy=True)
+            row[self.bias_ids[inside]] += self.bias[inside]
+        return self.penalties.penalized(row, text, then) if self.penalties else row
 
 
 def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray | None = None) -> Distribution:

@@ -16,7 +16,7 @@ import numpy as np
 
 from specrun.backend import Context
 from specrun.core.policy import Budget, ema
-from specrun.core.sampling import Distribution, Penalties, Sampler, filtered
+from specrun.core.sampling import Adjustments, Distribution, Sampler, filtered
 from specrun.drafts.base import CatchUp, Decodes, Draft, DraftDecode, DraftRequest
 
 CATCH_UP_DRAFTS = 16  # a bounded catch-up feeds what drafting this many tokens one by one costs
@@ -130,19 +130,20 @@ def guessed(
     allowed: Callable[[int], bool] | None = None,
     ends: Callable[[int], bool] | None = None,
     text: Sequence[int] = (),
+    targets_vocabulary: bool = True,
 ) -> Decodes[Guess]:
     """Up to `budget.k` tokens drafted one at a time from `row` (the logits after `text`, in the
-    source's vocabulary): each picked, under the sampler's repetition penalties where it has them
-    (as the target's rows are, so that more of the draft is kept), kept while the policy extends
-    the draft (and `allowed` takes it), and decoded for the next one's row, except the last and
-    one that `ends` the draft."""
+    source's vocabulary): each picked under the sampler's logit bias (where the source's
+    vocabulary is the target's) and repetition penalties, as the target's rows are, so that more
+    of the draft is kept; kept while the policy extends the draft (and `allowed` takes it), and
+    decoded for the next one's row, except the last and one that `ends` the draft."""
     guess = Guess()
     kept = budget
-    penalties = Penalties.of(request.sampler.settings)
-    recent = penalties.window(text) if penalties else []  # taken now: a source's cache may grow as it drafts
+    adjustments = Adjustments.of(request.sampler.settings)
+    recent = adjustments.window(text) if adjustments else []  # taken now: a source's cache may grow as it drafts
     for i in range(budget.k):
-        if penalties:
-            row = penalties.penalized(row, recent, guess.tokens)
+        if adjustments:
+            row = adjustments.adjusted(row, recent, guess.tokens, bias=targets_vocabulary)
         token, q, confidence = picker.pick(row, request.sampler, sample, request.policy.wants_confidence)
         extended = request.policy.extend(kept, confidence) if allowed is None or allowed(token) else None
         if extended is None:

@@ -239,6 +239,7 @@ class TranslatingDraft:
                 allowed=lambda token: self.bridge.translatable(token, text),
                 ends=lambda token: token in self.bridge.draft.eog_ids,
                 text=self.context.tokens,  # its own view of the text
+                targets_vocabulary=False,
             )
         )
 

@@ -11,6 +11,7 @@ errors into OpenAI's error object. Builders turn a finished generation into
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -21,14 +22,13 @@ from specrun.errors import SpecrunError
 from specrun.grammar.schemas import Grammar, SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
 from specrun.serve.bodies import EXPECTED, Body, ChatBody, CompletionBody
 from specrun.serve.tools import ToolRequest, call_grammar, function_parameters
-from specrun.settings import SettingError, check
+from specrun.settings import SettingError, check, check_logit_bias, shown
 
 # Request fields passed on to SamplerSettings, named as there: OpenAI's, and llama-server's own.
 SAMPLING = {"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n"}
 SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `speculative` object
 NO_LOGPROBS = "specrun returns no log probabilities"
 UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) when they ask for something
-    "logit_bias": "specrun does not bias tokens: every token is drawn from the target's own distribution",
     "logprobs": NO_LOGPROBS,
     "top_logprobs": NO_LOGPROBS,
     "functions": "it is OpenAI's deprecated function calling: send 'tools' instead",
@@ -119,6 +119,8 @@ def _request(body: Body, **what: Any) -> GenerationRequest:
         raise ApiError(400, "Give either 'k' or 'speculative', not both.", "k", "invalid_value")
     sampling = body.model_dump(include=SAMPLING, exclude_none=True)
     check(**sampling)
+    if body.logit_bias:
+        sampling["logit_bias"] = _logit_bias(body.logit_bias)
     speculative = SpeculativeSettings(**body.speculative.model_dump(exclude_none=True)) if body.speculative else None
     options = body.stream_options
     pieces = bool(body.specrun and body.specrun.pieces)
@@ -147,6 +149,30 @@ def _refuse_unsupported(body: Body) -> None:
         value = getattr(body, name, None)
         if not (value is None or value is False or value in ({}, [])):
             raise ApiError(400, f"Unsupported parameter: '{name}': {why}.", name, "unsupported_parameter")
+
+
+def _logit_bias(given: dict[str, float | bool] | list[list[int | float | bool]]) -> dict[int, float]:
+    """OpenAI's logit_bias (token ids as strings, to a bias from -100 to 100), or llama-server's
+    [[id, bias], ...]; false bans a token, as llama-server's does. The ids are checked against the
+    model's vocabulary when the request runs."""
+    bias = {}
+    for entry in given.items() if isinstance(given, dict) else given:
+        if len(entry) != 2:
+            raise invalid_value("logit_bias", f"its pairs are [token id, bias], but one is {shown(list(entry))}.")
+        key, value = entry
+        token = key if type(key) is int else int(key) if isinstance(key, str) and _an_id(key) else None
+        if token is None:
+            raise invalid_value("logit_bias", f'it names tokens by their ids, such as "15043", but one is {shown(key)}.')
+        if isinstance(value, bool) and value:
+            raise invalid_value("logit_bias", "a bias is a number from -100 to 100, or false to ban the token, but one is true.")
+        bias[token] = -math.inf if value is False else value
+    check_logit_bias(bias)
+    return bias
+
+
+def _an_id(key: str) -> bool:
+    """Whether a logit_bias key reads as a token id (no vocabulary has 18 digits' worth)."""
+    return key.isascii() and key.isdigit() and len(key) <= 18
 
 
 def _output_grammar(body: Body) -> tuple[Grammar | None, str | None]:

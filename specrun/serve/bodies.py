@@ -232,7 +232,13 @@ class Body(Strict):
     json_schema: dict[str, Any] | None = None  # llama-server's: the schema itself
     grammar: str | None = None  # llama-server's: GBNF
     specrun: SpecrunOptions | None = None
-    logit_bias: dict[str, Any] | None = None  # refused unless empty
+    logit_bias: (
+        Annotated[
+            dict[str, float | bool] | list[list[int | float | bool]],  # pairs: checked with the ids
+            expecting("an object of token ids to biases (or an array of [token id, bias] pairs)"),
+        ]
+        | None
+    ) = None
     top_logprobs: int | None = None  # refused
 
 

@@ -314,6 +314,8 @@ class Worker:
             return self._loaded.generator(
                 policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts, slot=slot
             )
+        except SettingError as exc:  # a setting only the model can check: a logit bias's token ids
+            raise setting_error(exc) from None
         except SpecrunError as exc:  # llama.cpp refused the request's GBNF (the tools' grammar is ours: a bug)
             if request.grammar_param is None:
                 raise

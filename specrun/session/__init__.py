@@ -28,7 +28,7 @@ from specrun.errors import SpecrunError
 from specrun.grammar.constraint import Constraint
 from specrun.grammar.schemas import Grammar
 from specrun.session import cost_cache
-from specrun.settings import check
+from specrun.settings import check, check_bias_tokens
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class Session:
         self.store = NgramStore(config.store_tokens) if config.store_tokens else None
         try:
             self.target_model = self.resources.load_model(config.target, "target", self._target_options())
+            check_bias_tokens(config.sampler.logit_bias, self.target_model.n_vocab)  # before a front end's first line
             speculative = bool(self.source_names)
             # A recurrent target keeps a snapshot for each token the longest draft its k grants may lose.
             self.target = self.resources.open_context(self.target_model, rollback=rollback_tokens(config.k) if speculative else 0)
