@@ -78,6 +78,7 @@ RULES: dict[str, Rule] = {
     "presence_penalty": Rule("a number from -2 to 2 (0 disables it)", -2, 2),
     "repeat_last_n": _count(0, "0 disables the penalties", INT32_MAX),
     "max_tokens": _count(1),
+    "logprobs": _count(0, high=20),  # the likeliest tokens reported beside each emitted one (OpenAI's top_logprobs)
     # models and llama.cpp
     "n_ctx": _count(8, high=INT32_MAX),
     "threads": _count(0, "0 = all cores", MAX_THREADS),

@@ -493,3 +493,24 @@ def test_a_logit_bias_past_the_targets_vocabulary_is_refused_naming_the_token(ti
         n_vocab = session.target.model.n_vocab
         with pytest.raises(SettingError, match=f"from 0 to {n_vocab - 1}, but is {n_vocab}$"):
             session.generator(sampler=SamplerSettings(logit_bias={5: 1.0, n_vocab: 1.0}))
+
+
+@pytest.mark.parametrize("drafting", ["plain", "lookup", "draft"])
+def test_each_tokens_logprobs_are_its_rows_under_speculation(tiny, drafting):
+    """A kept draft token's log-probability comes from its verify row, which is the row plain
+    decoding would have read: checked against a fresh context fed the same text."""
+    config = SessionConfig(
+        target=tiny["target"], draft=tiny["same"] if drafting == "draft" else None, lookup=drafting == "lookup", k=4, n_ctx=256
+    )
+    with Session(config) as session:
+        history = session.tokenize(PROMPT)
+        events = [e for e in session.stream(history, 60, plain=drafting == "plain", logprobs=3) if isinstance(e, TokenEvent)]
+        assert all(e.logprobs is not None for e in events)
+        assert {e.source for e in events} >= ({"target"} if drafting == "plain" else {"draft"})
+        assert all(e.logprobs is None for e in session.stream(history, 4) if isinstance(e, TokenEvent))
+    with FreshContexts(tiny["target"], 256) as fresh:
+        for i, event in enumerate(events):
+            row = fresh.logits(history + [e.token for e in events[:i]]).astype(np.float64)
+            exact = row - np.log(np.exp(row - row.max()).sum()) - row.max()
+            assert event.logprobs.logprob == pytest.approx(exact[event.token], abs=TINY_ATOL)
+            assert [t for t, _ in event.logprobs.top] == np.argsort(-exact, kind="stable")[:3].tolist()

@@ -14,6 +14,7 @@ from specrun.core.sampling import (
     SamplerSettings,
     filtered,
     greedy_verify,
+    log_probs,
     top_k_ids,
     verify,
 )
@@ -236,3 +237,14 @@ def test_penalties_that_change_nothing_are_skipped():
     assert Penalties.of(SamplerSettings(presence_penalty=0.5)) is not None
     assert Adjustments.of(SamplerSettings(repeat_penalty=1.3, repeat_last_n=0)) is None
     assert Adjustments.of(SamplerSettings(logit_bias={3: 0.5})).penalties is None
+
+
+def test_log_probs_are_the_rows_log_softmax_with_the_likeliest_first():
+    row = np.array([1.0, 3.0, -np.inf, 2.0, 3.0], dtype=np.float32)
+    with np.errstate(divide="ignore"):
+        exact = np.log(np.exp(row.astype(np.float64)) / np.exp(row.astype(np.float64)).sum())
+    scored = log_probs(row, 3, 3)
+    assert scored.logprob == pytest.approx(exact[3], abs=1e-6)
+    assert [token for token, _ in scored.top] == [1, 4, 3]  # a tie keeps the lower id first
+    assert [lp for _, lp in scored.top] == pytest.approx(exact[[1, 4, 3]].tolist(), abs=1e-6)
+    assert log_probs(row, 2, 0) == (-np.inf, ())

@@ -296,7 +296,6 @@ COMMON = {
     "json_schema": {"null"},  # {"x": 1} is no schema
     "grammar": {"null"},  # "x" has no root rule
     "logit_bias": {"null"},  # keyed by token ids
-    "top_logprobs": {"null"},  # refused
 }
 OWN = {
     CHAT_PATH: {
@@ -311,11 +310,12 @@ OWN = {
         "tools": {"null"},
         "tool_choice": {"null"},  # none to choose from
         "parallel_tool_calls": {"null", "boolean"},
-        "logprobs": {"null"},  # true is refused
+        "logprobs": {"null", "boolean"},
+        "top_logprobs": {"null"},  # only with logprobs
         "functions": {"null"},
         "function_call": {"null"},
     },  # OpenAI's deprecated API: refused
-    COMPLETION_PATH: {"prompt": {"string", "array"}, "logprobs": {"null"}},  # ["x"]: an array of one string
+    COMPLETION_PATH: {"prompt": {"string", "array"}, "logprobs": {"null", "integer"}},  # ["x"]: an array of one string
 }
 NUMERIC = [
     "n",

@@ -192,7 +192,6 @@ REFUSED = [
     ({"logit_bias": [[50, True]]}, "logit_bias", "or false to ban"),
     ({"logit_bias": {"50": 1, "99999999": 1}}, "logit_bias", "token ids, from 0 to"),  # found when it runs
     ({"logit_bias": "50"}, "logit_bias", "an object of token ids to biases"),
-    ({"top_logprobs": 2}, "top_logprobs", "no log probabilities"),
     ({"n": 2}, "n", "one choice"),
 ]
 
@@ -210,7 +209,9 @@ def test_what_the_output_cannot_be_held_to_is_a_400_naming_the_field(generic, pa
 
 
 CHAT_REFUSED = [
-    ({"logprobs": True}, "logprobs", "unsupported_parameter"),
+    ({"logprobs": True, "tools": TOOLS}, "logprobs", "unsupported_parameter"),
+    ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "invalid_value"),
     ({"functions": [{"name": "f", "parameters": {}}]}, "functions", "unsupported_parameter"),
     ({"function_call": "auto"}, "function_call", "unsupported_parameter"),
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
@@ -283,9 +284,53 @@ def test_a_logit_bias_lifts_bans_and_is_kept_by_speculation(generic):
     assert banned and banned == banned[: len(banned) // 12] * 12 and banned != text
 
 
-def test_completion_logprobs_are_refused_and_fields_that_ask_for_nothing_are_served(generic):
-    refused = generic.post(COMPLETIONS, json={"prompt": "hello", "logprobs": 1}).json()["error"]
-    assert refused["param"] == "logprobs" and refused["code"] == "unsupported_parameter"
+def completion_logprobs(server: RunningServer, body: dict) -> tuple[str, dict, list[dict]]:
+    """A greedy completion's text and logprobs, whole, and the logprobs of each chunk of it streamed."""
+    body = {"prompt": "the cat sat", "max_tokens": 8, "logprobs": 3, **body}
+    whole = ok(server, COMPLETIONS, body)["choices"][0]
+    chunks = [c["choices"][0]["logprobs"] for c in events(server, COMPLETIONS, {**body, "stream": True}) if c["choices"]]
+    return whole["text"], whole["logprobs"], [c for c in chunks if c is not None]
+
+
+def test_completion_logprobs_give_each_token_its_rows_likeliest_and_stream_as_they_come(generic):
+    text, logprobs, chunks = completion_logprobs(generic, {})
+    tokens, offsets = logprobs["tokens"], logprobs["text_offset"]
+    assert len(tokens) == len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) == 8  # no end of text
+    assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[-1] < len(text)
+    for chosen, top in zip(logprobs["token_logprobs"], logprobs["top_logprobs"]):
+        assert chosen <= 0 and 1 <= len(top) <= 3 and chosen == max(top.values())  # greedy: the argmax
+    assert [token for chunk in chunks for token in chunk["tokens"]] == tokens
+    assert [offset for chunk in chunks for offset in chunk["text_offset"]] == offsets
+    streamed = [lp for chunk in chunks for lp in chunk["token_logprobs"]]
+    assert streamed == pytest.approx(logprobs["token_logprobs"], abs=1e-3)  # (the prompt's cache may be reused)
+
+
+def test_a_stop_string_keeps_the_logprobs_of_the_tokens_before_it(generic):
+    text, logprobs, _ = completion_logprobs(generic, {})
+    tokens, offsets = logprobs["tokens"], logprobs["text_offset"]
+    cut = next(
+        i for i, token in enumerate(tokens) if i and len(token) > 1 and token.isprintable() and token not in text[: offsets[i]]
+    )
+    stopped, kept, chunks = completion_logprobs(generic, {"stop": [tokens[cut]]})
+    assert stopped == text[: offsets[cut]]
+    assert kept["tokens"] == tokens[:cut] and kept["text_offset"] == offsets[:cut]
+    assert [token for chunk in chunks for token in chunk["tokens"]] == tokens[:cut]
+
+
+def test_chat_logprobs_carry_each_tokens_bytes_and_alternatives(generic):
+    choice = ok(generic, CHAT, {"messages": ASK, "max_tokens": 8, "logprobs": True, "top_logprobs": 2})["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert set(content[0]) == {"token", "logprob", "bytes", "top_logprobs"} and choice["logprobs"]["refusal"] is None
+    assert all(len(entry["top_logprobs"]) == 2 and entry["top_logprobs"][0]["logprob"] == entry["logprob"] for entry in content)
+    assert (
+        bytes(b for entry in content for b in entry["bytes"]).decode("utf-8", "replace").startswith(choice["message"]["content"])
+    )
+    assert ok(generic, CHAT, {"messages": ASK, "max_tokens": 2})["choices"][0]["logprobs"] is None
+
+
+def test_fields_that_ask_for_nothing_are_served(generic):
+    refused = generic.post(COMPLETIONS, json={"prompt": "hello", "logprobs": 21}).json()["error"]
+    assert refused["param"] == "logprobs" and refused["code"] == "invalid_value"
     nothing = {
         "logprobs": False,
         "logit_bias": {},

@@ -34,11 +34,20 @@ from specrun.core.events import (
     TokenSource,
 )
 from specrun.core.policy import DraftPolicy, FixedK, StepRecord
-from specrun.core.sampling import Adjustments, Distribution, Sampler, SamplerSettings, filtered, greedy_verify, verify
+from specrun.core.sampling import (
+    Adjustments,
+    Distribution,
+    Sampler,
+    SamplerSettings,
+    filtered,
+    greedy_verify,
+    log_probs,
+    verify,
+)
 from specrun.core.sequences import History
 from specrun.drafts.base import CatchUp, Decoded, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 from specrun.errors import SpecrunError
-from specrun.settings import check_bias_tokens
+from specrun.settings import check, check_bias_tokens
 
 
 class OutputConstraint(Protocol):
@@ -124,11 +133,13 @@ class Generator:
         eog: frozenset[int] | None = None,
         constraint: OutputConstraint | None = None,
         catch_up: CatchUp = "all",
+        logprobs: int | None = None,
     ):
         """`policy`: how many tokens to draft (default: up to DEFAULT_K); `eog`: the tokens that end a
         generation (default: the target model's end-of-generation tokens); `constraint`: the grammar
         the output is held to (each row's distribution masked by it); `catch_up`: how much of the
-        text a draft's cache that fell far behind is fed (see DraftRequest)."""
+        text a draft's cache that fell far behind is fed (see DraftRequest); `logprobs`: each
+        TokenEvent carries its log-probability and this many of the likeliest (None: none)."""
         policy = policy if policy is not None else FixedK(DEFAULT_K)
         if policy.max_k + 1 > target.n_batch:
             raise SpecrunError(f"k = {policy.max_k} needs a batch of {policy.max_k + 1} rows but n_batch is {target.n_batch}")
@@ -139,8 +150,10 @@ class Generator:
         self.eog = target.model.eog_ids if eog is None else eog
         self.constraint = constraint
         self.catch_up = catch_up
+        self.logprobs = logprobs
         self.adjustments = Adjustments.of(sampler.settings)
         check_bias_tokens(sampler.settings.logit_bias, target.model.n_vocab)
+        check(logprobs=logprobs)
         # a row's argmax is all a check needs
         self._argmax_only = sampler.settings.greedy and constraint is None and self.adjustments is None
         self.stats = Stats()  # the running (or last) generation's counters
@@ -203,15 +216,15 @@ class Generator:
                 checked_at = time.perf_counter()
                 _, emitted = self._accepted(NO_DRAFT, prefill.logits, history)
                 stats.check_s += time.perf_counter() - checked_at
-                self._emitted(emitted, history, text, stats, consumer)
+                self._emitted(emitted, prefill.logits, history, text, stats, consumer)
             # A recurrent target can drop again only as many drafted tokens as it keeps snapshots for.
             longest = min(self.policy.max_k, self.target.rollback_limit)
             while not (stop := self._stop_reason(stats, max_tokens)):
                 limit = min(max_tokens - stats.tokens - 1, self.target.free_slots - 1, longest)
-                event, emitted = yield from self._step(history, limit, other_rows, stats)
+                event, emitted, logits = yield from self._step(history, limit, other_rows, stats)
                 stats.stop_reason = consumer.step(event, stats) or ""
                 if not stats.stop_reason:
-                    self._emitted(emitted, history, text, stats, consumer)
+                    self._emitted(emitted, logits, history, text, stats, consumer)
             stats.stop_reason = stop
         finally:
             # Whatever happened (including an abandoned generation), caches hold only history;
@@ -240,9 +253,10 @@ class Generator:
 
     def _step(
         self, history: list[int], limit: int, other_rows: Callable[[], int], stats: Stats
-    ) -> PyGenerator[Decode | DraftDecode, Verified | Decoded, tuple[StepEvent, list[tuple[int, TokenSource]]]]:
+    ) -> PyGenerator[Decode | DraftDecode, Verified | Decoded, tuple[StepEvent, list[tuple[int, TokenSource]], np.ndarray]]:
         """One round: draft, verify the last token and the draft in one decode, keep the agreed
-        prefix; counted in `stats` and shown to the policy. Its event, and the tokens it emits."""
+        prefix; counted in `stats` and shown to the policy. Its event, the tokens it emits, and
+        the verified rows (the i-th emitted token's is row i)."""
         started = time.perf_counter()
         drafting = limit > 0 and self.drafter is not None
         draft = (yield from self._proposed(history, limit, other_rows())) if drafting else NO_DRAFT
@@ -269,7 +283,7 @@ class Generator:
                     verified.width,
                 )
             )
-        return StepEvent(drafted, accepted, draft.source), emitted
+        return StepEvent(drafted, accepted, draft.source), emitted, verified.logits
 
     def _accepted(self, draft: Draft, logits: np.ndarray, history: list[int]) -> tuple[int, list[tuple[int, TokenSource]]]:
         """How many of the draft's tokens the target's rows keep, and the tokens to emit: those and
@@ -298,19 +312,21 @@ class Generator:
     def _emitted(
         self,
         emitted: list[tuple[int, TokenSource]],
+        logits: np.ndarray,
         history: list[int],
         text: codecs.IncrementalDecoder,
         stats: Stats,
         consumer: Consumer,
     ) -> None:
         """Add the emitted tokens to the history (the caches roll back to it) and hand them to the
-        consumer, which may stop the generation at any of them."""
+        consumer, which may stop the generation at any of them; the i-th came from row i of `logits`."""
         history += [token for token, _ in emitted]
         if self.drafter or len(self.target.tokens) >= len(history):  # a plain step leaves nothing to drop
             self._rollback(history)
-        for token, source in emitted:
+        for i, (token, source) in enumerate(emitted):
             stats.tokens += 1
-            stop = consumer.token(TokenEvent(token, text.decode(self.target.model.piece(token)), source))
+            scored = log_probs(logits[i], token, self.logprobs) if self.logprobs is not None else None
+            stop = consumer.token(TokenEvent(token, text.decode(self.target.model.piece(token)), source, scored))
             if stop:
                 stats.stop_reason = stop
                 return

@@ -21,10 +21,19 @@ string or an interruption."""
 
 
 # Named tuples, as a frozen dataclass costs three times as much to make: one of each comes every token.
+class TokenLogprobs(NamedTuple):
+    """How likely the target's row made a token: the model's own log-probabilities (the log-softmax
+    of its logits, before any sampling setting), as llama-server and OpenAI report them."""
+
+    logprob: float  # the emitted token's
+    top: tuple[tuple[int, float], ...]  # the row's likeliest tokens, likeliest first, with theirs
+
+
 class TokenEvent(NamedTuple):
     token: int
     text: str  # decoded text this token completes (may be "" inside a UTF-8 sequence)
     source: TokenSource
+    logprobs: TokenLogprobs | None = None  # asked for (Generator's `logprobs`)
 
 
 class StepEvent(NamedTuple):

@@ -11,6 +11,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from specrun.core.events import TokenLogprobs
 from specrun.settings import check, check_logit_bias
 
 
@@ -183,6 +184,15 @@ def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray 
     # Temperature rescales only what survived.
     scaled = np.exp((values - values[0]) / settings.temperature)
     return Distribution(ids, scaled / scaled.sum())
+
+
+def log_probs(row: np.ndarray, token: int, top: int) -> TokenLogprobs:
+    """The row's log-softmax at `token`, and its `top` likeliest tokens with theirs, likeliest first."""
+    peak = float(row.max())
+    normalizer = peak + float(np.log(np.exp(row - peak).sum(dtype=np.float64)))
+    ids = np.sort(top_k_ids(row, top)) if top else np.empty(0, dtype=np.int64)
+    ids = ids[np.argsort(-row[ids], kind="stable")]  # a tie: the lower id first
+    return TokenLogprobs(float(row[token]) - normalizer, tuple((int(i), float(row[i]) - normalizer) for i in ids))
 
 
 def top_k_ids(logits: np.ndarray, k: int, scratch: np.ndarray | None = None) -> np.ndarray:

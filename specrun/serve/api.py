@@ -27,10 +27,7 @@ from specrun.settings import SettingError, check, check_logit_bias, shown
 # Request fields passed on to SamplerSettings, named as there: OpenAI's, and llama-server's own.
 SAMPLING = {"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n"}
 SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `speculative` object
-NO_LOGPROBS = "specrun returns no log probabilities"
 UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) when they ask for something
-    "logprobs": NO_LOGPROBS,
-    "top_logprobs": NO_LOGPROBS,
     "functions": "it is OpenAI's deprecated function calling: send 'tools' instead",
     "function_call": "it is OpenAI's deprecated function calling: send 'tool_choice' (with 'tools') instead",
 }
@@ -72,6 +69,7 @@ class GenerationRequest:
     grammar_param: str | None = None  # the field the grammar came from, for an error llama.cpp finds in it
     tools: ToolRequest | None = None  # the tools a chat reply may call (none with tool_choice "none")
     pieces: bool = False  # `specrun.pieces`: stream chunks carry their text split by how it came (serve/sources.py)
+    logprobs: int | None = None  # each token's log-probability and this many alternatives (None: not asked)
 
     @property
     def chat(self) -> bool:
@@ -83,7 +81,15 @@ def parse_chat(raw: bytes) -> GenerationRequest:
     ApiError for a field specrun cannot honour."""
     body = ChatBody.model_validate_json(raw)
     tools = _tools(body)
-    request = _request(body, messages=[message.turn() for message in body.messages], tools=tools)
+    request = _request(body, messages=[message.turn() for message in body.messages], tools=tools, logprobs=_chat_logprobs(body))
+    if tools is not None and request.logprobs is not None:
+        raise ApiError(
+            400,
+            "Unsupported parameter: 'logprobs' together with 'tools': a reply's calls carry no log probabilities "
+            '(send one or the other, or tool_choice "none").',
+            "logprobs",
+            "unsupported_parameter",
+        )
     if tools is not None and request.pieces:
         raise ApiError(
             400,
@@ -107,7 +113,22 @@ def parse_completion(raw: bytes) -> GenerationRequest:
     """Raises ValidationError for a body of the wrong shape, SettingError for a setting out of range,
     ApiError for a field specrun cannot honour."""
     body = CompletionBody.model_validate_json(raw)
-    return _request(body, prompt=body.prompt)
+    try:
+        check(logprobs=body.logprobs)
+    except SettingError as error:
+        raise setting_error(error) from None
+    return _request(body, prompt=body.prompt, logprobs=body.logprobs)
+
+
+def _chat_logprobs(body: ChatBody) -> int | None:
+    """How many alternatives a chat request asked for beside each token's log-probability (None: no logprobs)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise invalid_value("top_logprobs", 'it comes with each token\'s log-probability: send "logprobs": true too.')
+    try:
+        check(logprobs=body.top_logprobs)
+    except SettingError as error:
+        raise setting_error(error, "top_logprobs") from None
+    return (body.top_logprobs or 0) if body.logprobs else None
 
 
 def _request(body: Body, **what: Any) -> GenerationRequest:

@@ -276,7 +276,8 @@ async def _events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[
             texts = [r for r in reports if isinstance(r, Text)]
             text = "".join(r.text for r in texts)
             if text:
-                yield _sse(shape.chunk(text, _page_field(texts)))
+                scored = None if texts[0].logprobs is None else tuple(s for r in texts for s in r.logprobs or ())
+                yield _sse(shape.chunk(text, _page_field(texts), scored))
             for piece in merged([r for r in reports if isinstance(r, CallPiece)]):
                 yield _sse(shape.call_chunk(piece))
             end = reports[-1]

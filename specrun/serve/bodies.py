@@ -239,7 +239,6 @@ class Body(Strict):
         ]
         | None
     ) = None
-    top_logprobs: int | None = None  # refused
 
 
 class ChatBody(Body):
@@ -247,11 +246,12 @@ class ChatBody(Body):
     tools: list[Tool] | None = None
     tool_choice: Annotated[ToolChoice, BeforeValidator(_choice_object), expecting(TOOL_CHOICE)] | None = None
     parallel_tool_calls: bool | None = None
-    logprobs: bool | None = None  # refused when true
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # with logprobs
     functions: Any = None  # refused: OpenAI's deprecated function calling
     function_call: Any = None
 
 
 class CompletionBody(Body):
     prompt: Annotated[str, BeforeValidator(_only_item), expecting("a string (or an array of one string)")]
-    logprobs: int | None = None  # refused
+    logprobs: int | None = None  # the legacy API's: how many alternatives (0 to 20) beside each token's

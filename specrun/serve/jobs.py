@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from specrun.serve.api import ApiError, GenerationRequest
+from specrun.serve.logprobs import Scored
 from specrun.serve.responses import Outcome
 from specrun.serve.sources import SourcePiece
 from specrun.serve.tool_calls import CallPiece
@@ -25,6 +26,7 @@ class Text:
     text: str
     pieces: tuple[SourcePiece, ...] = ()  # asked for (`specrun.pieces`): the text split by how it came
     stats: dict | None = None  # asked for: the reply's statistics so far
+    logprobs: tuple[Scored, ...] | None = None  # asked for: the tokens this text completes
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 from specrun.core.events import Stats
 from specrun.drafts.translated import TranslationStats
+from specrun.serve.logprobs import Alternative, Scored
 from specrun.serve.tool_calls import CallPiece, ToolCall
 
 
@@ -22,6 +23,7 @@ class Outcome:
     prompt_tokens: int
     stats: Stats
     tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[Scored, ...] | None = None  # asked for: the kept tokens'
 
 
 def usage(outcome: Outcome) -> dict:
@@ -88,14 +90,17 @@ class Shape:
 
     def response(self, outcome: Outcome) -> dict:
         body = self._head(self.object_name)
-        body["choices"] = [{"index": 0, **self.whole(outcome), "logprobs": None, "finish_reason": outcome.finish_reason}]
+        logprobs = None if outcome.logprobs is None else self.logprobs(outcome.logprobs)
+        body["choices"] = [{"index": 0, **self.whole(outcome), "logprobs": logprobs, "finish_reason": outcome.finish_reason}]
         return {**body, "usage": usage(outcome), "timings": timings(outcome)}
 
-    def chunk(self, text: str, specrun: dict | None = None) -> dict:
-        """`specrun`: the field a request asked for with `specrun.pieces` (serve/sources.py)."""
+    def chunk(self, text: str, specrun: dict | None = None, scored: tuple[Scored, ...] | None = None) -> dict:
+        """`specrun`: the field a request asked for with `specrun.pieces` (serve/sources.py);
+        `scored`: the tokens the text completes, where the request asked for logprobs."""
+        logprobs = None if scored is None else self.logprobs(scored)
         body = {
             **self._head(self.chunk_name),
-            "choices": [{"index": 0, **self.piece(text), "logprobs": None, "finish_reason": None}],
+            "choices": [{"index": 0, **self.piece(text), "logprobs": logprobs, "finish_reason": None}],
         }
         return body if specrun is None else {**body, "specrun": specrun}
 
@@ -121,6 +126,9 @@ class Shape:
     def piece(self, text: str | None) -> dict:
         raise NotImplementedError
 
+    def logprobs(self, scored: tuple[Scored, ...]) -> dict:
+        raise NotImplementedError
+
 
 class ChatShape(Shape):
     object_name, chunk_name, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
@@ -136,6 +144,12 @@ class ChatShape(Shape):
 
     def piece(self, text: str | None) -> dict:
         return {"delta": {} if text is None else {"content": text}}
+
+    def logprobs(self, scored: tuple[Scored, ...]) -> dict:
+        return {
+            "content": [{**_alternative(s.token), "top_logprobs": [_alternative(a) for a in s.top]} for s in scored],
+            "refusal": None,
+        }
 
     def call_chunk(self, piece: CallPiece) -> dict:
         """OpenAI's order: the call's index, id, type and name first, then pieces of its arguments."""
@@ -163,3 +177,24 @@ class CompletionShape(Shape):
 
     def piece(self, text: str | None) -> dict:
         return {"text": text or ""}
+
+    def logprobs(self, scored: tuple[Scored, ...]) -> dict:
+        """The legacy form: parallel lists, and each token's alternatives as one object (by text:
+        two tokens of the same text keep the likelier)."""
+        return {
+            "tokens": [s.token.text for s in scored],
+            "token_logprobs": [s.token.logprob for s in scored],
+            "top_logprobs": [_by_text(s.top) for s in scored],
+            "text_offset": [s.offset for s in scored],
+        }
+
+
+def _by_text(top: tuple[Alternative, ...]) -> dict[str, float]:
+    by_text: dict[str, float] = {}
+    for alternative in top:
+        by_text.setdefault(alternative.text, alternative.logprob)
+    return by_text
+
+
+def _alternative(token: Alternative) -> dict:
+    return {"token": token.text, "logprob": token.logprob, "bytes": list(token.raw)}

@@ -32,6 +32,7 @@ from specrun.core.policy import SpeculativeRule
 from specrun.errors import RpcLost, SpecrunError
 from specrun.serve.api import ApiError, GenerationRequest, invalid_value, setting_error
 from specrun.serve.jobs import Failed, Finished, Job, Started, Text
+from specrun.serve.logprobs import LogprobWatch
 from specrun.serve.metrics import Metrics
 from specrun.serve.responses import Outcome
 from specrun.serve.sources import SourceLabels
@@ -238,9 +239,11 @@ class Worker:
         max_tokens = job.request.max_tokens or self.max_tokens or self._loaded.target.n_ctx
         reader = CallReader(self._tool_style.form) if job.request.tools else None
         labels = SourceLabels(generator) if job.request.pieces else None
-        view = _Reporter(job, self.metrics, reader, labels)
+        scores = LogprobWatch(self._loaded.target_model.piece, generator.eog) if job.request.logprobs is not None else None
+        view = _Reporter(job, self.metrics, reader, labels, scores)
         reply = ReplyStream(prompt.stops, view, started, cancelled=lambda: job.cancelled)
         on_token = reply.on_token if labels is None else labels.watching(reply.on_token)
+        on_token = on_token if scores is None else scores.watching(on_token)
         self.running[slot] = job
 
         def finished(run: RunResult) -> None:
@@ -312,7 +315,12 @@ class Worker:
         grammar = tool_grammar(self._tool_style.form, request.tools) if request.tools else request.grammar
         try:
             return self._loaded.generator(
-                policy=policy, sampler=settings, grammar=grammar, grammar_drafts=self.grammar_drafts, slot=slot
+                policy=policy,
+                sampler=settings,
+                grammar=grammar,
+                grammar_drafts=self.grammar_drafts,
+                slot=slot,
+                logprobs=request.logprobs,
             )
         except SettingError as exc:  # a setting only the model can check: a logit bias's token ids
             raise setting_error(exc) from None
@@ -324,20 +332,30 @@ class Worker:
 
 class _Reporter:
     """The reply's view: text pieces go to the client (through the call reader when tools may be
-    called; split by how they came, with the running statistics, when `labels` are kept), steps
-    to the metrics."""
+    called; split by how they came, with the running statistics, when `labels` are kept; with the
+    tokens they complete, when `scores` are kept), steps to the metrics."""
 
-    def __init__(self, job: Job, metrics: Metrics, reader: CallReader | None, labels: SourceLabels | None = None):
-        self.job, self.metrics, self.reader, self.labels = job, metrics, reader, labels
+    def __init__(
+        self,
+        job: Job,
+        metrics: Metrics,
+        reader: CallReader | None,
+        labels: SourceLabels | None = None,
+        scores: LogprobWatch | None = None,
+    ):
+        self.job, self.metrics, self.reader, self.labels, self.scores = job, metrics, reader, labels, scores
 
     def show(self, pieces: list[Piece]) -> None:
         text = "".join(text for text, _ in pieces)
         if not text:
             return
+        logprobs = self.scores.release(len(text)) if self.scores is not None else None
         if self.labels is not None:  # never with tools: the API refuses `specrun.pieces` with them
-            self.job.report(Text(text, tuple(self.labels.pieces(text)), self.labels.stats()))
-        else:
-            self._report([text] if self.reader is None else self.reader.feed(text))
+            self.job.report(Text(text, tuple(self.labels.pieces(text)), self.labels.stats(), logprobs))
+        elif self.reader is None:
+            self.job.report(Text(text, logprobs=logprobs))
+        else:  # never with logprobs: the API refuses them with tools
+            self._report(self.reader.feed(text))
 
     def step(self, event: StepEvent, stats: Stats) -> None:
         self.metrics.step(event)
@@ -352,7 +370,10 @@ class _Reporter:
     def outcome(self, reply: Reply, prompt_tokens: int) -> Outcome:
         finish_reason = FINISH_REASONS.get(reply.stop_reason, "stop")
         if self.reader is None:
-            return Outcome(reply.text, finish_reason, prompt_tokens, reply.stats)
+            if self.scores is not None:
+                self.scores.release(0)  # a last token whose bytes never made a character: it has no text to wait for
+            logprobs = tuple(self.scores.released) if self.scores is not None else None
+            return Outcome(reply.text, finish_reason, prompt_tokens, reply.stats, logprobs=logprobs)
         calls = tuple(self.reader.calls)
         if calls and finish_reason == "stop":
             finish_reason = "tool_calls"

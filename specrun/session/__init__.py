@@ -162,6 +162,7 @@ class Session:
         grammar: Grammar | None = None,
         grammar_drafts: bool = True,
         slot: int = 0,
+        logprobs: int | None = None,
     ) -> Generator:
         """A fresh generator over the session's target, with this call's settings.
 
@@ -172,7 +173,8 @@ class Session:
         `drafter` replaces the session's draft source (bench measures one method at a time);
         `grammar` holds the output to a grammar, and unless `grammar_drafts` is False (or
         `plain`), what it forces is drafted ahead of the other sources; `slot` is the stream
-        (0 .. parallel - 1) whose sequence and sources it uses.
+        (0 .. parallel - 1) whose sequence and sources it uses; `logprobs`: each TokenEvent
+        carries the token's log-probability and that many of the likeliest (None: none).
         """
         settings = sampler or self.config.sampler
         constraint = Constraint(self.target_model, grammar) if grammar is not None else None
@@ -183,10 +185,18 @@ class Session:
             drafter = forced if drafter is None else GrammarFirst(forced, drafter)
         self._follow(drafter, slot)
         if drafter is None:  # plain decoding needs no policy, nor auto's start-up measurement of verify costs
-            return Generator(target, None, Sampler.seeded(settings), constraint=constraint)
+            return Generator(target, None, Sampler.seeded(settings), constraint=constraint, logprobs=logprobs)
         if policy is None or isinstance(policy, (int, str)):
             policy = self.policy(self.config.k if policy is None else policy)
-        return Generator(target, drafter, Sampler.seeded(settings), policy, constraint=constraint, catch_up=self.catch_up(policy))
+        return Generator(
+            target,
+            drafter,
+            Sampler.seeded(settings),
+            policy,
+            constraint=constraint,
+            catch_up=self.catch_up(policy),
+            logprobs=logprobs,
+        )
 
     def _follow(self, drafter: DraftSource | None, slot: int) -> None:
         """The stream's sources that follow the target's decodes (an MTP head) follow them while a
@@ -254,6 +264,7 @@ class Session:
         seed: int | None = None,
         sampler: SamplerSettings | None = None,
         grammar: Grammar | None = None,
+        logprobs: int | None = None,
     ) -> EventStream:
         """Generate a continuation of `prompt` (text, or token ids), event by event.
 
@@ -264,10 +275,12 @@ class Session:
         the same loop; `k` overrides the session's draft length ("auto", "llama.cpp" or a
         number); `sampler` replaces the session's sampler settings and `seed` their seed;
         `grammar` (a `specrun.Grammar`: `grammar_from_json_schema`, `grammar_from_gbnf`)
-        holds the output to it. Stopping early is safe: the generator rolls the caches back
-        when it is closed (`contextlib.closing`, or garbage collection).
+        holds the output to it; with `logprobs` (0 to 20) each TokenEvent carries its token's
+        log-probability in the target's row and that many of the row's likeliest tokens with
+        theirs. Stopping early is safe: the generator rolls the caches back when it is closed
+        (`contextlib.closing`, or garbage collection).
         """
-        generator, tokens = self._prepared(prompt, max_tokens, plain, k, seed, sampler, grammar)
+        generator, tokens = self._prepared(prompt, max_tokens, plain, k, seed, sampler, grammar, logprobs=logprobs)
         return generator.generate(tokens, max_tokens)
 
     def generate(
@@ -349,6 +362,7 @@ class Session:
         sampler: SamplerSettings | None,
         grammar: Grammar | None,
         slot: int = 0,
+        logprobs: int | None = None,
     ) -> tuple[Generator, list[int]]:
         check(max_tokens=max_tokens)
         if isinstance(prompt, str) and not prompt.strip():
@@ -357,4 +371,4 @@ class Session:
         settings = sampler or self.config.sampler
         if seed is not None:
             settings = replace(settings, seed=seed)
-        return self.generator(plain=plain, policy=k, sampler=settings, grammar=grammar, slot=slot), tokens
+        return self.generator(plain=plain, policy=k, sampler=settings, grammar=grammar, slot=slot, logprobs=logprobs), tokens
