@@ -272,6 +272,28 @@ def test_each_tool_schema_is_converted_once_and_one_not_chosen_is_still_checked(
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools[1].function.parameters"
 
 
+def test_tokenize_and_detokenize_answer_as_llama_servers(generic):
+    """The ids a client needs for logit_bias, and back; bad ids are a 400 and the server goes on."""
+    tokens = generic.post("/tokenize", json={"content": "the cat sat"}).json()["tokens"]
+    assert tokens and all(isinstance(token, int) for token in tokens)
+    text = generic.post("/detokenize", json={"tokens": tokens}).json()["content"]
+    assert text == " the cat sat"  # a SentencePiece vocabulary starts a text with a space
+    with_start = generic.post("/tokenize", json={"content": "the cat sat", "add_special": True}).json()["tokens"]
+    assert len(with_start) == len(tokens) + 1 and with_start[1:] == tokens
+    pieces = generic.post("/tokenize", json={"content": "the cat sat", "with_pieces": True}).json()["tokens"]
+    assert [piece["id"] for piece in pieces] == tokens and "".join(piece["piece"] for piece in pieces) == text
+    split = generic.post("/tokenize", json={"content": "é<s>", "with_pieces": True}).json()["tokens"]
+    assert [piece["piece"] for piece in split[1:]] == [[0xC3], [0xA9], "<s>"]  # bytes of a split character as numbers
+    as_text = generic.post("/tokenize", json={"content": "é<s>", "parse_special": False}).json()["tokens"]
+    assert len(as_text) > len(split) and 1 not in as_text  # "<s>" spelled, not the start token
+    lifted = ok(generic, COMPLETIONS, {"prompt": "the cat sat", "max_tokens": 3, "logit_bias": {str(tokens[-1]): 100}})
+    assert lifted["choices"][0]["text"] == "".join(piece["piece"] for piece in pieces[-1:]) * 3
+    refused = generic.post("/detokenize", json={"tokens": [1, 10**6]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens[1]"
+    assert generic.post("/tokenize", json={"text": "x"}).json()["error"]["param"] == "content"
+    assert generic.post("/detokenize", json={"tokens": []}).json() == {"content": ""}
+
+
 def test_a_logit_bias_lifts_bans_and_is_kept_by_speculation(generic):
     """A bias of 100 makes greedy decoding write one token over and over (which prompt lookup then
     drafts and the target keeps); false bans it, as llama-server's does, in either of its shapes."""

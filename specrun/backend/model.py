@@ -20,6 +20,7 @@ from specrun.backend.devices import device_by_name, local_gpu_devices, split_arr
 from specrun.backend.library import llama
 from specrun.errors import RpcLost, SpecrunError
 
+PIECE_BYTES = 256  # a token's text fits in this almost always; a longer one is read again
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 GGUF_MAGIC = b"GGUF"
 
@@ -95,7 +96,6 @@ class Model:
         self._vocab_ptr = L.llama_model_get_vocab(self._model_ptr)
         self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
         self._pieces: dict[int, bytes] = {}
-        self._piece_buf = ctypes.create_string_buffer(256)
 
     def _load(self, params, *arrays: ctypes.Array | None):
         """The weights, loaded; `arrays` are what params points into."""
@@ -284,8 +284,13 @@ class Model:
     def token_bytes(self, token: int, special: bool) -> bytes:
         """Bytes of one token; `special` spells control tokens out (`<end_of_turn>`) instead of rendering them empty."""
         L = llama()
-        n = L.llama_token_to_piece(self._vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
-        return self._piece_buf.raw[: max(n, 0)]
+        size = PIECE_BYTES
+        while True:
+            buffer = ctypes.create_string_buffer(size)  # its own: the server's HTTP threads detokenize too
+            n = L.llama_token_to_piece(self._vocab, token, buffer, size, 0, special)
+            if n >= 0:
+                return buffer.raw[:n]
+            size = -n  # too small: -n is the size needed
 
     def pieces(self) -> list[bytes]:
         """Every token's bytes as `piece` gives them, by id (b"" for control tokens)."""

@@ -252,6 +252,21 @@ class ChatBody(Body):
     function_call: Any = None
 
 
+class TokenizeBody(Strict):
+    """llama-server's /tokenize."""
+
+    content: str
+    add_special: bool | None = None  # the start token the model adds to a prompt (default: not)
+    parse_special: bool | None = None  # special tokens written as text read as such (default: they are)
+    with_pieces: bool | None = None  # each id with its text
+
+
+class DetokenizeBody(Strict):
+    """llama-server's /detokenize."""
+
+    tokens: list[int]
+
+
 class CompletionBody(Body):
     prompt: Annotated[str, BeforeValidator(_only_item), expecting("a string (or an array of one string)")]
     logprobs: int | None = None  # the legacy API's: how many alternatives (0 to 20) beside each token's

@@ -1,0 +1,33 @@
+"""llama-server's /tokenize and /detokenize: the target's token ids for text and back, which a
+client needs for `logit_bias` and to count tokens."""
+
+from __future__ import annotations
+
+from specrun.backend import Model
+from specrun.serve.api import invalid_value
+from specrun.serve.bodies import DetokenizeBody, TokenizeBody
+
+
+def tokenize(model: Model, body: TokenizeBody) -> dict:
+    """As llama-server: no start token unless `add_special`, special tokens written as text parsed
+    as such unless `parse_special` is false; `with_pieces`: each id with its text (its bytes, as
+    an array of numbers, where they are not UTF-8 on their own)."""
+    tokens = model.tokenize(body.content, add_special=bool(body.add_special), parse_special=body.parse_special is not False)
+    if not body.with_pieces:
+        return {"tokens": tokens}
+    return {"tokens": [{"id": token, "piece": _piece(model.token_bytes(token, special=True))} for token in tokens]}
+
+
+def detokenize(model: Model, body: DetokenizeBody) -> dict:
+    """The text of the ids, control tokens spelled out (`<end_of_turn>`), as llama-server writes them."""
+    for i, token in enumerate(body.tokens):
+        if not 0 <= token < model.n_vocab:
+            raise invalid_value(f"tokens[{i}]", f"it has to be a token id from 0 to {model.n_vocab - 1}, but is {token}.")
+    return {"content": model.render(body.tokens)}
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
