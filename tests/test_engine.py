@@ -488,6 +488,24 @@ def test_float_views_follow_the_buffer_and_its_address():
     assert other is not view and other[1, 1] == 4.0 and view[1, 1] == 3.0
 
 
+@pytest.mark.parametrize("drafting", [{}, {"draft": "same"}, {"lookup": True}], ids=["plain", "same", "lookup"])
+def test_ignore_eos_bans_the_end_of_generation_as_a_bias_does(tiny, drafting):
+    """As llama.cpp's --ignore-eos: a bias of -inf on each end-of-generation token, which the
+    drafts see too (the target's own weights drafting keep nearly every token)."""
+    drafting = {name: tiny[value] if name == "draft" else value for name, value in drafting.items()}
+    outputs = {}
+    for name, settings in (("ignore", SamplerSettings(ignore_eos=True)), ("bias", None)):
+        with Session(SessionConfig(target=tiny["target"], k=4, n_ctx=256, **drafting)) as session:
+            eog = session.target_model.eog_ids
+            settings = settings or SamplerSettings(logit_bias=dict.fromkeys(eog, -np.inf))
+            outputs[name] = session.generate(PROMPT, 120, sampler=settings, plain=not drafting)
+    ignored = outputs["ignore"]
+    assert ignored.tokens == outputs["bias"].tokens and len(ignored.tokens) == 120 and not eog & set(ignored.tokens)
+    assert ignored.stats.stop_reason == "max_tokens"
+    if "draft" in drafting:
+        assert ignored.stats.accepted > 0.95 * ignored.stats.drafted
+
+
 def test_a_logit_bias_past_the_targets_vocabulary_is_refused_naming_the_token(tiny):
     with Session(SessionConfig(target=tiny["target"], n_ctx=256)) as session:
         n_vocab = session.target.model.n_vocab

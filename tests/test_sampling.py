@@ -138,6 +138,7 @@ def test_greedy_verification_keeps_drafts_while_they_equal_argmax():
         {"logit_bias": {5: float("inf")}},
         {"logit_bias": {5: float("nan")}},
         {"logit_bias": {5: "1"}},
+        {"ignore_eos": 1},
     ],
 )
 def test_bad_sampler_settings_name_the_value(kwargs):

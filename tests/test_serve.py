@@ -281,6 +281,13 @@ COMMON = {
     "presence_penalty": {"null", "number"},
     "repeat_penalty": {"null", "integer", "number"},  # in [0.01, 100]
     "repeat_last_n": {"null", "integer"},
+    "ignore_eos": {"null", "boolean"},
+    "typical_p": {"null", "integer", "number"},  # 7 and 1.5 turn it off; below 1 is refused
+    "top_n_sigma": {"null"},  # refused when on
+    "xtc_probability": {"null"},
+    "dry_multiplier": {"null"},
+    "mirostat": {"null"},
+    "dynatemp_range": {"null"},
     "seed": {"null", "integer"},
     "stop": {"null", "string", "array"},
     "stream": {"null", "boolean"},

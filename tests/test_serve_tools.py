@@ -193,6 +193,12 @@ REFUSED = [
     ({"logit_bias": {"50": 1, "99999999": 1}}, "logit_bias", "token ids, from 0 to"),  # found when it runs
     ({"logit_bias": "50"}, "logit_bias", "an object of token ids to biases"),
     ({"n": 2}, "n", "one choice"),
+    ({"typical_p": 0.9}, "typical_p", "locally typical sampling sampler (1 turns it off)"),
+    ({"top_n_sigma": 1.0}, "top_n_sigma", "top-n-sigma"),
+    ({"xtc_probability": 0.5}, "xtc_probability", "XTC"),
+    ({"dry_multiplier": 0.8}, "dry_multiplier", "DRY sampler (0 turns it off)"),
+    ({"mirostat": 2}, "mirostat", "Mirostat"),
+    ({"dynatemp_range": 0.5}, "dynatemp_range", "dynamic temperature"),
 ]
 
 
@@ -348,6 +354,18 @@ def test_chat_logprobs_carry_each_tokens_bytes_and_alternatives(generic):
         bytes(b for entry in content for b in entry["bytes"]).decode("utf-8", "replace").startswith(choice["message"]["content"])
     )
     assert ok(generic, CHAT, {"messages": ASK, "max_tokens": 2})["choices"][0]["logprobs"] is None
+
+
+def test_ignore_eos_writes_to_max_tokens_under_speculation(generic):
+    """The end of text is banned, as llama-server's ignore_eos does; the samplers specrun does not
+    run are served where they are off."""
+    body = {"prompt": "the cat sat", "max_tokens": 300, "typical_p": 1.0, "dry_multiplier": 0, "top_n_sigma": -1}
+    ended = ok(generic, COMPLETIONS, body)
+    assert ended["choices"][0]["finish_reason"] == "stop" and ended["usage"]["completion_tokens"] < 300
+    running = ok(generic, COMPLETIONS, {**body, "ignore_eos": True})
+    assert running["choices"][0]["finish_reason"] == "length" and running["usage"]["completion_tokens"] == 300
+    assert running["choices"][0]["text"].startswith(ended["choices"][0]["text"])
+    assert running["timings"]["draft_n_accepted"] > 0  # drafted by lookup, the ban in every verified row
 
 
 def test_fields_that_ask_for_nothing_are_served(generic):

@@ -202,6 +202,7 @@ def _run(plan: Plan, config: SessionConfig, outputs: Outputs) -> None:
         else ""
     )
     bias = f", logit bias on {len(s.logit_bias)} tokens" if s.logit_bias else ""
+    bias += ", end of generation banned" if s.ignore_eos else ""
     err_console.print(
         f"[dim]bench: {len(plan.prompts)} prompts ({plan.source_name}) x {', '.join(v.label for v in plan.variants)}; "
         f"max {plan.max_tokens} tokens, repeat {plan.repeat}, warmup {plan.warmup}, "
@@ -284,6 +285,7 @@ def _config_record(config: SessionConfig, plan: Plan) -> dict:
         "presence_penalty": s.presence_penalty,
         "repeat_last_n": s.repeat_last_n,
         "logit_bias": [f"{token}{bias:+g}" for token, bias in s.logit_bias.items()],  # as --logit-bias takes them
+        "ignore_eos": s.ignore_eos,
         "seed": s.seed,
         "max_tokens": plan.max_tokens,
         "repeat": plan.repeat,

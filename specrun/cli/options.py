@@ -110,6 +110,10 @@ LogitBias = Annotated[
         help="Add BIAS to a token's logit, as llama.cpp's: 15043+1 raises token 15043, 15043-inf bans it (repeatable; default: none).",
     ),
 ]
+IgnoreEos = Annotated[
+    bool,
+    typer.Option("--ignore-eos", help="Ban the end-of-generation tokens, so the text runs to --max-tokens (llama.cpp's option)."),
+]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for reproducible sampling (default: a random seed).")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
 CtxSize = Annotated[int, typer.Option("--ctx-size", "-c", help="Context size in tokens for target and draft.")]
@@ -211,6 +215,7 @@ class ModelOptions:
     presence_penalty: PresencePenalty = 0.0
     repeat_last_n: RepeatLastN = 64
     logit_bias: LogitBias = None
+    ignore_eos: IgnoreEos = False
     seed: Seed = None
     ctx_size: CtxSize = 4096
     threads: Threads = 0
@@ -240,6 +245,7 @@ class ModelOptions:
             presence_penalty=self.presence_penalty,
             repeat_last_n=self.repeat_last_n,
             logit_bias=parse_logit_bias(self.logit_bias or ()),
+            ignore_eos=self.ignore_eos,
         )
 
     def _llama_settings(self) -> dict:

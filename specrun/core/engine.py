@@ -145,9 +145,11 @@ class Generator:
             raise SpecrunError(f"k = {policy.max_k} needs a batch of {policy.max_k + 1} rows but n_batch is {target.n_batch}")
         self.target = target
         self.drafter = drafter
+        self.eog = target.model.eog_ids if eog is None else eog
+        if sampler.settings.ignore_eos:  # as llama.cpp does it, so the drafts see the ban too
+            sampler = replace(sampler, settings=sampler.settings.banning(self.eog))
         self.sampler = sampler
         self.policy = policy
-        self.eog = target.model.eog_ids if eog is None else eog
         self.constraint = constraint
         self.catch_up = catch_up
         self.logprobs = logprobs

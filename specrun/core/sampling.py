@@ -5,14 +5,15 @@ Everything here works on small arrays, so it is tested without any model.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from specrun.core.events import TokenLogprobs
-from specrun.settings import check, check_logit_bias
+from specrun.settings import SettingError, check, check_logit_bias
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,18 @@ class SamplerSettings:
     # llama.cpp's logit bias, before everything else in its chain: token id -> what is added to
     # its logit (-inf bans it)
     logit_bias: Mapping[int, float] = field(default_factory=dict)
+    ignore_eos: bool = False  # the model's end-of-generation tokens banned (llama.cpp's: a bias of -inf on each)
 
     def __post_init__(self) -> None:
         values = asdict(self)
         check_logit_bias(values.pop("logit_bias"))
+        if not isinstance(values.pop("ignore_eos"), bool):
+            raise SettingError("ignore_eos", "true or false", self.ignore_eos)
         check(**values)  # every other field is a setting, named as its rule
+
+    def banning(self, tokens: Iterable[int]) -> "SamplerSettings":
+        """These settings with `tokens` banned too (a bias of -inf on each)."""
+        return replace(self, logit_bias={**self.logit_bias, **dict.fromkeys(tokens, -math.inf)})
 
     @property
     def greedy(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
@@ -30,6 +30,17 @@ SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `spe
 UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) when they ask for something
     "functions": "it is OpenAI's deprecated function calling: send 'tools' instead",
     "function_call": "it is OpenAI's deprecated function calling: send 'tool_choice' (with 'tools') instead",
+}
+
+
+# llama-server's samplers specrun does not run: the field that turns each on, what it is, when it is off.
+SAMPLERS_NOT_RUN: dict[str, tuple[str, str, Callable[[float], bool]]] = {
+    "typical_p": ("locally typical sampling", "1", lambda value: value >= 1),
+    "top_n_sigma": ("top-n-sigma", "-1", lambda value: value <= 0),
+    "xtc_probability": ("XTC", "0", lambda value: value <= 0),
+    "dry_multiplier": ("DRY", "0", lambda value: value == 0),
+    "mirostat": ("Mirostat", "0", lambda value: value == 0),
+    "dynatemp_range": ("dynamic temperature", "0", lambda value: value <= 0),
 }
 
 
@@ -142,6 +153,8 @@ def _request(body: Body, **what: Any) -> GenerationRequest:
     check(**sampling)
     if body.logit_bias:
         sampling["logit_bias"] = _logit_bias(body.logit_bias)
+    if body.ignore_eos is not None:
+        sampling["ignore_eos"] = body.ignore_eos
     speculative = SpeculativeSettings(**body.speculative.model_dump(exclude_none=True)) if body.speculative else None
     options = body.stream_options
     pieces = bool(body.specrun and body.specrun.pieces)
@@ -165,11 +178,21 @@ def _request(body: Body, **what: Any) -> GenerationRequest:
 
 
 def _refuse_unsupported(body: Body) -> None:
-    """OpenAI's fields specrun cannot honour, when they ask for something, are refused rather than ignored."""
+    """OpenAI's fields specrun cannot honour, and llama-server's samplers it does not run, when they
+    ask for something, are refused rather than ignored."""
     for name, why in UNSUPPORTED.items():
         value = getattr(body, name, None)
         if not (value is None or value is False or value in ({}, [])):
             raise ApiError(400, f"Unsupported parameter: '{name}': {why}.", name, "unsupported_parameter")
+    for name, (sampler, off_value, off) in SAMPLERS_NOT_RUN.items():
+        value = getattr(body, name)
+        if value is not None and not off(value):
+            raise ApiError(
+                400,
+                f"Unsupported parameter: '{name}': specrun does not run llama.cpp's {sampler} sampler ({off_value} turns it off).",
+                name,
+                "unsupported_parameter",
+            )
 
 
 def _logit_bias(given: dict[str, float | bool] | list[list[int | float | bool]]) -> dict[int, float]:

@@ -222,6 +222,14 @@ class Body(Strict):
     presence_penalty: float | None = None
     repeat_penalty: float | None = None  # llama-server's
     repeat_last_n: int | None = None  # llama-server's
+    ignore_eos: bool | None = None  # llama-server's
+    # llama-server's samplers specrun does not run: refused unless off (api.SAMPLERS_NOT_RUN)
+    typical_p: float | None = None
+    top_n_sigma: float | None = None
+    xtc_probability: float | None = None
+    dry_multiplier: float | None = None
+    mirostat: int | None = None
+    dynatemp_range: float | None = None
     seed: int | None = None
     stop: Annotated[list[str], BeforeValidator(_listed), expecting("a string or an array of strings")] | None = None
     stream: bool | None = None
