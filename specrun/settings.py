@@ -77,6 +77,8 @@ RULES: dict[str, Rule] = {
     "frequency_penalty": Rule("a number from -2 to 2 (0 disables it)", -2, 2),
     "presence_penalty": Rule("a number from -2 to 2 (0 disables it)", -2, 2),
     "repeat_last_n": _count(0, "0 disables the penalties", INT32_MAX),
+    "xtc_probability": Rule("a number in [0, 1] (0 disables it)", 0, 1),
+    "xtc_threshold": Rule("a number in [0, 1] (above 0.5 disables it)", 0, 1),
     "max_tokens": _count(1),
     "logprobs": _count(0, high=20),  # the likeliest tokens reported beside each emitted one (OpenAI's top_logprobs)
     # models and llama.cpp

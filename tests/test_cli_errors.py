@@ -43,6 +43,8 @@ SHARED_OPTIONS = [
     ("--logit-bias", "15043", ["--logit-bias", "TOKEN_ID+BIAS", "but is '15043'"]),
     ("-l", "5+101", ["--logit-bias", "from -100 to 100", "but is 101"]),
     ("-l", "5+inf", ["--logit-bias", "-inf to ban", "but is inf"]),
+    ("--xtc-probability", "2", ["--xtc-probability", "[0, 1]", "but is 2"]),
+    ("--xtc-threshold", "-0.1", ["--xtc-threshold", "above 0.5 disables it", "but is -0.1"]),
     ("--seed", "-1", ["--seed", "-1", ">= 0"]),
     ("--seed", "abc", ["--seed", "'abc'"]),
     ("--ctx-size", "4", ["--ctx-size", "but is 4", "from 8"]),

@@ -45,6 +45,7 @@ SETTINGS = SamplerSettings(temperature=1.0)  # llama.cpp's default filters: top-
 UNFILTERED = SamplerSettings(temperature=0.7, top_k=0, top_p=1.0, min_p=0.0)
 # Strong enough that a penalty left out of a row (a drafted token missing from its window) shows.
 PENALIZED = replace(SETTINGS, repeat_penalty=1.5, frequency_penalty=0.5, presence_penalty=1.0)
+XTC = replace(SETTINGS, xtc_probability=0.5, xtc_threshold=0.05)
 MIN_P = 1e-4  # a correct sampler fails a check this strict once in 10,000
 SEEDS = 2000
 TINY_TEXT = "when the water was long after"
@@ -171,15 +172,16 @@ def biased(exact) -> SamplerSettings:
 
 
 @pytest.mark.parametrize("drafting", ["plain", "draft", "translated", "translated-tokens"])
-@pytest.mark.parametrize("adjusting", ["penalized", "biased"])
-def test_tiny_drafts_under_bias_and_penalties_follow_the_adjusted_distribution(
+@pytest.mark.parametrize("adjusting", ["penalized", "biased", "xtc", "greedy-xtc"])
+def test_tiny_drafts_under_bias_penalties_and_xtc_follow_the_chains_distribution(
     rig, tiny, tiny_prompt, exact, biased, adjusting, drafting
 ):
     """Each verified row is biased, and penalized for the text before it, the draft's tokens
     included; the drafts are adjusted too (biased only in the target's vocabulary), over their
-    own view of the text, which changes q and not p. (Prompt lookup copies the repeats these
-    penalties push the target away from: none is kept.)"""
-    settings = PENALIZED if adjusting == "penalized" else biased
+    own view of the text, which changes q and not p. XTC fires at random, so a row's p is the
+    mixture of its firing and not (greedy too: two points). (Prompt lookup copies the repeats
+    these penalties push the target away from: none is kept.)"""
+    settings = {"penalized": PENALIZED, "biased": biased, "xtc": XTC, "greedy-xtc": replace(XTC, temperature=0.0)}[adjusting]
     adjusted = exact_pairs(tiny["target"], tiny_prompt, settings, 128)
     sampled, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, settings, seed), tiny_prompt, range(SEEDS))
     if drafting != "plain":

@@ -1,6 +1,7 @@
 """The sampler chain and the accept/reject rule, on small arrays: no model needed."""
 
 import ctypes
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -249,3 +250,54 @@ def test_log_probs_are_the_rows_log_softmax_with_the_likeliest_first():
     assert [token for token, _ in scored.top] == [1, 4, 3]  # a tie keeps the lower id first
     assert [lp for _, lp in scored.top] == pytest.approx(exact[[1, 4, 3]].tolist(), abs=1e-6)
     assert log_probs(row, 2, 0) == (-np.inf, ())
+
+
+def llama_cpp_draws(logits: np.ndarray, settings: SamplerSettings, draws: int, seed: int = 5) -> dict[int, int]:
+    """Tokens llama.cpp's own chain (top-k, top-p, min-p, XTC, temperature, dist) draws from `logits`."""
+    L = llama()
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    for sampler in (
+        L.llama_sampler_init_top_k(settings.top_k),
+        L.llama_sampler_init_top_p(settings.top_p, 0),
+        L.llama_sampler_init_min_p(settings.min_p, 0),
+        L.llama_sampler_init_xtc(settings.xtc_probability, settings.xtc_threshold, 0, seed),
+        L.llama_sampler_init_temp(settings.temperature),
+        L.llama_sampler_init_dist(seed + 1),
+    ):
+        L.llama_sampler_chain_add(chain, sampler)  # the chain owns it
+    counts: dict[int, int] = {}
+    try:
+        for _ in range(draws):
+            data = (L.llama_token_data * logits.size)(*[L.llama_token_data(i, float(v), 0.0) for i, v in enumerate(logits)])
+            array = L.llama_token_data_array(data=data, size=logits.size, selected=-1, sorted=False)
+            L.llama_sampler_apply(chain, ctypes.byref(array))
+            token = array.data[array.selected].id  # XTC moves `data` past what it drops
+            counts[token] = counts.get(token, 0) + 1
+    finally:
+        L.llama_sampler_free(chain)
+    return counts
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SamplerSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, xtc_probability=0.5, xtc_threshold=0.1),
+        SamplerSettings(temperature=0.7, top_k=6, xtc_probability=0.3, xtc_threshold=0.05),
+        SamplerSettings(temperature=0.0, xtc_probability=0.4, xtc_threshold=0.1),  # greedy: two points
+    ],
+    ids=["unfiltered", "filtered", "greedy"],
+)
+def test_xtc_is_the_mixture_llama_cpps_chain_draws_from(settings):
+    dist = filtered(TARGET_LOGITS, settings)
+    assert dist.probs.sum() == pytest.approx(1.0)
+    assert dist.prob(0) < filtered(TARGET_LOGITS, replace(settings, xtc_probability=0.0)).prob(0)  # it drops the top
+    assert fits(llama_cpp_draws(TARGET_LOGITS, settings, 20_000), dist)
+
+
+def test_xtc_changes_nothing_where_fewer_than_two_tokens_reach_the_threshold():
+    settings = SamplerSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, xtc_probability=1.0, xtc_threshold=0.5)
+    assert (
+        filtered(TARGET_LOGITS, settings).probs.tolist()
+        == filtered(TARGET_LOGITS, replace(settings, xtc_probability=0)).probs.tolist()
+    )
+    assert not SamplerSettings(xtc_probability=0.5, xtc_threshold=0.6).xtc

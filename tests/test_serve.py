@@ -284,7 +284,8 @@ COMMON = {
     "ignore_eos": {"null", "boolean"},
     "typical_p": {"null", "integer", "number"},  # 7 and 1.5 turn it off; below 1 is refused
     "top_n_sigma": {"null"},  # refused when on
-    "xtc_probability": {"null"},
+    "xtc_probability": {"null"},  # in [0, 1]
+    "xtc_threshold": {"null"},
     "dry_multiplier": {"null"},
     "mirostat": {"null"},
     "dynatemp_range": {"null"},
@@ -336,6 +337,8 @@ NUMERIC = [
     "presence_penalty",
     "repeat_penalty",
     "repeat_last_n",
+    "xtc_probability",
+    "xtc_threshold",
     "k",
     "speculative.n_max",
     "speculative.n_min",

@@ -195,7 +195,7 @@ REFUSED = [
     ({"n": 2}, "n", "one choice"),
     ({"typical_p": 0.9}, "typical_p", "locally typical sampling sampler (1 turns it off)"),
     ({"top_n_sigma": 1.0}, "top_n_sigma", "top-n-sigma"),
-    ({"xtc_probability": 0.5}, "xtc_probability", "XTC"),
+    ({"xtc_probability": 1.5}, "xtc_probability", "[0, 1]"),
     ({"dry_multiplier": 0.8}, "dry_multiplier", "DRY sampler (0 turns it off)"),
     ({"mirostat": 2}, "mirostat", "Mirostat"),
     ({"dynatemp_range": 0.5}, "dynatemp_range", "dynamic temperature"),
@@ -366,6 +366,14 @@ def test_ignore_eos_writes_to_max_tokens_under_speculation(generic):
     assert running["choices"][0]["finish_reason"] == "length" and running["usage"]["completion_tokens"] == 300
     assert running["choices"][0]["text"].startswith(ended["choices"][0]["text"])
     assert running["timings"]["draft_n_accepted"] > 0  # drafted by lookup, the ban in every verified row
+
+
+def test_xtc_that_always_fires_moves_greedy_off_the_argmax(generic):
+    body = {"prompt": "the cat sat", "max_tokens": 12, "ignore_eos": True}
+    greedy = ok(generic, COMPLETIONS, body)["choices"][0]["text"]
+    thinned = ok(generic, COMPLETIONS, {**body, "xtc_probability": 1.0, "xtc_threshold": 0.01})["choices"][0]["text"]
+    again = ok(generic, COMPLETIONS, {**body, "xtc_probability": 1.0, "xtc_threshold": 0.01})["choices"][0]["text"]
+    assert thinned != greedy and thinned == again  # always firing, greedy stays deterministic
 
 
 def test_fields_that_ask_for_nothing_are_served(generic):

@@ -80,7 +80,7 @@ def measure(
                 tokens, stats = run_variant(session, variant, prompt, settings, seed, max_tokens, grammars[index])
                 if variant.method == PLAIN:
                     plain_tokens = tokens
-                match = tokens == plain_tokens if settings.greedy and variant.method != PLAIN else None
+                match = tokens == plain_tokens if settings.deterministic and variant.method != PLAIN else None
                 yield Run(index, rep, variant, stats, match, peak_rss_mb())
         if plain_tokens is None:  # plan_variants puts plain first in every bench
             raise ValueError("measure() needs the plain variant: the store keeps each prompt's plain output")

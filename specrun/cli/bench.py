@@ -203,6 +203,7 @@ def _run(plan: Plan, config: SessionConfig, outputs: Outputs) -> None:
     )
     bias = f", logit bias on {len(s.logit_bias)} tokens" if s.logit_bias else ""
     bias += ", end of generation banned" if s.ignore_eos else ""
+    bias += f", XTC {s.xtc_probability:g} at {s.xtc_threshold:g}" if s.xtc else ""
     err_console.print(
         f"[dim]bench: {len(plan.prompts)} prompts ({plan.source_name}) x {', '.join(v.label for v in plan.variants)}; "
         f"max {plan.max_tokens} tokens, repeat {plan.repeat}, warmup {plan.warmup}, "
@@ -286,6 +287,8 @@ def _config_record(config: SessionConfig, plan: Plan) -> dict:
         "repeat_last_n": s.repeat_last_n,
         "logit_bias": [f"{token}{bias:+g}" for token, bias in s.logit_bias.items()],  # as --logit-bias takes them
         "ignore_eos": s.ignore_eos,
+        "xtc_probability": s.xtc_probability,
+        "xtc_threshold": s.xtc_threshold,
         "seed": s.seed,
         "max_tokens": plan.max_tokens,
         "repeat": plan.repeat,

@@ -110,6 +110,13 @@ LogitBias = Annotated[
         help="Add BIAS to a token's logit, as llama.cpp's: 15043+1 raises token 15043, 15043-inf bans it (repeatable; default: none).",
     ),
 ]
+XtcProbability = Annotated[
+    float,
+    typer.Option("--xtc-probability", help="How often XTC drops the likeliest tokens at or above --xtc-threshold (0 disables)."),
+]
+XtcThreshold = Annotated[
+    float, typer.Option("--xtc-threshold", help="The probability a token needs for XTC to drop it (above 0.5 disables XTC).")
+]
 IgnoreEos = Annotated[
     bool,
     typer.Option("--ignore-eos", help="Ban the end-of-generation tokens, so the text runs to --max-tokens (llama.cpp's option)."),
@@ -216,6 +223,8 @@ class ModelOptions:
     repeat_last_n: RepeatLastN = 64
     logit_bias: LogitBias = None
     ignore_eos: IgnoreEos = False
+    xtc_probability: XtcProbability = 0.0
+    xtc_threshold: XtcThreshold = 0.1
     seed: Seed = None
     ctx_size: CtxSize = 4096
     threads: Threads = 0
@@ -246,6 +255,8 @@ class ModelOptions:
             repeat_last_n=self.repeat_last_n,
             logit_bias=parse_logit_bias(self.logit_bias or ()),
             ignore_eos=self.ignore_eos,
+            xtc_probability=self.xtc_probability,
+            xtc_threshold=self.xtc_threshold,
         )
 
     def _llama_settings(self) -> dict:

@@ -157,7 +157,7 @@ class Generator:
         check_bias_tokens(sampler.settings.logit_bias, target.model.n_vocab)
         check(logprobs=logprobs)
         # a row's argmax is all a check needs
-        self._argmax_only = sampler.settings.greedy and constraint is None and self.adjustments is None
+        self._argmax_only = sampler.settings.deterministic and constraint is None and self.adjustments is None
         self.stats = Stats()  # the running (or last) generation's counters
         self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 

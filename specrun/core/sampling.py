@@ -33,6 +33,10 @@ class SamplerSettings:
     # its logit (-inf bans it)
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     ignore_eos: bool = False  # the model's end-of-generation tokens banned (llama.cpp's: a bias of -inf on each)
+    # llama.cpp's XTC, after min-p: with this probability, the likeliest survivors whose probability
+    # reaches the threshold are dropped, all but the least likely of them (0 disables it)
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1  # above 0.5 disables it
 
     def __post_init__(self) -> None:
         values = asdict(self)
@@ -48,6 +52,16 @@ class SamplerSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def xtc(self) -> bool:
+        """Whether XTC may drop tokens."""
+        return self.xtc_probability > 0 and self.xtc_threshold <= 0.5
+
+    @property
+    def deterministic(self) -> bool:
+        """Whether each token is its row's argmax (greedy, and no XTC to draw at random)."""
+        return self.greedy and not self.xtc
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,13 @@ class Distribution:
             return int(self.ids[0])
         index = int(np.searchsorted(self._cdf, rng.random() * self._cdf[-1], side="right"))
         return int(self.ids[min(index, self.ids.size - 1)])
+
+    def mixed(self, other: "Distribution", weight: float) -> "Distribution":
+        """(1 - weight) of this and `weight` of `other`, over the tokens either has."""
+        ids, inverse = np.unique(np.concatenate([self.ids, other.ids]), return_inverse=True)
+        probs = np.bincount(inverse, weights=np.concatenate([(1 - weight) * self.probs, weight * other.probs]))
+        keep = probs > 0
+        return Distribution(ids[keep], probs[keep])
 
     def residual(self, q: "Distribution") -> "Distribution":
         """norm(max(p - q, 0)): where a rejected draft's replacement is drawn from."""
@@ -170,11 +191,11 @@ class Adjustments:
 
 
 def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray | None = None) -> Distribution:
-    """The distribution llama.cpp's chain top_k -> top_p -> min_p -> temp -> dist samples from.
+    """The distribution llama.cpp's chain top_k -> top_p -> min_p -> xtc -> temp -> dist samples from.
 
     `scratch` (bool, vocab-sized) spares an allocation per call in the decoding loop.
     """
-    if settings.greedy:
+    if settings.deterministic:
         return Distribution.point(int(logits.argmax()))
     n = logits.shape[-1]
     ids = top_k_ids(logits, settings.top_k, scratch) if 0 < settings.top_k < n else np.arange(n)
@@ -189,8 +210,29 @@ def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray 
     if settings.min_p > 0:
         keep = int(np.count_nonzero(p1 >= settings.min_p * p1[0]))
         ids, values = ids[:keep], values[:keep]
-    # Temperature rescales only what survived.
-    scaled = np.exp((values - values[0]) / settings.temperature)
+    tempered = _tempered(ids, values, settings.temperature)
+    dropped = _xtc_dropped(values, settings) if settings.xtc else 0
+    if not dropped:
+        return tempered
+    # XTC fires at random: the row's distribution is the mixture of its firing and not.
+    thinned = _tempered(ids[dropped:], values[dropped:], settings.temperature)
+    return tempered.mixed(thinned, settings.xtc_probability)
+
+
+def _xtc_dropped(values: np.ndarray, settings: SamplerSettings) -> int:
+    """How many of the survivors (`values`, their logits, likeliest first) XTC drops when it fires:
+    those whose temperature-1 probability among them reaches the threshold, all but the last;
+    none when fewer than two reach it."""
+    p = np.exp(values - values[0])
+    p /= p.sum()
+    return max(int(np.count_nonzero(p >= settings.xtc_threshold)) - 1, 0)
+
+
+def _tempered(ids: np.ndarray, values: np.ndarray, temperature: float) -> Distribution:
+    """The survivors' distribution at the temperature (0: the likeliest alone)."""
+    if temperature == 0:
+        return Distribution(ids[:1], np.ones(1))
+    scaled = np.exp((values - values[0]) / temperature)
     return Distribution(ids, scaled / scaled.sum())
 
 

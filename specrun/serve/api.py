@@ -25,7 +25,18 @@ from specrun.serve.tools import ToolRequest, call_grammar, function_parameters
 from specrun.settings import SettingError, check, check_logit_bias, shown
 
 # Request fields passed on to SamplerSettings, named as there: OpenAI's, and llama-server's own.
-SAMPLING = {"temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n"}
+SAMPLING = {
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repeat_penalty",
+    "repeat_last_n",
+    "xtc_probability",
+    "xtc_threshold",
+}
 SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `speculative` object
 UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) when they ask for something
     "functions": "it is OpenAI's deprecated function calling: send 'tools' instead",
@@ -37,7 +48,6 @@ UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) 
 SAMPLERS_NOT_RUN: dict[str, tuple[str, str, Callable[[float], bool]]] = {
     "typical_p": ("locally typical sampling", "1", lambda value: value >= 1),
     "top_n_sigma": ("top-n-sigma", "-1", lambda value: value <= 0),
-    "xtc_probability": ("XTC", "0", lambda value: value <= 0),
     "dry_multiplier": ("DRY", "0", lambda value: value == 0),
     "mirostat": ("Mirostat", "0", lambda value: value == 0),
     "dynatemp_range": ("dynamic temperature", "0", lambda value: value <= 0),

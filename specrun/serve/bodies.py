@@ -223,10 +223,11 @@ class Body(Strict):
     repeat_penalty: float | None = None  # llama-server's
     repeat_last_n: int | None = None  # llama-server's
     ignore_eos: bool | None = None  # llama-server's
+    xtc_probability: float | None = None  # llama-server's
+    xtc_threshold: float | None = None  # llama-server's
     # llama-server's samplers specrun does not run: refused unless off (api.SAMPLERS_NOT_RUN)
     typical_p: float | None = None
     top_n_sigma: float | None = None
-    xtc_probability: float | None = None
     dry_multiplier: float | None = None
     mirostat: int | None = None
     dynatemp_range: float | None = None
