@@ -70,6 +70,8 @@ RULES: dict[str, Rule] = {
     # sampling
     "temperature": Rule("a number >= 0 (0 is greedy)", 0),
     "top_k": _count(0, "0 disables it"),
+    "top_n_sigma": Rule("a number (0 or below disables it)"),
+    "typical_p": Rule("a number in [0, 1] (1 disables it)", 0, 1),
     "top_p": Rule("a number in (0, 1] (1 disables it)", 0, 1, low_open=True),
     "min_p": Rule("a number in [0, 1] (0 disables it)", 0, 1),
     "seed": _count(0, "leave it out for a random seed"),

@@ -172,7 +172,7 @@ def biased(exact) -> SamplerSettings:
 
 
 @pytest.mark.parametrize("drafting", ["plain", "draft", "translated", "translated-tokens"])
-@pytest.mark.parametrize("adjusting", ["penalized", "biased", "xtc", "greedy-xtc"])
+@pytest.mark.parametrize("adjusting", ["penalized", "biased", "xtc", "greedy-xtc", "typical-sigma"])
 def test_tiny_drafts_under_bias_penalties_and_xtc_follow_the_chains_distribution(
     rig, tiny, tiny_prompt, exact, biased, adjusting, drafting
 ):
@@ -181,7 +181,13 @@ def test_tiny_drafts_under_bias_penalties_and_xtc_follow_the_chains_distribution
     own view of the text, which changes q and not p. XTC fires at random, so a row's p is the
     mixture of its firing and not (greedy too: two points). (Prompt lookup copies the repeats
     these penalties push the target away from: none is kept.)"""
-    settings = {"penalized": PENALIZED, "biased": biased, "xtc": XTC, "greedy-xtc": replace(XTC, temperature=0.0)}[adjusting]
+    settings = {
+        "penalized": PENALIZED,
+        "biased": biased,
+        "xtc": XTC,
+        "greedy-xtc": replace(XTC, temperature=0.0),
+        "typical-sigma": replace(SETTINGS, typical_p=0.5, top_n_sigma=1.0),
+    }[adjusting]
     adjusted = exact_pairs(tiny["target"], tiny_prompt, settings, 128)
     sampled, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, settings, seed), tiny_prompt, range(SEEDS))
     if drafting != "plain":

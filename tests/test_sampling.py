@@ -301,3 +301,42 @@ def test_xtc_changes_nothing_where_fewer_than_two_tokens_reach_the_threshold():
         == filtered(TARGET_LOGITS, replace(settings, xtc_probability=0)).probs.tolist()
     )
     assert not SamplerSettings(xtc_probability=0.5, xtc_threshold=0.6).xtc
+
+
+def llama_cpp_survivors(logits: np.ndarray, settings: SamplerSettings) -> set[int]:
+    """The tokens llama.cpp's own filters (top-n-sigma, top-k, typical, top-p, min-p) leave."""
+    L = llama()
+    samplers = [
+        L.llama_sampler_init_top_n_sigma(settings.top_n_sigma),
+        L.llama_sampler_init_top_k(settings.top_k),
+        L.llama_sampler_init_typical(settings.typical_p, 0),
+        L.llama_sampler_init_top_p(settings.top_p, 0),
+        L.llama_sampler_init_min_p(settings.min_p, 0),
+    ]
+    try:
+        data = (L.llama_token_data * logits.size)(*[L.llama_token_data(i, float(v), 0.0) for i, v in enumerate(logits)])
+        array = L.llama_token_data_array(data=data, size=logits.size, selected=-1, sorted=False)
+        for sampler in samplers:
+            L.llama_sampler_apply(sampler, ctypes.byref(array))
+        return {array.data[i].id for i in range(array.size) if array.data[i].logit != -np.inf}
+    finally:
+        for sampler in samplers:
+            L.llama_sampler_free(sampler)
+
+
+def test_top_n_sigma_and_typical_keep_what_llama_cpps_own_filters_keep():
+    """Each with the other filters; not both at once: llama.cpp's typical then takes the tokens
+    top-n-sigma masked (probability 0) into its entropy, which comes out NaN."""
+    rng = np.random.default_rng(13)
+    for case in range(200):
+        sigma = case % 2 == 0
+        settings = SamplerSettings(
+            temperature=1.0,
+            top_n_sigma=float(rng.choice([0.5, 1.0, 2.0])) if sigma else -1.0,
+            top_k=int(rng.choice([0, 5, 40])),
+            typical_p=1.0 if sigma else float(rng.choice([0.2, 0.6, 0.95])),
+            top_p=float(rng.choice([1.0, 0.9])),
+            min_p=float(rng.choice([0.0, 0.05])),
+        )
+        logits = (rng.standard_normal(60) * rng.uniform(0.5, 4)).astype(np.float32)
+        assert set(filtered(logits, settings).ids.tolist()) == llama_cpp_survivors(logits, settings), (case, settings)

@@ -282,8 +282,8 @@ COMMON = {
     "repeat_penalty": {"null", "integer", "number"},  # in [0.01, 100]
     "repeat_last_n": {"null", "integer"},
     "ignore_eos": {"null", "boolean"},
-    "typical_p": {"null", "integer", "number"},  # 7 and 1.5 turn it off; below 1 is refused
-    "top_n_sigma": {"null"},  # refused when on
+    "typical_p": {"null"},  # in [0, 1]
+    "top_n_sigma": {"null", "integer", "number"},
     "xtc_probability": {"null"},  # in [0, 1]
     "xtc_threshold": {"null"},
     "dry_multiplier": {"null"},
@@ -339,6 +339,8 @@ NUMERIC = [
     "repeat_last_n",
     "xtc_probability",
     "xtc_threshold",
+    "typical_p",
+    "top_n_sigma",
     "k",
     "speculative.n_max",
     "speculative.n_min",

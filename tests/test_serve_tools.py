@@ -193,8 +193,7 @@ REFUSED = [
     ({"logit_bias": {"50": 1, "99999999": 1}}, "logit_bias", "token ids, from 0 to"),  # found when it runs
     ({"logit_bias": "50"}, "logit_bias", "an object of token ids to biases"),
     ({"n": 2}, "n", "one choice"),
-    ({"typical_p": 0.9}, "typical_p", "locally typical sampling sampler (1 turns it off)"),
-    ({"top_n_sigma": 1.0}, "top_n_sigma", "top-n-sigma"),
+    ({"typical_p": 1.5}, "typical_p", "[0, 1]"),
     ({"xtc_probability": 1.5}, "xtc_probability", "[0, 1]"),
     ({"dry_multiplier": 0.8}, "dry_multiplier", "DRY sampler (0 turns it off)"),
     ({"mirostat": 2}, "mirostat", "Mirostat"),

@@ -53,6 +53,8 @@ def is_click_error(exc: object) -> TypeIs[_ClickError]:
 # The option of each library setting whose name is not just `--` and its name with dashes.
 SETTING_OPTIONS = {
     "temperature": "--temp",
+    "top_n_sigma": "--top-nsigma",
+    "typical_p": "--typical",
     "n_ctx": "--ctx-size",
     "n_ubatch": "--ubatch-size",
     "translation": "--draft-translation",

@@ -84,6 +84,13 @@ K = Annotated[
 ]
 Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")]
 TopK = Annotated[int, typer.Option("--top-k", help="Top-k filter at temperature > 0 (0 disables).")]
+TopNSigma = Annotated[
+    float,
+    typer.Option("--top-nsigma", help="Keep tokens whose logit is within N standard deviations of the top one (<= 0 disables)."),
+]
+Typical = Annotated[
+    float, typer.Option("--typical", help="Locally typical sampling: keep the most typical tokens up to this mass (1 disables).")
+]
 TopP = Annotated[float, typer.Option("--top-p", help="Top-p filter at temperature > 0 (1 disables).")]
 MinP = Annotated[float, typer.Option("--min-p", help="Min-p filter at temperature > 0 (0 disables).")]
 RepeatPenalty = Annotated[
@@ -215,6 +222,8 @@ class ModelOptions:
     offline: Offline = False
     temp: Temp = 0.0
     top_k: TopK = 40
+    top_n_sigma: TopNSigma = -1.0
+    typical: Typical = 1.0
     top_p: TopP = 0.95
     min_p: MinP = 0.05
     repeat_penalty: RepeatPenalty = 1.0
@@ -246,6 +255,8 @@ class ModelOptions:
         return SamplerSettings(
             temperature=self.temp,
             top_k=self.top_k,
+            top_n_sigma=self.top_n_sigma,
+            typical_p=self.typical,
             top_p=self.top_p,
             min_p=self.min_p,
             seed=self.seed,

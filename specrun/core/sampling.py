@@ -19,7 +19,9 @@ from specrun.settings import SettingError, check, check_logit_bias
 @dataclass(frozen=True)
 class SamplerSettings:
     temperature: float = 0.0  # 0 means greedy (argmax)
+    top_n_sigma: float = -1.0  # keep the logits within n standard deviations of the top one (of the row's); <= 0 disables
     top_k: int = 40  # keep the k most likely tokens; 0 disables
+    typical_p: float = 1.0  # keep the most typical tokens (closest to the entropy) whose mass reaches p; 1 disables
     top_p: float = 0.95  # keep the smallest set whose temperature-1 mass reaches p; 1 disables
     min_p: float = 0.05  # drop tokens below min_p x the top probability; 0 disables
     seed: int | None = None  # None draws a fresh seed
@@ -191,7 +193,8 @@ class Adjustments:
 
 
 def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray | None = None) -> Distribution:
-    """The distribution llama.cpp's chain top_k -> top_p -> min_p -> xtc -> temp -> dist samples from.
+    """The distribution llama.cpp's chain top_n_sigma -> top_k -> typical -> top_p -> min_p -> xtc ->
+    temp -> dist samples from.
 
     `scratch` (bool, vocab-sized) spares an allocation per call in the decoding loop.
     """
@@ -199,11 +202,16 @@ def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray 
         return Distribution.point(int(logits.argmax()))
     n = logits.shape[-1]
     ids = top_k_ids(logits, settings.top_k, scratch) if 0 < settings.top_k < n else np.arange(n)
+    if settings.top_n_sigma > 0:  # it masks the row before top-k, which cannot bring a masked token back
+        ids = ids[logits[ids] >= _sigma_floor(logits, settings.top_n_sigma)]
     ids = ids[np.argsort(-logits[ids], kind="stable")]
     values = logits[ids].astype(np.float64)
-    # top-p and min-p look at the temperature-1 softmax of the survivors.
+    # typical-p, top-p and min-p look at the temperature-1 softmax of the survivors.
     p1 = np.exp(values - values[0])
     p1 /= p1.sum()
+    if settings.typical_p < 1:
+        typical = _typical(p1, settings.typical_p)
+        ids, values, p1 = ids[typical], values[typical], p1[typical] / p1[typical].sum()
     if settings.top_p < 1:
         keep = int(np.searchsorted(np.cumsum(p1), settings.top_p, side="left")) + 1
         ids, values, p1 = ids[:keep], values[:keep], p1[:keep]
@@ -217,6 +225,25 @@ def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray 
     # XTC fires at random: the row's distribution is the mixture of its firing and not.
     thinned = _tempered(ids[dropped:], values[dropped:], settings.temperature)
     return tempered.mixed(thinned, settings.xtc_probability)
+
+
+def _sigma_floor(logits: np.ndarray, n: float) -> float:
+    """top-n-sigma's: the top logit less n standard deviations of the row's finite logits."""
+    finite = logits[np.isfinite(logits)]
+    return float(finite.max() - n * finite.std(dtype=np.float64))
+
+
+def _typical(p: np.ndarray, mass: float) -> np.ndarray:
+    """Locally typical sampling's survivors of `p` (likeliest first), as a mask: the tokens whose
+    surprise is closest to the entropy, until their mass passes `mass`."""
+    with np.errstate(divide="ignore"):
+        surprise = -np.log(p)
+    entropy = float(np.sum(p[p > 0] * surprise[p > 0]))
+    order = np.argsort(np.abs(surprise - entropy), kind="stable")
+    kept = int(np.searchsorted(np.cumsum(p[order]), mass, side="right")) + 1
+    mask = np.zeros(p.size, dtype=bool)
+    mask[order[:kept]] = True
+    return mask
 
 
 def _xtc_dropped(values: np.ndarray, settings: SamplerSettings) -> int:

@@ -36,6 +36,8 @@ SAMPLING = {
     "repeat_last_n",
     "xtc_probability",
     "xtc_threshold",
+    "typical_p",
+    "top_n_sigma",
 }
 SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `speculative` object
 UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) when they ask for something
@@ -46,8 +48,6 @@ UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) 
 
 # llama-server's samplers specrun does not run: the field that turns each on, what it is, when it is off.
 SAMPLERS_NOT_RUN: dict[str, tuple[str, str, Callable[[float], bool]]] = {
-    "typical_p": ("locally typical sampling", "1", lambda value: value >= 1),
-    "top_n_sigma": ("top-n-sigma", "-1", lambda value: value <= 0),
     "dry_multiplier": ("DRY", "0", lambda value: value == 0),
     "mirostat": ("Mirostat", "0", lambda value: value == 0),
     "dynatemp_range": ("dynamic temperature", "0", lambda value: value <= 0),

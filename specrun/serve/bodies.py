@@ -225,9 +225,9 @@ class Body(Strict):
     ignore_eos: bool | None = None  # llama-server's
     xtc_probability: float | None = None  # llama-server's
     xtc_threshold: float | None = None  # llama-server's
+    typical_p: float | None = None  # llama-server's
+    top_n_sigma: float | None = None  # llama-server's
     # llama-server's samplers specrun does not run: refused unless off (api.SAMPLERS_NOT_RUN)
-    typical_p: float | None = None
-    top_n_sigma: float | None = None
     dry_multiplier: float | None = None
     mirostat: int | None = None
     dynatemp_range: float | None = None
