@@ -81,6 +81,8 @@ RULES: dict[str, Rule] = {
     "repeat_last_n": _count(0, "0 disables the penalties", INT32_MAX),
     "xtc_probability": Rule("a number in [0, 1] (0 disables it)", 0, 1),
     "xtc_threshold": Rule("a number in [0, 1] (above 0.5 disables it)", 0, 1),
+    "dynatemp_range": Rule("a number >= 0 (0 disables it)", 0),
+    "dynatemp_exponent": Rule("a number >= 0", 0),
     "max_tokens": _count(1),
     "logprobs": _count(0, high=20),  # the likeliest tokens reported beside each emitted one (OpenAI's top_logprobs)
     # models and llama.cpp

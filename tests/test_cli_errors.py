@@ -45,6 +45,7 @@ SHARED_OPTIONS = [
     ("-l", "5+inf", ["--logit-bias", "-inf to ban", "but is inf"]),
     ("--xtc-probability", "2", ["--xtc-probability", "[0, 1]", "but is 2"]),
     ("--typical", "1.5", ["--typical", "[0, 1]", "but is 1.5"]),
+    ("--dynatemp-exp", "-1", ["--dynatemp-exp", ">= 0", "but is -1"]),
     ("--top-nsigma", "inf", ["--top-nsigma", "but is inf"]),
     ("--xtc-threshold", "-0.1", ["--xtc-threshold", "above 0.5 disables it", "but is -0.1"]),
     ("--seed", "-1", ["--seed", "-1", ">= 0"]),

@@ -172,7 +172,7 @@ def biased(exact) -> SamplerSettings:
 
 
 @pytest.mark.parametrize("drafting", ["plain", "draft", "translated", "translated-tokens"])
-@pytest.mark.parametrize("adjusting", ["penalized", "biased", "xtc", "greedy-xtc", "typical-sigma"])
+@pytest.mark.parametrize("adjusting", ["penalized", "biased", "xtc", "greedy-xtc", "typical-sigma", "dynatemp"])
 def test_tiny_drafts_under_bias_penalties_and_xtc_follow_the_chains_distribution(
     rig, tiny, tiny_prompt, exact, biased, adjusting, drafting
 ):
@@ -187,6 +187,7 @@ def test_tiny_drafts_under_bias_penalties_and_xtc_follow_the_chains_distribution
         "xtc": XTC,
         "greedy-xtc": replace(XTC, temperature=0.0),
         "typical-sigma": replace(SETTINGS, typical_p=0.5, top_n_sigma=1.0),
+        "dynatemp": replace(SETTINGS, temperature=0.4, dynatemp_range=0.3, dynatemp_exponent=0.5),
     }[adjusting]
     adjusted = exact_pairs(tiny["target"], tiny_prompt, settings, 128)
     sampled, drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, settings, seed), tiny_prompt, range(SEEDS))

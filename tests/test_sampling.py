@@ -340,3 +340,32 @@ def test_top_n_sigma_and_typical_keep_what_llama_cpps_own_filters_keep():
         )
         logits = (rng.standard_normal(60) * rng.uniform(0.5, 4)).astype(np.float32)
         assert set(filtered(logits, settings).ids.tolist()) == llama_cpp_survivors(logits, settings), (case, settings)
+
+
+def test_dynamic_temperature_gives_llama_cpps_probabilities():
+    L = llama()
+    rng = np.random.default_rng(17)
+    for case in range(100):
+        settings = SamplerSettings(
+            temperature=float(rng.choice([0.0, 0.5, 1.0])),
+            dynatemp_range=float(rng.choice([0.3, 1.0])),
+            dynatemp_exponent=float(rng.choice([0.5, 1.0, 2.0])),
+            top_k=int(rng.choice([0, 8])),
+        )
+        logits = (rng.standard_normal(30) * rng.uniform(0.3, 3)).astype(np.float32)
+        samplers = [
+            L.llama_sampler_init_top_k(settings.top_k),
+            L.llama_sampler_init_top_p(settings.top_p, 0),
+            L.llama_sampler_init_min_p(settings.min_p, 0),
+            L.llama_sampler_init_temp_ext(settings.temperature, settings.dynatemp_range, settings.dynatemp_exponent),
+        ]
+        data = (L.llama_token_data * logits.size)(*[L.llama_token_data(i, float(v), 0.0) for i, v in enumerate(logits)])
+        array = L.llama_token_data_array(data=data, size=logits.size, selected=-1, sorted=False)
+        for sampler in samplers:
+            L.llama_sampler_apply(sampler, ctypes.byref(array))
+            L.llama_sampler_free(sampler)
+        theirs = {array.data[i].id: array.data[i].p for i in range(array.size) if array.data[i].p > 0}
+        theirs = {token: p / sum(theirs.values()) for token, p in theirs.items()}  # one survivor keeps a stale p
+        ours = filtered(logits, settings)
+        assert dict(zip(ours.ids.tolist(), ours.probs.tolist())) == pytest.approx(theirs, abs=1e-5), (case, settings)
+    assert not SamplerSettings(dynatemp_range=0.5).deterministic  # llama.cpp samples at temperature 0 with it

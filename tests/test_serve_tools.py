@@ -197,7 +197,7 @@ REFUSED = [
     ({"xtc_probability": 1.5}, "xtc_probability", "[0, 1]"),
     ({"dry_multiplier": 0.8}, "dry_multiplier", "DRY sampler (0 turns it off)"),
     ({"mirostat": 2}, "mirostat", "Mirostat"),
-    ({"dynatemp_range": 0.5}, "dynatemp_range", "dynamic temperature"),
+    ({"dynatemp_range": -0.5}, "dynatemp_range", ">= 0"),
 ]
 
 

@@ -55,6 +55,7 @@ SETTING_OPTIONS = {
     "temperature": "--temp",
     "top_n_sigma": "--top-nsigma",
     "typical_p": "--typical",
+    "dynatemp_exponent": "--dynatemp-exp",
     "n_ctx": "--ctx-size",
     "n_ubatch": "--ubatch-size",
     "translation": "--draft-translation",

@@ -207,7 +207,7 @@ def _run(plan: Plan, config: SessionConfig, outputs: Outputs) -> None:
     err_console.print(
         f"[dim]bench: {len(plan.prompts)} prompts ({plan.source_name}) x {', '.join(v.label for v in plan.variants)}; "
         f"max {plan.max_tokens} tokens, repeat {plan.repeat}, warmup {plan.warmup}, "
-        f"{'greedy' if s.greedy else f'temperature {s.temperature}, seed {s.seed}'}{penalties}{bias}[/]"
+        f"{'greedy' if s.deterministic else f'temperature {s.temperature}, seed {s.seed}'}{penalties}{bias}[/]"
     )
     with Session(config) as session:
         texts = _render_all(plan.prompts, session)
@@ -291,6 +291,8 @@ def _config_record(config: SessionConfig, plan: Plan) -> dict:
         "ignore_eos": s.ignore_eos,
         "xtc_probability": s.xtc_probability,
         "xtc_threshold": s.xtc_threshold,
+        "dynatemp_range": s.dynatemp_range,
+        "dynatemp_exponent": s.dynatemp_exponent,
         "seed": s.seed,
         "max_tokens": plan.max_tokens,
         "repeat": plan.repeat,

@@ -124,6 +124,13 @@ XtcProbability = Annotated[
 XtcThreshold = Annotated[
     float, typer.Option("--xtc-threshold", help="The probability a token needs for XTC to drop it (above 0.5 disables XTC).")
 ]
+DynatempRange = Annotated[
+    float,
+    typer.Option(
+        "--dynatemp-range", help="Dynamic temperature: each token's within --temp -/+ this, by its entropy (0 disables)."
+    ),
+]
+DynatempExp = Annotated[float, typer.Option("--dynatemp-exp", help="Dynamic temperature's exponent on the normalized entropy.")]
 IgnoreEos = Annotated[
     bool,
     typer.Option("--ignore-eos", help="Ban the end-of-generation tokens, so the text runs to --max-tokens (llama.cpp's option)."),
@@ -234,6 +241,8 @@ class ModelOptions:
     ignore_eos: IgnoreEos = False
     xtc_probability: XtcProbability = 0.0
     xtc_threshold: XtcThreshold = 0.1
+    dynatemp_range: DynatempRange = 0.0
+    dynatemp_exp: DynatempExp = 1.0
     seed: Seed = None
     ctx_size: CtxSize = 4096
     threads: Threads = 0
@@ -268,6 +277,8 @@ class ModelOptions:
             ignore_eos=self.ignore_eos,
             xtc_probability=self.xtc_probability,
             xtc_threshold=self.xtc_threshold,
+            dynatemp_range=self.dynatemp_range,
+            dynatemp_exponent=self.dynatemp_exp,
         )
 
     def _llama_settings(self) -> dict:

@@ -39,6 +39,10 @@ class SamplerSettings:
     # reaches the threshold are dropped, all but the least likely of them (0 disables it)
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1  # above 0.5 disables it
+    # llama.cpp's dynamic temperature: each row's temperature between temperature -/+ the range
+    # (at least 0), higher the closer the survivors' entropy is to its most (0 disables it)
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
 
     def __post_init__(self) -> None:
         values = asdict(self)
@@ -62,8 +66,9 @@ class SamplerSettings:
 
     @property
     def deterministic(self) -> bool:
-        """Whether each token is its row's argmax (greedy, and no XTC to draw at random)."""
-        return self.greedy and not self.xtc
+        """Whether each token is its row's argmax: greedy, with no XTC to draw at random and no
+        dynamic temperature to raise it above 0 (as llama.cpp's chain, which then samples)."""
+        return self.greedy and not self.xtc and self.dynatemp_range == 0
 
 
 @dataclass(frozen=True)
@@ -218,12 +223,12 @@ def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray 
     if settings.min_p > 0:
         keep = int(np.count_nonzero(p1 >= settings.min_p * p1[0]))
         ids, values = ids[:keep], values[:keep]
-    tempered = _tempered(ids, values, settings.temperature)
+    tempered = _tempered(ids, values, settings)
     dropped = _xtc_dropped(values, settings) if settings.xtc else 0
     if not dropped:
         return tempered
     # XTC fires at random: the row's distribution is the mixture of its firing and not.
-    thinned = _tempered(ids[dropped:], values[dropped:], settings.temperature)
+    thinned = _tempered(ids[dropped:], values[dropped:], settings)
     return tempered.mixed(thinned, settings.xtc_probability)
 
 
@@ -246,6 +251,19 @@ def _typical(p: np.ndarray, mass: float) -> np.ndarray:
     return mask
 
 
+def _dynamic_temperature(values: np.ndarray, settings: SamplerSettings) -> float:
+    """llama.cpp's temp_ext: from temperature - range (at least 0) to temperature + range, by the
+    survivors' temperature-1 entropy over its most (all equally likely), to the exponent."""
+    if values.size <= 1:
+        return settings.temperature
+    low = max(0.0, settings.temperature - settings.dynatemp_range)
+    high = settings.temperature + settings.dynatemp_range
+    p = np.exp(values - values[0])
+    p /= p.sum()
+    entropy = -float(np.sum(p[p > 0] * np.log(p[p > 0])))
+    return low + (high - low) * (entropy / np.log(values.size)) ** settings.dynatemp_exponent
+
+
 def _xtc_dropped(values: np.ndarray, settings: SamplerSettings) -> int:
     """How many of the survivors (`values`, their logits, likeliest first) XTC drops when it fires:
     those whose temperature-1 probability among them reaches the threshold, all but the last;
@@ -255,9 +273,11 @@ def _xtc_dropped(values: np.ndarray, settings: SamplerSettings) -> int:
     return max(int(np.count_nonzero(p >= settings.xtc_threshold)) - 1, 0)
 
 
-def _tempered(ids: np.ndarray, values: np.ndarray, temperature: float) -> Distribution:
-    """The survivors' distribution at the temperature (0: the likeliest alone)."""
-    if temperature == 0:
+def _tempered(ids: np.ndarray, values: np.ndarray, settings: SamplerSettings) -> Distribution:
+    """The survivors' distribution at the settings' temperature (0: the likeliest alone), or the
+    dynamic temperature their entropy gives."""
+    temperature = _dynamic_temperature(values, settings) if settings.dynatemp_range > 0 else settings.temperature
+    if temperature <= 0:
         return Distribution(ids[:1], np.ones(1))
     scaled = np.exp((values - values[0]) / temperature)
     return Distribution(ids, scaled / scaled.sum())

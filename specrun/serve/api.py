@@ -38,6 +38,8 @@ SAMPLING = {
     "xtc_threshold",
     "typical_p",
     "top_n_sigma",
+    "dynatemp_range",
+    "dynatemp_exponent",
 }
 SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `speculative` object
 UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) when they ask for something
@@ -50,7 +52,6 @@ UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) 
 SAMPLERS_NOT_RUN: dict[str, tuple[str, str, Callable[[float], bool]]] = {
     "dry_multiplier": ("DRY", "0", lambda value: value == 0),
     "mirostat": ("Mirostat", "0", lambda value: value == 0),
-    "dynatemp_range": ("dynamic temperature", "0", lambda value: value <= 0),
 }
 
 

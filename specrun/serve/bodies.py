@@ -227,10 +227,11 @@ class Body(Strict):
     xtc_threshold: float | None = None  # llama-server's
     typical_p: float | None = None  # llama-server's
     top_n_sigma: float | None = None  # llama-server's
+    dynatemp_range: float | None = None  # llama-server's
+    dynatemp_exponent: float | None = None  # llama-server's
     # llama-server's samplers specrun does not run: refused unless off (api.SAMPLERS_NOT_RUN)
     dry_multiplier: float | None = None
     mirostat: int | None = None
-    dynatemp_range: float | None = None
     seed: int | None = None
     stop: Annotated[list[str], BeforeValidator(_listed), expecting("a string or an array of strings")] | None = None
     stream: bool | None = None
