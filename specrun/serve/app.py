@@ -18,10 +18,8 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
-from specrun.backend import Model
 from specrun.serve import api, tokens
 from specrun.serve.api import ApiError
-from specrun.serve.bodies import DetokenizeBody, TokenizeBody
 from specrun.serve.jobs import Failed, Finished, Job, Text
 from specrun.serve.metrics import MEDIA_TYPE, Metrics
 from specrun.serve.page import add_page
@@ -87,7 +85,9 @@ def create_app(
             }
         )
 
-    app.include_router(api_routes(worker, metrics, model), dependencies=[Depends(key_check(api_key, metrics))])
+    keyed = [Depends(key_check(api_key, metrics))]
+    app.include_router(api_routes(worker, metrics, model), dependencies=keyed)
+    app.include_router(tokens.routes(worker), dependencies=keyed)
     add_page(app)
     return app
 
@@ -112,8 +112,8 @@ def key_check(api_key: str | None, metrics: Metrics):
 
 
 def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
-    """The routes behind the API key: the model list, /metrics, the two generation endpoints and
-    llama-server's /tokenize and /detokenize."""
+    """The routes behind the API key: the model list, /metrics and the two generation endpoints
+    (with tokens.routes', /tokenize and /detokenize)."""
     router = APIRouter()
     created = int(time.time())
 
@@ -144,16 +144,6 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
             "context_tokens": session.target.n_ctx,
         }
 
-    @router.post("/tokenize")
-    async def tokenize(request: Request) -> dict:
-        body = TokenizeBody.model_validate_json(await request.body())
-        return await asyncio.to_thread(tokens.tokenize, ready_model(worker), body)
-
-    @router.post("/detokenize")
-    async def detokenize(request: Request) -> dict:
-        body = DetokenizeBody.model_validate_json(await request.body())
-        return await asyncio.to_thread(tokens.detokenize, ready_model(worker), body)
-
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await generate(request, api.parse_chat, ChatShape(model), worker, metrics)
@@ -163,15 +153,6 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
         return await generate(request, api.parse_completion, CompletionShape(model), worker, metrics)
 
     return router
-
-
-def ready_model(worker: Worker) -> Model:
-    """The target model, once it has loaded (else the 503 that says why not)."""
-    refusal = worker.unavailable()
-    if refusal is not None:
-        raise refusal
-    assert worker.session is not None  # ready: the model has loaded
-    return worker.session.target_model
 
 
 async def generate(request: Request, parse, shape: Shape, worker: Worker, metrics: Metrics) -> Response:

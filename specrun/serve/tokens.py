@@ -3,9 +3,32 @@ client needs for `logit_bias` and to count tokens."""
 
 from __future__ import annotations
 
+import asyncio
+
+from fastapi import APIRouter, Request
+
 from specrun.backend import Model
 from specrun.serve.api import invalid_value
 from specrun.serve.bodies import DetokenizeBody, TokenizeBody
+from specrun.serve.worker import Worker
+
+
+def routes(worker: Worker) -> APIRouter:
+    """POST /tokenize and /detokenize, answered off the model's thread: the vocabulary is
+    read-only, and each token's text is read into a buffer of its own."""
+    router = APIRouter()
+
+    @router.post("/tokenize")
+    async def tokenize_route(request: Request) -> dict:
+        body = TokenizeBody.model_validate_json(await request.body())
+        return await asyncio.to_thread(tokenize, worker.ready_model(), body)
+
+    @router.post("/detokenize")
+    async def detokenize_route(request: Request) -> dict:
+        body = DetokenizeBody.model_validate_json(await request.body())
+        return await asyncio.to_thread(detokenize, worker.ready_model(), body)
+
+    return router
 
 
 def tokenize(model: Model, body: TokenizeBody) -> dict:

@@ -22,6 +22,7 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from specrun.backend import Model
 from specrun.chat.conversation import Transcript
 from specrun.chat.formats import choose_format
 from specrun.chat.reply import Piece, Reply, ReplyStream
@@ -108,6 +109,13 @@ class Worker:
             kind="unavailable_error",
             headers={"Retry-After": "1"} if self.state == "loading" else None,
         )
+
+    def ready_model(self) -> Model:
+        """The target model, once it has loaded (else the 503 that says why not)."""
+        refusal = self.unavailable()
+        if refusal is not None:
+            raise refusal
+        return self._loaded.target_model
 
     def _lost(self) -> ApiError:
         return ApiError(503, str(self.error), code="rpc_lost", kind="unavailable_error")
