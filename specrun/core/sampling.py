@@ -19,9 +19,7 @@ from specrun.settings import SettingError, check, check_logit_bias
 @dataclass(frozen=True)
 class SamplerSettings:
     temperature: float = 0.0  # 0 means greedy (argmax)
-    top_n_sigma: float = -1.0  # keep the logits within n standard deviations of the top one (of the row's); <= 0 disables
     top_k: int = 40  # keep the k most likely tokens; 0 disables
-    typical_p: float = 1.0  # keep the most typical tokens (closest to the entropy) whose mass reaches p; 1 disables
     top_p: float = 0.95  # keep the smallest set whose temperature-1 mass reaches p; 1 disables
     min_p: float = 0.05  # drop tokens below min_p x the top probability; 0 disables
     seed: int | None = None  # None draws a fresh seed
@@ -43,6 +41,9 @@ class SamplerSettings:
     # (at least 0), higher the closer the survivors' entropy is to its most (0 disables it)
     dynatemp_range: float = 0.0
     dynatemp_exponent: float = 1.0
+    # llama.cpp's other filters, off by default (after the fields above, which keep their places):
+    top_n_sigma: float = -1.0  # before top-k: logits within n standard deviations of the top one; <= 0 disables
+    typical_p: float = 1.0  # after top-k: the most typical tokens (surprise nearest the entropy) to mass p; 1 disables
 
     def __post_init__(self) -> None:
         values = asdict(self)
