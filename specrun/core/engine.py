@@ -35,7 +35,6 @@ from specrun.core.events import (
 )
 from specrun.core.policy import DraftPolicy, FixedK, StepRecord
 from specrun.core.sampling import (
-    Adjustments,
     Distribution,
     Sampler,
     SamplerSettings,
@@ -153,11 +152,10 @@ class Generator:
         self.constraint = constraint
         self.catch_up = catch_up
         self.logprobs = logprobs
-        self.adjustments = Adjustments.of(sampler.settings)
         check_bias_tokens(sampler.settings.logit_bias, target.model.n_vocab)
         check(logprobs=logprobs)
         # a row's argmax is all a check needs
-        self._argmax_only = sampler.settings.deterministic and constraint is None and self.adjustments is None
+        self._argmax_only = sampler.settings.deterministic and constraint is None and sampler.adjustments is None
         self.stats = Stats()  # the running (or last) generation's counters
         self._scratch = np.empty(target.model.n_vocab, dtype=bool)  # for top-k, reused every row
 
@@ -306,8 +304,9 @@ class Generator:
         """The target's distribution at verified row i, after the history and the draft's first i
         tokens: biased, penalized and filtered as the sampler says, held to the grammar."""
         row = logits[i]
-        if self.adjustments:
-            row = self.adjustments.adjusted(row, history, drafted[:i])
+        adjustments = self.sampler.adjustments
+        if adjustments:
+            row = adjustments.adjusted(row, history, drafted[:i])
         dist = filtered(row, self.sampler.settings, self._scratch)
         return self.constraint.restrict(dist, row, self.sampler.settings, i) if self.constraint else dist
 

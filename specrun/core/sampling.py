@@ -84,6 +84,12 @@ class Sampler:
         """A fresh stream from the settings' seed: the same seed gives the same draws."""
         return cls(settings, np.random.default_rng(settings.seed))
 
+    @cached_property
+    def adjustments(self) -> "Adjustments | None":
+        """What the chain does to each row before it filters (the verified rows and the drafts' alike),
+        made once a generation."""
+        return Adjustments.of(self.settings)
+
 
 @dataclass(frozen=True)
 class Distribution:

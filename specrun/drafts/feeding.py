@@ -16,7 +16,7 @@ import numpy as np
 
 from specrun.backend import Context
 from specrun.core.policy import Budget, ema
-from specrun.core.sampling import Adjustments, Distribution, Sampler, filtered
+from specrun.core.sampling import Distribution, Sampler, filtered
 from specrun.drafts.base import CatchUp, Decodes, Draft, DraftDecode, DraftRequest
 
 CATCH_UP_DRAFTS = 16  # a bounded catch-up feeds what drafting this many tokens one by one costs
@@ -139,7 +139,7 @@ def guessed(
     decoded for the next one's row, except the last and one that `ends` the draft."""
     guess = Guess()
     kept = budget
-    adjustments = Adjustments.of(request.sampler.settings)
+    adjustments = request.sampler.adjustments
     recent = adjustments.window(text) if adjustments else []  # taken now: a source's cache may grow as it drafts
     for i in range(budget.k):
         if adjustments:
