@@ -218,9 +218,7 @@ def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray 
         ids = ids[logits[ids] >= _sigma_floor(logits, settings.top_n_sigma)]
     ids = ids[np.argsort(-logits[ids], kind="stable")]
     values = logits[ids].astype(np.float64)
-    # typical-p, top-p and min-p look at the temperature-1 softmax of the survivors.
-    p1 = np.exp(values - values[0])
-    p1 /= p1.sum()
+    p1 = _softmax(values)  # typical-p, top-p and min-p look at the survivors' temperature-1 softmax
     if settings.typical_p < 1:
         typical = _typical(p1, settings.typical_p)
         ids, values, p1 = ids[typical], values[typical], p1[typical] / p1[typical].sum()
@@ -239,6 +237,16 @@ def filtered(logits: np.ndarray, settings: SamplerSettings, scratch: np.ndarray 
     return tempered.mixed(thinned, settings.xtc_probability)
 
 
+def _softmax(values: np.ndarray) -> np.ndarray:
+    """The temperature-1 probabilities of logits `values`, the largest first."""
+    p = np.exp(values - values[0])
+    return p / p.sum()
+
+
+def _entropy(p: np.ndarray) -> float:
+    return -float(np.sum(p[p > 0] * np.log(p[p > 0])))
+
+
 def _sigma_floor(logits: np.ndarray, n: float) -> float:
     """top-n-sigma's: the top logit less n standard deviations of the row's finite logits."""
     finite = logits[np.isfinite(logits)]
@@ -250,8 +258,7 @@ def _typical(p: np.ndarray, mass: float) -> np.ndarray:
     surprise is closest to the entropy, until their mass passes `mass`."""
     with np.errstate(divide="ignore"):
         surprise = -np.log(p)
-    entropy = float(np.sum(p[p > 0] * surprise[p > 0]))
-    order = np.argsort(np.abs(surprise - entropy), kind="stable")
+    order = np.argsort(np.abs(surprise - _entropy(p)), kind="stable")
     kept = int(np.searchsorted(np.cumsum(p[order]), mass, side="right")) + 1
     mask = np.zeros(p.size, dtype=bool)
     mask[order[:kept]] = True
@@ -265,19 +272,14 @@ def _dynamic_temperature(values: np.ndarray, settings: SamplerSettings) -> float
         return settings.temperature
     low = max(0.0, settings.temperature - settings.dynatemp_range)
     high = settings.temperature + settings.dynatemp_range
-    p = np.exp(values - values[0])
-    p /= p.sum()
-    entropy = -float(np.sum(p[p > 0] * np.log(p[p > 0])))
-    return low + (high - low) * (entropy / np.log(values.size)) ** settings.dynatemp_exponent
+    return low + (high - low) * (_entropy(_softmax(values)) / np.log(values.size)) ** settings.dynatemp_exponent
 
 
 def _xtc_dropped(values: np.ndarray, settings: SamplerSettings) -> int:
     """How many of the survivors (`values`, their logits, likeliest first) XTC drops when it fires:
     those whose temperature-1 probability among them reaches the threshold, all but the last;
     none when fewer than two reach it."""
-    p = np.exp(values - values[0])
-    p /= p.sum()
-    return max(int(np.count_nonzero(p >= settings.xtc_threshold)) - 1, 0)
+    return max(int(np.count_nonzero(_softmax(values) >= settings.xtc_threshold)) - 1, 0)
 
 
 def _tempered(ids: np.ndarray, values: np.ndarray, settings: SamplerSettings) -> Distribution:
