@@ -135,10 +135,7 @@ def parse_completion(raw: bytes) -> GenerationRequest:
     """Raises ValidationError for a body of the wrong shape, SettingError for a setting out of range,
     ApiError for a field specrun cannot honour."""
     body = CompletionBody.model_validate_json(raw)
-    try:
-        check(logprobs=body.logprobs)
-    except SettingError as error:
-        raise setting_error(error) from None
+    check(logprobs=body.logprobs)
     return _request(body, prompt=body.prompt, logprobs=body.logprobs)
 
 

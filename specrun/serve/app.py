@@ -132,11 +132,7 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
     @router.get("/specrun/server")
     async def server() -> dict:
         """What the other endpoints do not say: how the server drafts, and a slot's context."""
-        refusal = worker.unavailable()
-        if refusal is not None:
-            raise refusal
-        session = worker.session
-        assert session is not None  # ready: the model has loaded
+        session = worker.ready()
         draft = session.config.draft
         return {
             "draft": {"sources": session.source_names, "model": draft.name if draft else None},

@@ -21,12 +21,12 @@ def routes(worker: Worker) -> APIRouter:
     @router.post("/tokenize")
     async def tokenize_route(request: Request) -> dict:
         body = TokenizeBody.model_validate_json(await request.body())
-        return await asyncio.to_thread(tokenize, worker.ready_model(), body)
+        return await asyncio.to_thread(tokenize, worker.ready().target_model, body)
 
     @router.post("/detokenize")
     async def detokenize_route(request: Request) -> dict:
         body = DetokenizeBody.model_validate_json(await request.body())
-        return await asyncio.to_thread(detokenize, worker.ready_model(), body)
+        return await asyncio.to_thread(detokenize, worker.ready().target_model, body)
 
     return router
 

@@ -22,7 +22,6 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from specrun.backend import Model
 from specrun.chat.conversation import Transcript
 from specrun.chat.formats import choose_format
 from specrun.chat.reply import Piece, Reply, ReplyStream
@@ -110,12 +109,12 @@ class Worker:
             headers={"Retry-After": "1"} if self.state == "loading" else None,
         )
 
-    def ready_model(self) -> Model:
-        """The target model, once it has loaded (else the 503 that says why not)."""
+    def ready(self) -> Session:
+        """The session, once its model has loaded (else the 503 that says why not)."""
         refusal = self.unavailable()
         if refusal is not None:
             raise refusal
-        return self._loaded.target_model
+        return self._loaded
 
     def _lost(self) -> ApiError:
         return ApiError(503, str(self.error), code="rpc_lost", kind="unavailable_error")
