@@ -4,31 +4,48 @@ client needs for `logit_bias` and to count tokens."""
 from __future__ import annotations
 
 import asyncio
+from typing import Callable, TypeVar
 
 from fastapi import APIRouter, Request
 
 from specrun.backend import Model
-from specrun.serve.api import invalid_value
+from specrun.serve.api import ApiError, invalid_value
 from specrun.serve.bodies import DetokenizeBody, TokenizeBody
 from specrun.serve.worker import Worker
 
+Body = TypeVar("Body", TokenizeBody, DetokenizeBody)
+
 
 def routes(worker: Worker) -> APIRouter:
-    """POST /tokenize and /detokenize, answered off the model's thread: the vocabulary is
-    read-only, and each token's text is read into a buffer of its own."""
+    """POST /tokenize and /detokenize, answered off the model's thread, so a generation does not hold
+    them up: the vocabulary is read-only, and each token's text is read into a buffer of its own."""
     router = APIRouter()
 
     @router.post("/tokenize")
     async def tokenize_route(request: Request) -> dict:
         body = TokenizeBody.model_validate_json(await request.body())
-        return await asyncio.to_thread(tokenize, worker.ready().target_model, body)
+        return await _off_thread(worker, tokenize, body)
 
     @router.post("/detokenize")
     async def detokenize_route(request: Request) -> dict:
         body = DetokenizeBody.model_validate_json(await request.body())
-        return await asyncio.to_thread(detokenize, worker.ready().target_model, body)
+        return await _off_thread(worker, detokenize, body)
 
     return router
+
+
+async def _off_thread(worker: Worker, work: Callable[[Model, Body], dict], body: Body) -> dict:
+    """work(the target model, body) on the worker's tokenizer threads, not the event loop's: the
+    session closes once they are done, so no call outlives it, not even one whose await was
+    cancelled (uvicorn's grace period ended) and whose thread runs on."""
+    model = worker.ready().target_model
+    try:
+        answer = asyncio.get_running_loop().run_in_executor(worker.tokenizers, work, model, body)
+    except RuntimeError:  # the threads are shut down: the session is closing
+        raise worker.unavailable() or ApiError(
+            503, "the server is shutting down", code="unavailable", kind="unavailable_error"
+        ) from None
+    return await answer
 
 
 def tokenize(model: Model, body: TokenizeBody) -> dict:

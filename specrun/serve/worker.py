@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -77,6 +78,7 @@ class Worker:
         self.error: BaseException | None = None
         self.session: Session | None = None
         self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self.tokenizers = ThreadPoolExecutor(thread_name_prefix="specrun-tokenize")  # /tokenize, beside generations
         self._submit_lock = threading.Lock()
         self.slots = slots
         self.running: dict[int, Job] = {}  # slot -> the job on it
@@ -184,6 +186,7 @@ class Worker:
             while self._admit():
                 self._step()
         finally:
+            self.tokenizers.shutdown()  # refuses more calls and waits for those running: they read the model
             self.session.close()
 
     def _admit(self) -> bool:
