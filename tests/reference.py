@@ -108,9 +108,15 @@ def chi_square_p(counts: Mapping, probs: Mapping, min_expected: float = 5.0) -> 
     Outcomes expected fewer than `min_expected` times are pooled into one bucket; an
     outcome with probability 0 that was observed gives p = 0.
     """
+    return chi_square_sf(*chi_square_statistic(counts, probs, min_expected))
+
+
+def chi_square_statistic(counts: Mapping, probs: Mapping, min_expected: float = 5.0) -> tuple[float, int]:
+    """`chi_square_p`'s statistic and degrees of freedom (infinite where an outcome of probability
+    0 was observed): independent tests add up, statistics and degrees alike."""
     n = sum(counts.values())
     if any(count and probs.get(outcome, 0.0) <= 0 for outcome, count in counts.items()):
-        return 0.0
+        return math.inf, 1
     buckets: list[tuple[float, float]] = []  # (observed, expected)
     pooled_obs = pooled_exp = 0.0
     for outcome, p in probs.items():
@@ -121,8 +127,7 @@ def chi_square_p(counts: Mapping, probs: Mapping, min_expected: float = 5.0) -> 
             pooled_obs, pooled_exp = pooled_obs + observed, pooled_exp + expected
     if pooled_exp > 0:
         buckets.append((pooled_obs, pooled_exp))
-    statistic = sum((o - e) ** 2 / e for o, e in buckets)
-    return chi_square_sf(statistic, len(buckets) - 1)
+    return sum((o - e) ** 2 / e for o, e in buckets), len(buckets) - 1
 
 
 def chi_square_two_sample_p(a: Mapping, b: Mapping, min_expected: float = 5.0) -> float:
@@ -154,6 +159,8 @@ def chi_square_sf(x: float, df: int) -> float:
     """P(X >= x) for X ~ chi-square(df): Q(df/2, x/2), the regularized upper gamma function."""
     if df < 1:
         return 1.0
+    if math.isinf(x):
+        return 0.0
     a, x = df / 2.0, x / 2.0
     if x <= 0:
         return 1.0
