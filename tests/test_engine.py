@@ -1,9 +1,13 @@
 """The speculative loop on real llama.cpp contexts, checked against fresh contexts:
 greedy exactness, rollback of both caches, long prompts, stops."""
 
+import math
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from reference import GEMMA_ATOL, TINY_ATOL, FreshContexts, assert_greedy_choice, assert_reads_match, record_reads
+from tinymodels import write_tiny_llama
 
 from specrun.backend import Context, ContextOptions, Model
 from specrun.config import SessionConfig
@@ -488,22 +492,60 @@ def test_float_views_follow_the_buffer_and_its_address():
     assert other is not view and other[1, 1] == 4.0 and view[1, 1] == 3.0
 
 
-@pytest.mark.parametrize("drafting", [{}, {"draft": "same"}, {"lookup": True}], ids=["plain", "same", "lookup"])
-def test_ignore_eos_bans_the_end_of_generation_as_a_bias_does(tiny, drafting):
-    """As llama.cpp's --ignore-eos: a bias of -inf on each end-of-generation token, which the
-    drafts see too (the target's own weights drafting keep nearly every token)."""
-    drafting = {name: tiny[value] if name == "draft" else value for name, value in drafting.items()}
-    outputs = {}
-    for name, settings in (("ignore", SamplerSettings(ignore_eos=True)), ("bias", None)):
-        with Session(SessionConfig(target=tiny["target"], k=4, n_ctx=256, **drafting)) as session:
-            eog = session.target_model.eog_ids
-            settings = settings or SamplerSettings(logit_bias=dict.fromkeys(eog, -np.inf))
-            outputs[name] = session.generate(PROMPT, 120, sampler=settings, plain=not drafting)
-    ignored = outputs["ignore"]
-    assert ignored.tokens == outputs["bias"].tokens and len(ignored.tokens) == 120 and not eog & set(ignored.tokens)
-    assert ignored.stats.stop_reason == "max_tokens"
-    if "draft" in drafting:
-        assert ignored.stats.accepted > 0.95 * ignored.stats.drafted
+ENDS_OFTEN = 395  # a word piece the tiny target writes often (greedy's second token after PROMPT)
+
+
+def token_events(session, prompt, plain, settings, top):
+    """A generation's token events, with `top` alternatives each, and its stats."""
+    events = list(session.stream(prompt, 40, plain=plain, sampler=settings, logprobs=top))
+    return [event for event in events if isinstance(event, TokenEvent)], events[-1].stats
+
+
+@pytest.mark.parametrize("drafting", ["plain", "same", "lookup"])
+def test_ignore_eos_never_gives_the_end_its_rows_made_likely(tmp_path, drafting):
+    """--ignore-eos checked apart from how it is made (a bias of -inf on each end token), on the
+    tiny target with a piece it writes often as its end of sequence, so the end is likely again and
+    again. Sampled from the rows' own distributions, which the logprobs report (the model's, before
+    any setting), an end that was not banned would have come; greedy, each token is the argmax of a
+    fresh context's row with the end tokens taken out by hand."""
+    target = write_tiny_llama(tmp_path / "target.gguf", seed=0, eos_id=ENDS_OFTEN)
+    # "same": the target's weights drafting
+    draft = write_tiny_llama(tmp_path / "same.gguf", seed=0, eos_id=ENDS_OFTEN) if drafting == "same" else None
+    config = SessionConfig(target=target, draft=draft, lookup=drafting == "lookup", k=4, n_ctx=256, threads=1)
+    plain = drafting == "plain"
+    unfiltered = SamplerSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)  # draws from the rows' own distributions
+    with Session(config) as session:
+        ends, prompt = session.target_model.eog_ids, session.tokenize(PROMPT)
+        assert ENDS_OFTEN in ends
+        assert session.generate(prompt, 40, plain=plain).stop_reason == "eog"  # greedy, unbanned, it ends at once
+        greedy, stats = token_events(session, prompt, plain, SamplerSettings(ignore_eos=True), top=3)
+        assert len(greedy) == 40 and stats.stop_reason == "max_tokens"
+        ended = drafted = accepted = 0
+        likely = 0.0
+        for seed in range(20):
+            sampled = replace(unfiltered, seed=seed)
+            ended += session.generate(prompt, 40, plain=plain, sampler=sampled).stop_reason == "eog"
+            events, stats = token_events(session, prompt, plain, replace(sampled, ignore_eos=True), top=20)
+            assert len(events) == 40 and stats.stop_reason == "max_tokens" and not ends & {e.token for e in events}
+            # each row's probability of an end (of those among its 20 likeliest: the others add a little more)
+            likely += sum(math.exp(logprob) for e in events for token, logprob in e.logprobs.top if token in ends)
+            drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+    assert ended >= 3  # unbanned, the end comes
+    # Unbanned, the chance that none of these rows gave an end is prod(1 - p) <= exp(-sum p) < exp(-12) ~ 6e-6.
+    assert likely > 12
+    assert drafted > 0 or plain
+    if drafting == "same":  # the target's weights draft, their rows banned too: unbanned, they would draft ends
+        assert accepted > 0.995 * drafted  # the target rejects (8 of 622 were, when the drafts' rows were not banned)
+    # Greedy: where the logprobs put an end first, the next likeliest is written instead; every
+    # token is a fresh context's argmax once the ends are out.
+    firsts = [e for e in greedy if e.logprobs.top[0][0] in ends]
+    assert firsts and all(e.token == next(t for t, _ in e.logprobs.top if t not in ends) for e in firsts)
+    with FreshContexts(target, 256) as fresh:
+        fresh.prefetch([prompt + [e.token for e in greedy]])  # one decode gives every row
+        for i, event in enumerate(greedy):
+            row = fresh.logits(prompt + [e.token for e in greedy[:i]]).copy()
+            row[list(ends)] = -np.inf
+            assert_greedy_choice(row, event.token)
 
 
 def test_a_logit_bias_past_the_targets_vocabulary_is_refused_naming_the_token(tiny):
