@@ -100,6 +100,9 @@ with specrun.load('$m/target.gguf', n_ctx=512) as s: print(len(s.generate('the c
         --only "^(plain|draft k|self-draft k|mtp|4 streams)" --json "${OUT:-/tmp/gpu-check}/host_time.json" >> "$results" 2>&1
     timeout 240 $py scripts/host_time.py --size "${SIZE:-gpu}" --models "${m%/*}" --rounds 1 --threads 4 --k 1,2,3,4,6,8,auto \
         --only "^self-draft" >> "$results" 2>&1
+    log "the draft's and MTP head's threads on every core: the target's pool, a pool of their own (polling or not), none"
+    timeout 180 $py scripts/thread_pools.py --size "${SIZE:-gpu}" --models "${m%/*}" --threads "$(nproc)" --rounds 2 --tokens 128 \
+        --repeats 2 >> "$results" 2>&1
     log "plain decoding layer by layer beside llama-bench: bare llama.cpp calls, reading the logits, Context.eval, a generation, the decode in C"
     timeout 120 $py scripts/plain_floor.py --size "${SIZE:-gpu}" --models "${m%/*}" --rounds 4 --threads 4 --llama-bin "$bin" \
         >> "$results" 2>&1

@@ -2,7 +2,7 @@
 
 - library: llama-cpp-python imported, checked and initialised on first use; libggml's signatures.
 - model: `Model` (weights, vocabulary); context: `Context` (one KV cache); info: system_info.
-- threads: the CPU thread pool each llama.cpp context decodes on, made with the context.
+- threads: `ThreadPool`, the CPU threads that the contexts of one session decode on, in turn.
 - devices: ggml's device registry, the local GPUs, the --tensor-split array.
 - rpc_link: the RPC servers this process holds, and the thread every call that can wait on
   them goes through, so that a lost or stuck server raises RpcLost or RpcTimeout.
@@ -21,6 +21,7 @@ from specrun.backend.info import system_info
 from specrun.backend.library import MIN_VERSION, RAW_API, check_install, llama_cpp_version
 from specrun.backend.model import Closed, Model, ModelOptions, check_gguf_file
 from specrun.backend.rpc_link import RPC_BUILD, check_rpc, rpc_servers, rpc_supported
+from specrun.backend.threads import ThreadPool
 
 __all__ = [
     "MIN_VERSION",
@@ -32,6 +33,7 @@ __all__ = [
     "ContextOptions",
     "Model",
     "ModelOptions",
+    "ThreadPool",
     "check_gguf_file",
     "check_install",
     "check_rpc",

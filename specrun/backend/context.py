@@ -17,7 +17,6 @@ one decode) always rolls back through the snapshots.
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -56,7 +55,7 @@ class ContextOptions:
 class _LlamaContext:
     """The llama.cpp context and the one batch its sequences share."""
 
-    def __init__(self, model: Model, options: ContextOptions):
+    def __init__(self, model: Model, options: ContextOptions, threads: ThreadPool | None):
         L = llama()
         self.model = model
         self.ptr = None
@@ -70,7 +69,8 @@ class _LlamaContext:
         # pay extra passes over the weights. Each sequence's share of n_ctx is enforced here
         # (`n_ctx` below, `Context.free_slots`).
         params.kv_unified = True
-        self.n_threads = options.n_threads or os.cpu_count() or 1
+        self.threads = threads or ThreadPool(options.n_threads)
+        self.n_threads = self.threads.n_threads
         params.n_threads = params.n_threads_batch = self.n_threads
         params.flash_attn_type = options.flash_attn
         params.swa_full = True  # rollback inside the sliding window must stay possible
@@ -85,7 +85,7 @@ class _LlamaContext:
                 "lower --ctx-size or offload fewer layers"
             )
         model.own(self)
-        self.threads = ThreadPool(self.ptr, self.n_threads)
+        self.threads.attach(self.ptr)
         self.n_seq = options.sequences
         self.n_ctx = L.llama_n_ctx(self.ptr) // options.sequences  # each sequence's share
         # The most tokens a verify may drop again: the snapshots llama.cpp keeps (0 for an architecture
@@ -100,7 +100,8 @@ class _LlamaContext:
     def close(self) -> None:
         if self.ptr:
             pointer, self.ptr = self.ptr, None
-            self.model._free(_free_context, self.batch, pointer, self.threads)
+            self.model._free(_free_context, self.batch, pointer)
+            self.threads.release()  # also where a lost RPC server kept llama.cpp from freeing the context
 
     @property
     def ctx(self):
@@ -112,11 +113,11 @@ class _LlamaContext:
 class Context:
     """One sequence of a KV cache over a model; `tokens` is exactly what it holds."""
 
-    def __init__(
-        self, model: Model, options: ContextOptions = ContextOptions(), *, _shared: _LlamaContext | None = None, _seq: int = 0
-    ):
-        """A new llama.cpp context over `model`, this being its sequence 0."""
-        self._shared = _shared or _LlamaContext(model, options)
+    def __init__(self, model: Model, options=ContextOptions(), threads: ThreadPool | None = None, *, _shared=None, _seq=0):
+        """A new llama.cpp context over `model`, this being its sequence 0. It decodes on `threads`
+        (which set its thread count), shared with contexts that never decode at the same time as
+        it, or on a pool of its own of options.n_threads."""
+        self._shared = _shared or _LlamaContext(model, options, threads)
         self._shared.sequences[_seq] = self
         self.model = model
         self.seq = _seq
@@ -152,7 +153,7 @@ class Context:
 
     @property
     def threads(self) -> ThreadPool:
-        """The CPU threads its decodes run on, the cache's own."""
+        """The CPU threads its decodes run on."""
         return self._shared.threads
 
     @property
@@ -388,8 +389,7 @@ class Context:
         llama_ext().llama_set_embeddings_nextn(self.handle, listened, False)  # every row, not only outputs
 
 
-def _free_context(batch, ctx, threads: ThreadPool) -> None:
+def _free_context(batch, ctx) -> None:
     L = llama()
     L.llama_batch_free(batch)
     L.llama_free(ctx)
-    threads.free()

@@ -51,7 +51,8 @@ class _HeadContext:
             raise SpecrunError(
                 f"llama.cpp could not create an MTP context for {model.path.name} (SPECRUN_DEBUG=1 shows llama.cpp's log)"
             )
-        self.threads = ThreadPool(self.ctx, target.n_threads)
+        self.threads = target.threads  # the heads decode in turn with the target, never at once
+        self.threads.attach(self.ctx)
         llama_ext().llama_set_embeddings_nextn(self.ctx, True, True)  # its own hidden rows, for output rows only
         # A plain llama_batch may carry a token and a hidden row per row (llama.cpp's
         # llama_batch_compat, as its MTP hooks use): rows are written into numpy views of its
@@ -74,7 +75,7 @@ class _HeadContext:
             self.batch.token = None  # this object's array, not llama_batch_init's: not for llama_batch_free
             L.llama_batch_free(self.batch)
             L.llama_free(self.ctx)
-            self.threads.free()
+            self.threads.release()
             self.ctx = None
 
     def follow(self, seq: int, tokens: Sequence[int], pos0: int, hidden: np.ndarray) -> None:
@@ -165,7 +166,7 @@ class MtpHead:
 
     @property
     def threads(self) -> ThreadPool:
-        """The CPU threads the heads' context decodes on, its own."""
+        """The CPU threads the heads' context decodes on: its target's."""
         return self._shared.threads
 
     def shares_cache(self, other: object) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
-from specrun.backend import Context, ContextOptions, Model, ModelOptions
+from specrun.backend import Context, ContextOptions, Model, ModelOptions, ThreadPool
 from specrun.errors import SpecrunError
 from specrun.settings import BATCH
 
@@ -36,6 +36,7 @@ class Resources:
         self.config = config
         self._owned: list[Closable] = []
         self._made: dict[str, Any] = {}
+        self.threads = ThreadPool(config.threads)  # every context's: a session decodes on one thread, in turn
 
     def load_model(self, path: Path, role: str, options: ModelOptions) -> Model:
         """`path` loaded with the session's placement settings and `options`' own, refused by any
@@ -60,7 +61,7 @@ class Resources:
             rollback=rollback,
             sequences=c.parallel,
         )
-        return self.own(Context(model, options))
+        return self.own(Context(model, options, self.threads))
 
     def once(self, key: str, make: Callable[[], Made]) -> Made:
         """What `make` makes, made on the first call with `key` only: shared by every stream."""
