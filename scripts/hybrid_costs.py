@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
-from specrun.pair.arch import state_bytes
-from specrun.pair.header import read_keys
+from specrun.headers.arch import state_bytes
+from specrun.headers.read import read_keys
 
 PROMPT_TOKENS = 64
 

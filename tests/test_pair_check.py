@@ -12,9 +12,9 @@ from tinymodels import write_tiny_llama
 
 from specrun.backend.compat import check_vocab
 from specrun.cli import run_app
+from specrun.headers.read import PlainArrayReader, read_local
 from specrun.pair.check import check_pair
 from specrun.pair.cost import best_k, decode_cost, expected_speedup, verdict
-from specrun.pair.header import PlainArrayReader, read_local
 
 DATA = Path(__file__).parent / "data"
 LLAMA_SPM = DATA / "ggml-vocab-llama-spm.gguf"

@@ -12,8 +12,8 @@ from tinymodels import write_tiny_llama
 
 from specrun.cli import run_app
 from specrun.errors import SpecrunError
+from specrun.headers.read import open_reader
 from specrun.pair.derive import describe_layers, parse_layers
-from specrun.pair.header import open_reader
 
 
 def derive(capsys, *args: str) -> tuple[int, str, str]:

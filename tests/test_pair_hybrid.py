@@ -17,9 +17,9 @@ from specrun.backend import Context, ContextOptions, Model
 from specrun.backend.library import llama
 from specrun.cli import run_app
 from specrun.errors import SpecrunError
-from specrun.pair.arch import DRAFTER, HEADS, SEPARATE, header_traits, profile_traits, state_bytes
+from specrun.headers.arch import DRAFTER, HEADS, SEPARATE, header_traits, profile_traits, state_bytes
+from specrun.headers.read import read_keys, read_local
 from specrun.pair.cost import KV_BYTES_PER_VALUE
-from specrun.pair.header import read_keys, read_local
 
 # Two state sizes of each layout: llama.cpp frames a state copy the same way for both, so the
 # difference of what it copies must be the difference of specrun's sizes, to the byte.

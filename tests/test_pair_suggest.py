@@ -11,8 +11,8 @@ from pair_hub_server import serve
 from tinymodels import write_tiny_llama
 
 from specrun.cli import run_app
+from specrun.headers.read import read_local
 from specrun.pair.check import acceptance_prior, check_pair
-from specrun.pair.header import read_local
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 from specrun import backend
 from specrun.backend import library
 from specrun.chat.formats import registered_formats
-from specrun.pair import header
+from specrun.headers import read as header
 
 # Formats llama-cpp-python 0.3.36 registers that render plain text; users pass these names.
 KNOWN_FORMATS = {"chatml", "gemma", "llama-2", "llama-3", "mistral-instruct", "qwen", "vicuna", "zephyr", "alpaca"}

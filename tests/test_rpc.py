@@ -161,9 +161,9 @@ def test_memory_budget_adds_the_servers_free_memory(monkeypatch):
 
 
 def test_pair_check_fits_only_with_the_servers(tiny, monkeypatch):
+    from specrun.headers.read import read_local
     from specrun.hub import memory
     from specrun.pair.check import check_pair
-    from specrun.pair.header import read_local
     from specrun.pair.report import check_lines
 
     target, draft = read_local(tiny["target"]), read_local(tiny["draft"])

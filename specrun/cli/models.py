@@ -11,11 +11,11 @@ from rich.table import Table
 
 from specrun.cli.app import app, err_console
 from specrun.errors import SpecrunError
+from specrun.headers.arch import Traits, header_traits, profile_traits
+from specrun.headers.read import read_keys
 from specrun.hub.memory import format_bytes
 from specrun.hub.profiles import load_profiles
 from specrun.hub.stores import SOURCE_LABELS, StoredModel, store_roots, stored_models
-from specrun.pair.arch import Traits, header_traits, profile_traits
-from specrun.pair.header import read_keys
 
 
 @app.command()

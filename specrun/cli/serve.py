@@ -14,9 +14,9 @@ from specrun.cli.app import app, err_console
 from specrun.config import SessionConfig
 from specrun.drafts.store import DEFAULT_LIMIT
 from specrun.errors import SpecrunError
+from specrun.headers.read import read_local
 from specrun.hub.memory import ram_available_bytes
 from specrun.pair.cost import kv_cache_bytes
-from specrun.pair.header import read_local
 from specrun.session import Session
 from specrun.settings import check
 

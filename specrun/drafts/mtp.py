@@ -23,8 +23,8 @@ from specrun.drafts.base import Decodes, Draft, DraftDecode, Drafting, DraftRequ
 from specrun.drafts.feeding import Picker, guessed
 from specrun.drafts.registry import SourceSite, register
 from specrun.errors import SpecrunError
-from specrun.pair.arch import DRAFTER, SEPARATE_DRAFTERS, header_traits
-from specrun.pair.header import read_keys
+from specrun.headers.arch import DRAFTER, SEPARATE_DRAFTERS, header_traits
+from specrun.headers.read import read_keys
 
 
 class MtpDraft:

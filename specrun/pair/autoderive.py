@@ -21,9 +21,9 @@ import numpy as np
 
 from specrun import settings
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
+from specrun.headers.read import ModelFacts, facts_from_reader, open_reader
 from specrun.pair.cost import best_k, decode_cost
 from specrun.pair.derive import BLOCK_TENSOR, describe_layers, write_subset
-from specrun.pair.header import ModelFacts, facts_from_reader, open_reader
 
 SAMPLE_PROMPTS = (
     "The history of the printing press begins in the fifteenth century, when",

@@ -9,8 +9,9 @@ from typing import Any
 from specrun import settings
 from specrun.backend.compat import CompatReport, check_vocab
 from specrun.core.policy import AUTO_ROLLBACK, parse_k, rollback_tokens
+from specrun.headers.arch import DRAFTER, Traits, header_traits, state_bytes
+from specrun.headers.read import ModelFacts
 from specrun.hub.memory import MemoryBudget, memory_budget
-from specrun.pair.arch import DRAFTER, Traits, header_traits, state_bytes
 from specrun.pair.cost import (
     MODEL_ASSUMPTIONS,
     DecodeCost,
@@ -19,7 +20,6 @@ from specrun.pair.cost import (
     kv_cache_bytes,
     verdict,
 )
-from specrun.pair.header import ModelFacts
 from specrun.pair.sources import locate
 from specrun.pair.translated import TranslatedPair, translated_pair
 

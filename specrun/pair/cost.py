@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrun.pair.arch import RECURRENT_ARCHS, layer_index, layer_split, recurrent_layers
-from specrun.pair.header import LOOKUP_TENSORS, ModelFacts, TensorInfo
+from specrun.headers.arch import RECURRENT_ARCHS, layer_index, layer_split, recurrent_layers
+from specrun.headers.read import LOOKUP_TENSORS, ModelFacts, TensorInfo
 
 MAX_K = 16
 # Tensors of an MTP (NextN) layer: its own token embedding (looked up) and its own output head.

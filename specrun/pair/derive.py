@@ -18,7 +18,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from specrun.backend import Model, ModelOptions
 from specrun.errors import SpecrunError
 from specrun.files import atomic_path
-from specrun.pair.header import ModelFacts, open_reader, read_local
+from specrun.headers.read import ModelFacts, open_reader, read_local
 
 BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(.+)")
 # Sliding-window layouts llama.cpp applies when a file has no per-layer pattern array:

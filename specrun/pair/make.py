@@ -9,10 +9,10 @@ from typing import Callable
 from specrun import settings
 from specrun.errors import SpecrunError
 from specrun.files import check_writable
+from specrun.headers.read import read_local
 from specrun.pair.autoderive import Measured, measure
 from specrun.pair.check import PairCheck, check_pair
 from specrun.pair.derive import DerivedDraft, check_derivable, derive_draft, parse_layers
-from specrun.pair.header import read_local
 from specrun.pair.sources import local_path
 
 MEASURED = "measured by --auto"

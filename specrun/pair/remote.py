@@ -20,9 +20,9 @@ from huggingface_hub import get_session
 from huggingface_hub.utils import build_hf_headers
 
 from specrun.errors import SpecrunError
+from specrun.headers.read import ModelFacts, PlainArrayReader, facts_from_reader
 from specrun.hub.containment import check_name
 from specrun.hub.download import hub_endpoint
-from specrun.pair.header import ModelFacts, PlainArrayReader, facts_from_reader
 
 FIRST_FETCH = 4 << 20  # most headers fit (Gemma 3: 6.2 MiB with its 262k-token vocabulary)
 MAX_HEADER = 256 << 20  # a header larger than this is not a header we can use

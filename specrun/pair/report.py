@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from specrun.core.policy import AUTO_ROLLBACK
+from specrun.headers.arch import HEADS, Traits, state_bytes
+from specrun.headers.read import ModelFacts
 from specrun.hub.memory import format_bytes
 from specrun.hub.stores.base import SOURCE_LABELS
-from specrun.pair.arch import HEADS, Traits, state_bytes
 from specrun.pair.check import DEFAULT_CTX, PairCheck, snapshot_copies, traits_of
 from specrun.pair.cost import MODEL_ASSUMPTIONS, DecodeCost, decode_cost, mtp_cost
 from specrun.pair.derive import DerivedDraft, describe_layers
-from specrun.pair.header import ModelFacts
 from specrun.pair.make import MEASURED
 from specrun.pair.mtp import MTP_SPEC, UNMEASURED, MtpCheck, OwnHeads
 from specrun.pair.sources import Known

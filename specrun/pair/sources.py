@@ -13,10 +13,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specrun.errors import SpecrunError
+from specrun.headers.read import ModelFacts, read_local
 from specrun.hub.embedded import DEFAULT_ALIAS, embedded_model_path
 from specrun.hub.profiles import ModelProfile, load_profiles
 from specrun.hub.resolve import HubLookupError, ModelLocation, locate_model
-from specrun.pair.header import ModelFacts, read_local
 
 LOCAL_HEADER = "local header"
 REMOTE_HEADER = "remote header"

@@ -19,11 +19,11 @@ from typing import Callable, Iterable
 
 from specrun import settings
 from specrun.errors import SpecrunError
+from specrun.headers.arch import HEADS, Traits, profile_traits
 from specrun.hub.embedded import cache_dir
 from specrun.hub.profiles import load_profiles
 from specrun.hub.quants import RepoFile, group_quants
 from specrun.hub.stores import stored_models
-from specrun.pair.arch import HEADS, Traits, profile_traits
 from specrun.pair.check import (
     PRIOR_OTHER_FAMILY,
     PRIOR_SAME_FAMILY,
