@@ -52,6 +52,12 @@ def test_every_raw_call_the_backend_makes_exists():
     assert staged <= set(library.EXT_API), f"add to EXT_API: {staged - set(library.EXT_API)}"
 
 
+def test_the_drafter_calls_are_found_by_their_cpp_names():
+    """llama-cpp-python binds none of them: a llama.cpp that renames one fails here, not in a user's run."""
+    calls = library.drafter_calls()
+    assert all(callable(getattr(calls, name)) for name in library.DRAFTER_API)
+
+
 def test_the_thread_pool_calls_are_found():
     assert library.thread_pool_calls() is not None
 

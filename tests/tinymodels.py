@@ -159,6 +159,7 @@ def _tensors(
     n_head_kv: int,
     n_ff: int,
     logit_std: float = 3.0,
+    layer_scale: float = 1.0,
 ) -> dict[str, np.ndarray]:
     """Llama weights, numpy shape (n_out, n_in) (gguf reverses it to ggml's ne order).
 
@@ -189,7 +190,7 @@ def _tensors(
         t[f"blk.{i}.ffn_norm.weight"] = ones
         for kind, shape in shapes.items():
             name = f"blk.{i}.{kind}.weight"
-            t[name] = _normal(seed, name, shape, 1.0 / np.sqrt(shape[1]))
+            t[name] = _normal(seed, name, shape, layer_scale / np.sqrt(shape[1]))
     return t
 
 
@@ -210,6 +211,7 @@ def write_tiny_llama(
     vocab_only: bool = False,
     relabelled: bool = False,
     endless: bool = False,
+    layer_scale: float = 1.0,
 ) -> Path:
     """Write a tiny random llama GGUF (float32 weights) and return its path.
 
@@ -219,6 +221,8 @@ def write_tiny_llama(
     `vocab_only` writes the tokenizer alone, no tensors (as llama.cpp's ggml-vocab-*.gguf files).
     `relabelled` (with vocab "different"): the embedding and output rows follow the permuted
     pieces, so the model is base's under other ids: a draft that only translation can pair.
+    `layer_scale` scales the layers' projections: small, each row stays close to its token's
+    embedding, so what follows a token depends mostly on that token (tinydrafters' agreeing EAGLE-3).
     `endless`: the end-of-sequence row of the output head is zero, so its logit is 0 against the
     others' spread of several units: greedy decoding never ends a generation before -n.
     """
@@ -265,7 +269,7 @@ def write_tiny_llama(
     if chat_template is not None:
         w.add_chat_template(chat_template)
 
-    tensors = {} if vocab_only else _tensors(seed, n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff, logit_std)
+    tensors = {} if vocab_only else _tensors(seed, n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff, logit_std, layer_scale)
     if relabelled:
         if vocab != "different":
             raise ValueError("relabelled goes with vocab='different'")

@@ -23,16 +23,15 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specrun.backend import rpc_link
-from specrun.backend.library import llama, llama_ext
+from specrun.backend.library import drafter_calls, llama, llama_ext
 from specrun.backend.model import Closed, Model
 from specrun.backend.threads import ThreadPool
-from specrun.backend.views import BatchViews, FloatViews
+from specrun.backend.views import BatchViews, FloatViews, layer_inputs
 from specrun.core.sequences import History, common_prefix
 from specrun.errors import SpecrunError
 
 Listener = Callable[[Sequence[int], int, np.ndarray], None]
-"""Told of every decode of a sequence: its tokens, the position of the first, and its hidden rows
-(a view, valid during the call)."""
+"""Told of every decode of a sequence: its tokens, the first's position, its rows (valid during the call)."""
 
 
 class ContextFull(SpecrunError):
@@ -88,14 +87,19 @@ class _LlamaContext:
         self.threads.attach(self.ptr)
         self.n_seq = options.sequences
         self.n_ctx = L.llama_n_ctx(self.ptr) // options.sequences  # each sequence's share
-        # The most tokens a verify may drop again: the snapshots llama.cpp keeps (0 for an architecture
-        # it cannot roll back at all), or for any other model, the whole context.
+        # The most a verify may drop again: the snapshots llama.cpp keeps (0: none), or the whole context.
         self.rollback_limit = L.llama_n_rs_seq(self.ptr) if model.recurrent else self.n_ctx
-        self.n_batch = options.n_batch
+        self.n_batch, self.views = options.n_batch, FloatViews()
         self.batch = L.llama_batch_init(self.n_batch, 0, 1)
         self.token, self.pos, self.logits, self.seq_ids = BatchViews.of(self.batch, self.n_batch)
-        self.views = FloatViews()
         self.sequences: dict[int, Context] = {}
+        self.layers: tuple[int, ...] = ()  # the layers whose inputs listeners read (else the NextN rows)
+
+    def listened_rows(self, n: int) -> np.ndarray:
+        """What listeners read of the last decode's n rows: the NextN rows, or the layers' inputs."""
+        if self.layers:
+            return layer_inputs(self.ctx, self.layers, n, self.model.n_embd)
+        return self.views.rows(llama_ext().llama_get_embeddings_nextn(self.ctx), n, self.model.n_embd_out)
 
     def close(self) -> None:
         if self.ptr:
@@ -114,13 +118,11 @@ class Context:
     """One sequence of a KV cache over a model; `tokens` is exactly what it holds."""
 
     def __init__(self, model: Model, options=ContextOptions(), threads: ThreadPool | None = None, *, _shared=None, _seq=0):
-        """A new llama.cpp context over `model`, this being its sequence 0. It decodes on `threads`
-        (which set its thread count), shared with contexts that never decode at the same time as
-        it, or on a pool of its own of options.n_threads."""
+        """A new llama.cpp context over `model` (this its sequence 0) decoding on `threads`, shared with
+        contexts that never decode at once with it (they set its thread count), or on its own pool."""
         self._shared = _shared or _LlamaContext(model, options, threads)
         self._shared.sequences[_seq] = self
-        self.model = model
-        self.seq = _seq
+        self.model, self.seq = model, _seq
         self.tokens: list[int] = []
         self._last_decode = 0  # tokens in its last decode: a recurrent state rolls back within it, once
         self._checkpoint: tuple[int, ctypes.Array] | None = None  # (length, the recurrent state there)
@@ -251,8 +253,7 @@ class Context:
             sequence.tokens.extend(tokens)
             sequence._last_decode = len(tokens)
             if sequence._listener is not None:
-                hidden = shared.views.rows(llama_ext().llama_get_embeddings_nextn(ctx), n, self.model.n_embd_out)
-                sequence._listener(tokens, pos0, hidden[first : first + len(tokens)])
+                sequence._listener(tokens, pos0, shared.listened_rows(n)[first : first + len(tokens)])
             # The one part with rows (as every lone decode) takes them all without a new view.
             logits.append(everything if rows == all_rows else everything[row : row + rows])
             row, first = row + rows, first + len(tokens)
@@ -378,15 +379,19 @@ class Context:
         if not L.llama_state_seq_set_data_ext(self.handle, state, len(state), self.seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
             raise SpecrunError(f"llama.cpp could not restore the {self.model.role} model's recurrent state")
 
-    def listen(self, listener: Listener | None) -> None:
-        """Hand `listener` the tokens, first position and hidden rows (the NextN embeddings an
-        MTP head reads) of every decode of this sequence from now on; None stops it."""
-        self.model._call_llama(self._listen, listener)
+    def listen(self, listener: Listener | None, layers: tuple[int, ...] = ()) -> None:
+        """Hand `listener` the tokens, first position and hidden rows of every decode of this
+        sequence from now on; None stops it. The rows: the NextN embeddings an MTP head reads, or
+        with `layers`, the inputs of those layers side by side (what an EAGLE-3 drafter reads)."""
+        self.model._call_llama(self._listen, listener, layers)
 
-    def _listen(self, listener: Listener | None) -> None:
-        self._listener = listener
-        listened = any(sequence._listener is not None for sequence in self._shared.sequences.values())
-        llama_ext().llama_set_embeddings_nextn(self.handle, listened, False)  # every row, not only outputs
+    def _listen(self, listener: Listener | None, layers: tuple[int, ...]) -> None:
+        self._listener, shared = listener, self._shared
+        listened = any(sequence._listener is not None for sequence in shared.sequences.values())
+        for layer in set(shared.layers) | set(layers):  # llama.cpp keeps a layer's inputs only while asked
+            drafter_calls().llama_set_embeddings_layer_inp(self.handle, layer, listened and layer in layers)
+        shared.layers = layers if listened else ()
+        llama_ext().llama_set_embeddings_nextn(self.handle, listened and not layers, False)  # every row, not only outputs
 
 
 def _free_context(batch, ctx) -> None:

@@ -82,10 +82,28 @@ RAW_API = (
     "llama_model_n_embd_out",
     "llama_model_meta_val_str",
     "LLAMA_CONTEXT_TYPE_MTP",
+    # a trained drafter (EAGLE-3) beside its target: widths, and its encoder's pass
+    "llama_model_n_embd",
+    "llama_model_n_layer",
+    "llama_encode",
+    "llama_memory_seq_pos_max",
 )
 # The staging calls llama-cpp-python binds from llama.cpp's src/llama-ext.h (llama_cpp.llama_cpp_ext):
 # the hidden rows an MTP head reads. They may change with llama.cpp; pinned by tests/test_pinned_apis.py.
 EXT_API = ("llama_set_embeddings_nextn", "llama_get_embeddings_nextn")
+
+# Staging calls of src/llama-ext.h that llama-cpp-python does not bind, for the trained drafters
+# that read the target's layer inputs (EAGLE-3): found by their exported C++ (Itanium) names, as
+# llama_cpp_ext finds the ones it binds. Name: (mangled name, result type, argument types).
+_VP, _U32 = ctypes.c_void_p, ctypes.c_uint32
+DRAFTER_API: dict[str, tuple[str, Any, list[Any]]] = {
+    "llama_set_embeddings_layer_inp": ("_Z30llama_set_embeddings_layer_inpP13llama_contextjb", None, [_VP, _U32, ctypes.c_bool]),
+    "llama_get_embeddings_layer_inp": (
+        "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
+        ctypes.POINTER(ctypes.c_float),
+        [_VP, _U32],
+    ),
+}
 
 _recent_log: deque[str] = deque(maxlen=8)  # llama.cpp's last lines, for the message when it aborts
 
@@ -156,6 +174,22 @@ def llama_ext() -> ModuleType:
     if missing:
         raise SpecrunError(f"llama-cpp-python {llama_cpp_version()} lacks {missing[0]}, which MTP drafts need: {INSTALL_HINT}")
     return llama_cpp_ext
+
+
+@cache
+def drafter_calls() -> ModuleType:
+    """DRAFTER_API's calls, llama.cpp initialised; one line where this build lacks one."""
+    llama()
+    from llama_cpp.llama_cpp import _lib as libllama  # the library llama-cpp-python loaded
+
+    calls = ModuleType("drafter_calls")
+    for name, (mangled, restype, argtypes) in DRAFTER_API.items():
+        function = getattr(libllama, name, None) or getattr(libllama, mangled, None)
+        if function is None:
+            raise SpecrunError(f"this llama.cpp lacks {name}, which EAGLE-3 drafters need: {INSTALL_HINT}")
+        function.restype, function.argtypes = restype, argtypes
+        setattr(calls, name, function)
+    return calls
 
 
 @cache

@@ -199,6 +199,14 @@ class Model:
         L = llama()
         return int(L.llama_model_n_embd_out(self.handle))
 
+    @cached_property
+    def n_embd(self) -> int:
+        return int(llama().llama_model_n_embd(self.handle))
+
+    @cached_property
+    def n_layer(self) -> int:
+        return int(llama().llama_model_n_layer(self.handle))
+
     @property
     def chat_template(self) -> str | None:
         L = llama()

@@ -13,13 +13,15 @@ decode, and the streams' drafting rows go together, one decode for every stream'
 
 from __future__ import annotations
 
+import ctypes
 import weakref
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from specrun.backend.context import Context
 from specrun.backend.library import llama, llama_ext
+from specrun.backend.model import Model
 from specrun.backend.threads import ThreadPool
 from specrun.backend.views import BatchViews, FloatViews
 from specrun.errors import SpecrunError
@@ -32,16 +34,17 @@ class _HeadContext:
     """The llama.cpp MTP context over a target's cache: one sequence per target sequence, in one
     unified cache as the target's, each its share of n_ctx; and the batch its rows wait in."""
 
-    def __init__(self, target: Context):
+    def __init__(self, target: Context, drafter: Model | None = None):
         L = llama()
-        model = target.model
+        model = drafter or target.model
         params = L.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = target.n_ctx * target.n_seq, target.n_batch, target.n_batch
         params.n_seq_max = target.n_seq
         params.kv_unified = True
         params.n_threads = params.n_threads_batch = target.n_threads
-        params.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target.handle
+        if drafter is None:
+            params.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
+        params.ctx_other = target.handle  # a drafter may borrow its token embeddings and output from the target
         params.no_perf = True
         self.model = model
         self.n_batch = target.n_batch
@@ -67,13 +70,22 @@ class _HeadContext:
         # Rows that follow the target, not decoded yet, at the batch's start: (sequence, position)
         # each. They go with the next drafting rows, and those a rollback drops are never decoded.
         self.waiting: list[tuple[int, int]] = []
+        self.encoder: Any = None  # an EAGLE-3 drafter's batch of the target's features (`encode`), made on first use
+        # An MTP graph computes its output rows only. EAGLE-3's decoder graph computes every row and
+        # llama.cpp hands out the first ones as the outputs: its drafting rows decode apart, as
+        # llama.cpp's draft-eagle3 decodes them.
+        self.joins_waiting = drafter is None
         model.own(self)
+        if drafter is not None:
+            target.model.own(self)  # it reads the target's context: it goes before the target's weights too
 
     def close(self) -> None:
         if self.ctx:
             L = llama()
             self.batch.token = None  # this object's array, not llama_batch_init's: not for llama_batch_free
             L.llama_batch_free(self.batch)
+            if self.encoder is not None:
+                L.llama_batch_free(self.encoder)
             L.llama_free(self.ctx)
             self.threads.release()
             self.ctx = None
@@ -105,13 +117,35 @@ class _HeadContext:
     def decode(self, drafting: Sequence[Row]) -> None:
         """Decode the rows that wait, and the `drafting` rows (sequence, token, position, the
         hidden row it reads) after them: those give logits, and hidden rows, in their order."""
-        if len(self.waiting) + len(drafting) > self.n_batch:
+        if self.waiting and (len(self.waiting) + len(drafting) > self.n_batch or not self.joins_waiting):
             drafting = [(*row[:3], row[3].copy()) for row in drafting]  # they may read the output the next decode replaces
             self._decode()
         first = len(self.waiting)
         for n, (seq, token, pos, hidden) in enumerate(drafting, first):
             self._put(n, seq, (token,), pos, hidden, True)
         self._decode(first + len(drafting))
+
+    def encode(self, features: np.ndarray) -> np.ndarray:
+        """An EAGLE-3 drafter's encoder over rows of the target's features (its layers' inputs side
+        by side): the fused row of each, a view valid until the context's next pass. The encoder
+        reads no positions and writes no cache; llama.cpp checks the positions against sequence
+        0's all the same, so they follow it, as llama.cpp's draft-eagle3 numbers them."""
+        L, (n, width) = llama(), features.shape
+        if self.encoder is None:
+            self.encoder = L.llama_batch_init(self.n_batch, width, 1)  # rows of features, no tokens
+            np.ctypeslib.as_array(self.encoder.n_seq_id, shape=(self.n_batch,))[:] = 1
+            np.ctypeslib.as_array(ctypes.cast(self.encoder.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,))[:] = 1
+            for i in range(self.n_batch):
+                self.encoder.seq_id[i][0] = 0
+            self.features = np.ctypeslib.as_array(self.encoder.embd, shape=(self.n_batch, width))
+            self.feature_pos = np.ctypeslib.as_array(self.encoder.pos, shape=(self.n_batch,))
+        first = L.llama_memory_seq_pos_max(L.llama_get_memory(self.ctx), 0) + 1
+        self.features[:n], self.feature_pos[:n] = features, np.arange(first, first + n)
+        self.encoder.n_tokens = n
+        status = L.llama_encode(self.ctx, self.encoder)
+        if status != 0:
+            raise SpecrunError(f"the EAGLE-3 drafter's encoder failed with status {status}")
+        return self.views.rows(llama_ext().llama_get_embeddings_nextn(self.ctx), n, self.n_embd)
 
     def _put(self, n: int, seq: int, tokens: Sequence[int], pos: int, hidden: np.ndarray, wants: bool) -> None:
         """Write rows into the batch from its row n on (their hidden rows in one copy)."""
@@ -129,30 +163,33 @@ class _HeadContext:
             raise SpecrunError(f"the MTP head's decode failed with status {status}")
 
 
-_HEADS: weakref.WeakKeyDictionary[Context, _HeadContext] = weakref.WeakKeyDictionary()
-"""The heads' context of each target cache, made once, keyed by the cache's sequence 0."""
+_HEADS: weakref.WeakKeyDictionary[Context, dict[Model | None, _HeadContext]] = weakref.WeakKeyDictionary()
+"""The heads' context of each target cache and drafter (None: the target's own MTP layers), made
+once, keyed by the cache's sequence 0."""
 
 
-def _heads_of(target: Context) -> _HeadContext:
-    first = target.sequence(0)
-    if first not in _HEADS:
-        _HEADS[first] = _HeadContext(target)
-    return _HEADS[first]
+def _heads_of(target: Context, drafter: Model | None) -> _HeadContext:
+    heads = _HEADS.setdefault(target.sequence(0), {})
+    if drafter not in heads:
+        heads[drafter] = _HeadContext(target, drafter)
+    return heads[drafter]
 
 
 class MtpHead:
     """The MTP layers of `target`'s model drafting for that sequence of its cache (one head:
-    llama.cpp's single trained head). A draft cache as a draft model's `Context` is: `eval` and
-    `decode_many` decode drafting rows, each reading the hidden row its head was given (`reads`)."""
+    llama.cpp's single trained head), or a trained `drafter` of its own file that reads the
+    target's features (EAGLE-3's decoder, its encoder in `encode`). A draft cache as a draft
+    model's `Context` is: `eval` and `decode_many` decode drafting rows, each reading the hidden
+    row its head was given (`reads`)."""
 
-    def __init__(self, target: Context):
-        model = target.model
-        if not model.n_nextn:
+    def __init__(self, target: Context, drafter: Model | None = None):
+        model = drafter or target.model
+        if drafter is None and not model.n_nextn:
             raise SpecrunError(
                 f"the target model {model.path.name} has no MTP (NextN) layers, so it cannot draft for "
                 "itself: drop --draft mtp, or give a draft model (--draft PATH) or --lookup"
             )
-        self._shared = _heads_of(target)
+        self._shared = _heads_of(target, drafter)
         self.model = model
         self.seq = target.seq
         self.n_embd = model.n_embd_out
@@ -172,6 +209,10 @@ class MtpHead:
     def shares_cache(self, other: object) -> bool:
         """Whether `other` is a head of the same MTP context (one `decode_many` takes both)."""
         return isinstance(other, MtpHead) and other._shared is self._shared
+
+    def encode(self, features: np.ndarray) -> np.ndarray:
+        """An EAGLE-3 drafter's fused rows of the target's features (see `_HeadContext.encode`)."""
+        return self._shared.encode(features)
 
     def process(self, tokens: Sequence[int], pos0: int, hidden: np.ndarray) -> None:
         """Follow the target's `tokens` from position pos0, each with `hidden[i]`, the target's

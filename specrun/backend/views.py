@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from specrun.backend.library import drafter_calls
+
 
 class BatchViews(NamedTuple):
     """Zero-copy views of a `llama_batch`'s arrays, each row of one sequence (`seq_ids[n][0]`);
@@ -48,3 +50,10 @@ class FloatViews:
                 self._views.clear()
             view = self._views[key] = np.ctypeslib.as_array(pointer, shape=(n_rows, width))
         return view
+
+
+def layer_inputs(ctx, layers: tuple[int, ...], n_rows: int, width: int) -> np.ndarray:
+    """The inputs of the target's `layers` at the last decode's n_rows rows, side by side: what an
+    EAGLE-3 drafter's encoder reads (a copy: llama.cpp keeps each layer's in a buffer of its own)."""
+    read = drafter_calls().llama_get_embeddings_layer_inp
+    return np.concatenate([np.ctypeslib.as_array(read(ctx, layer), shape=(n_rows, width)) for layer in layers], axis=1)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from specrun.backend import Context, ContextOptions, Model, ModelOptions, ThreadPool
 from specrun.errors import SpecrunError
+from specrun.headers.arch import trained_drafter
+from specrun.headers.read import read_keys
 from specrun.settings import BATCH
 
 if TYPE_CHECKING:
@@ -144,6 +146,23 @@ def check_names(sources: tuple[str, ...] | list[str]) -> None:
     """Fail with one line for a source no module registered, before anything loads."""
     for name in sources:
         kind(name)
+
+
+def draft_file_kind(path: Path) -> str:
+    """The source a `--draft` GGUF drafts as: "eagle3" for an EAGLE-3 drafter, else "draft" (a
+    model of its own, or a file the draft model's load reports on); one line for a trained
+    drafter specrun cannot run yet."""
+    try:
+        keys = read_keys(path)
+    except SpecrunError:
+        return "draft"
+    drafter = trained_drafter(keys.meta, keys.tensor_names)
+    if drafter is None or drafter.kind == "eagle3":
+        return drafter.kind if drafter else "draft"
+    raise SpecrunError(
+        f"{path.name} is a {drafter.name} drafter, which specrun cannot run yet (llama.cpp's "
+        f"draft-{drafter.kind} can): give an EAGLE-3 drafter, a draft model, or --lookup"
+    )
 
 
 def named_by_draft(draft: object) -> str | None:

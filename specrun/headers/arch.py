@@ -77,6 +77,7 @@ class Traits:
     recurrent: bool  # keeps a recurrent state (a recurrent or hybrid architecture)
     rolls_back: bool | None  # llama.cpp keeps snapshots of that state; None when no header says
     arch: str | None = None  # general.architecture; None when known from a profile
+    trained: TrainedDrafter | None = None  # a drafter trained to read its target's features (EAGLE-3, DFlash)
 
     def notes(self) -> list[str]:
         """What this means for drafting, a line each; [] for a plain transformer."""
@@ -99,6 +100,8 @@ class Traits:
                 "an MTP drafter without a model to draft for (a gemma4-assistant, or NextN layers alone), "
                 "which specrun cannot run yet (llama.cpp's draft-mtp can)"
             )
+        if self.trained:
+            found.append(self.trained.note())
         if self.recurrent:
             found.append(self.recurrent_note())
         return found
@@ -157,6 +160,7 @@ def header_traits(meta: Mapping[str, Any], tensor_names: Iterable[str]) -> Trait
     """A GGUF's traits from its metadata and tensor names."""
     arch = str(meta.get("general.architecture", ""))
     trunk, nextn = layer_split(meta)
+    tensor_names = list(tensor_names)
     has_trunk = any((i := layer_index(name)) is not None and i < trunk for name in tensor_names)
     if arch in SEPARATE_DRAFTERS.values() or (nextn and not has_trunk):
         mtp = DRAFTER  # llama.cpp's own test for an MTP-only file: no layer of the model itself
@@ -165,7 +169,8 @@ def header_traits(meta: Mapping[str, Any], tensor_names: Iterable[str]) -> Trait
     else:
         mtp = SEPARATE if arch in SEPARATE_DRAFTERS else ""
     recurrent = arch in RECURRENT_ARCHS or arch in HYBRID_ARCHS
-    return Traits(mtp, nextn, recurrent, arch in ROLLBACK_ARCHS if recurrent else None, arch)
+    rolls_back = arch in ROLLBACK_ARCHS if recurrent else None
+    return Traits(mtp, nextn, recurrent, rolls_back, arch, trained_drafter(meta, tensor_names))
 
 
 def profile_traits(mtp: str, hybrid: bool) -> Traits:
@@ -231,3 +236,59 @@ def _per_layer(value: Any, layers: range) -> list[int]:
 
 def _int(value: Any) -> int:
     return int(value) if value is not None and not isinstance(value, (list, tuple, str)) else 0
+
+
+TRAINED_DRAFTERS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
+"""The drafters trained to read their target's features, by the kind llama.cpp's speculative
+types name them (draft-eagle3, draft-dflash, draft-dspark), and how people write them."""
+
+
+@dataclass(frozen=True)
+class TrainedDrafter:
+    """A drafter trained to read its target's features, from its header."""
+
+    kind: str  # a key of TRAINED_DRAFTERS
+    target_layers: tuple[int, ...]  # the target layers whose inputs it reads
+    target_width: int  # the target's hidden size it reads (0 where the file does not say)
+    block_size: int | None  # DFlash's block of tokens drafted in one decode
+
+    @property
+    def name(self) -> str:
+        return TRAINED_DRAFTERS[self.kind]
+
+    def note(self) -> str:
+        reads = f"reads the target's layers {', '.join(map(str, self.target_layers))}"
+        if self.kind == "eagle3":
+            return f"an EAGLE-3 drafter: {reads} ({self.target_width} wide); specrun drafts with it (--draft FILE)"
+        return (
+            f"a {self.name} drafter: {reads}, {self.block_size} tokens a block; specrun cannot run it yet "
+            f"(llama.cpp's draft-{self.kind} can)"
+        )
+
+
+def trained_drafter(meta: Mapping[str, Any], tensor_names: Iterable[str]) -> TrainedDrafter | None:
+    """Which of TRAINED_DRAFTERS a GGUF is, or None for a model of its own: llama.cpp's
+    `common_speculative_types_from_gguf` (a dflash file with a Markov head is DSpark), and the
+    eagle3 architecture, which llama.cpp leaves to --spec-type."""
+    arch = str(meta.get("general.architecture", ""))
+    if arch not in TRAINED_DRAFTERS:
+        return None
+    kind = "dspark" if arch == "dflash" and "markov_w1.weight" in set(tensor_names) else arch
+    layers = tuple(int(i) for i in meta.get(f"{arch}.target_layers") or ())
+    block = (_int(meta.get(f"{arch}.block_size")) or 16) if arch == "dflash" else None  # 16: llama.cpp's default
+    return TrainedDrafter(kind, layers, _int(meta.get(f"{arch}.target_hidden_size")), block)
+
+
+def eagle3_misfit(drafter: TrainedDrafter, n_vocab: int, target_layers: int, target_width: int, target_vocab: int) -> str | None:
+    """Why an EAGLE-3 drafter cannot read a target of these sizes (None: it can), as llama.cpp
+    would find out at its first decode: its 3 layers, their width, one vocabulary."""
+    layers = drafter.target_layers
+    if len(layers) != 3:
+        return f"it reads {len(layers)} target layers, not EAGLE-3's 3"
+    if max(layers) >= target_layers:
+        return f"it reads layers {', '.join(map(str, layers))}, but the target has {target_layers}"
+    if drafter.target_width != target_width:
+        return f"it reads rows {drafter.target_width} wide, the target's are {target_width}"
+    if n_vocab != target_vocab:
+        return f"its vocabulary has {n_vocab} tokens, the target's {target_vocab}"
+    return None

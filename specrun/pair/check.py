@@ -9,7 +9,7 @@ from typing import Any
 from specrun import settings
 from specrun.backend.compat import CompatReport, check_vocab
 from specrun.core.policy import AUTO_ROLLBACK, parse_k, rollback_tokens
-from specrun.headers.arch import DRAFTER, Traits, header_traits, state_bytes
+from specrun.headers.arch import DRAFTER, Traits, eagle3_misfit, header_traits, state_bytes
 from specrun.headers.read import ModelFacts
 from specrun.hub.memory import MemoryBudget, memory_budget
 from specrun.pair.cost import (
@@ -69,9 +69,20 @@ class PairCheck:
     def can_draft(self) -> bool:
         """False for a target whose recurrent state llama.cpp cannot roll back, for a separate MTP
         drafter, and for vocabularies known to share almost nothing."""
-        if not self.target_traits.speculates or self.draft_traits.mtp == DRAFTER:
+        if not self.target_traits.speculates or self.draft_traits.mtp == DRAFTER or self.drafter_misfit:
             return False
         return not self.translated or self.translation is None or self.translation.overlap.usable
+
+    @property
+    def drafter_misfit(self) -> str | None:
+        """Why a trained drafter cannot draft for this target (None: it can, or the draft is a model)."""
+        trained = self.draft_traits.trained
+        if trained is None:
+            return None
+        if trained.kind != "eagle3":
+            return f"the draft is a {trained.name} drafter, which specrun cannot run yet (llama.cpp's draft-{trained.kind} can)"
+        width = int(self.target.key("embedding_length", 0))
+        return eagle3_misfit(trained, self.draft.vocab.n_tokens, self.target.n_layers, width, self.target.vocab.n_tokens)
 
     @property
     def has_weights(self) -> bool:
@@ -133,6 +144,8 @@ class PairCheck:
                 "cannot draft: the draft is a separate MTP drafter (a gemma4-assistant, or MTP layers alone), "
                 "which specrun cannot run yet; a target with MTP layers of its own drafts with --draft mtp"
             )
+        if self.drafter_misfit:
+            return f"cannot draft: {self.drafter_misfit}"
         if not self.can_draft:
             o = self.translation.overlap  # type: ignore[union-attr]
             return (

@@ -115,7 +115,7 @@ class Session:
         request's context, then what earlier ones wrote), then the sources named, a draft model last."""
         c = self.config
         named = [*(["lookup"] if c.lookup else []), *(["store"] if c.store_tokens else []), *c.sources]
-        return list(dict.fromkeys([*named, *(["draft"] if c.draft is not None else [])]))
+        return list(dict.fromkeys([*named, *([registry.draft_file_kind(c.draft)] if c.draft is not None else [])]))
 
     def source(self, name: str, slot: int = 0) -> DraftSource:
         """Stream `slot`'s source of the registered kind `name` (`specrun.drafts.registry`), built

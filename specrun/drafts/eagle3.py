@@ -1,0 +1,115 @@
+"""Drafts from an EAGLE-3 drafter: `--draft FILE` where FILE's architecture is eagle3.
+
+An EAGLE-3 drafter is trained to read its target's own features: the inputs of three of the
+target's layers (low, middle, high) at each position, which its encoder fuses into one row
+`g` per position. Its one decoder layer then reads, at cache position P, the pair (the token at
+P + 1, g at P), as llama.cpp's draft-eagle3 feeds it (common/speculative.cpp,
+`common_speculative_impl_draft_eagle3`). So the drafter follows every target decode: the
+target hands over the features of the rows it decoded (`follow`), the encoder fuses them, and
+the pairs wait in the drafter's batch for its next decode (backend.mtp's head context, which an
+MTP head uses the same way). To draft it decodes the last token with g of the position before
+it, then each drafted token with its own last output row in place of g.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from specrun.backend import Context, Model, ModelOptions
+from specrun.backend.mtp import MtpHead
+from specrun.core.sequences import common_prefix
+from specrun.drafts.base import Decodes, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
+from specrun.drafts.feeding import Picker, guessed
+from specrun.drafts.registry import SourceSite, register
+from specrun.errors import SpecrunError
+from specrun.headers.arch import eagle3_misfit, trained_drafter
+from specrun.headers.read import read_keys
+
+
+class Eagle3Draft:
+    """Drafts with an EAGLE-3 drafter for one sequence of the target's cache, greedily or by
+    sampling (then p/q-verified)."""
+
+    names: tuple[str, ...] = ("eagle3",)
+    counters: tuple[str, ...] = ()
+    parts: tuple[DraftSource, ...] = ()
+    runs_model = True
+
+    def __init__(self, target: Context, drafter: Model, layers: tuple[int, ...], sample: bool = True):
+        self.target = target
+        self.head = MtpHead(target, drafter)
+        self.layers = layers  # the target layers whose inputs it reads
+        self.sample = sample
+        self.picker = Picker(target.model.n_vocab)
+        self.fused = np.zeros((target.n_ctx, self.head.n_embd), dtype=np.float32)  # g at each position of the text
+
+    def follow(self, on: bool) -> None:
+        """Follow the target's decodes (while generations draft with it), or stop. Cache position P
+        holds the token at P + 1: where the drafter missed decodes, the target drops the text
+        past what both hold, so the next prefill decodes it again with the drafter following."""
+        self.target.listen(self._process if on else None, self.layers)
+        if on:
+            self.target.truncate(common_prefix(self.head.tokens, self.target.tokens[1:]) + 1)
+            self.head.truncate(max(len(self.target.tokens) - 1, 0))
+
+    def _process(self, tokens: Sequence[int], pos0: int, features: np.ndarray) -> None:
+        """A target decode: g of each of its rows, and the pairs (token at p, g at p - 1) at p - 1."""
+        if pos0 > len(self.head.tokens) + 1:
+            return  # the drafter missed text: it drafts nothing until it follows again
+        self.fused[pos0 : pos0 + len(tokens)] = self.head.encode(features)
+        if pos0 == 0:  # the first token has no position before it
+            tokens, pos0 = tokens[1:], 1
+        self.head.process(tokens, pos0 - 1, self.fused[pos0 - 1 : pos0 - 1 + len(tokens)])
+
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
+        budget = request.offer(self.names[0], request.limit)
+        if budget.k < 1:
+            return Draft.under(budget)
+        pos = len(history) - 1  # the target holds all but the last token; the drafter one fewer
+        if pos < 1 or len(self.head.tokens) != pos - 1:
+            return Draft()  # the drafter missed decodes; following again (a new generation) brings it back
+        sample = self.sample and not request.sampler.settings.greedy
+        self.head.reads = self.fused[pos - 1]
+        row = yield from self._next_row(history[-1])
+        guess = yield from guessed(row, budget, request, self.picker, sample, self._next_row, text=history)
+        self.head.truncate(pos - 1)  # its own drafting rows go: the verify decode brings the target's
+        return guess.draft(budget, sample, request.policy.wants_confidence)
+
+    def _next_row(self, token: int) -> Decodes[np.ndarray]:
+        decoded = yield DraftDecode(self.head, [token])
+        self.head.reads = self.head.row  # the next drafting row reads the drafter's own output
+        return decoded.logits[-1]
+
+    def rollback(self, history: Sequence[int]) -> None:
+        self.head.truncate(max(len(history) - 2, 0))
+
+
+def _load(site: SourceSite) -> tuple[Model, tuple[int, ...]]:
+    """The drafter, loaded once for every stream, and the target layers it reads; one line where
+    it cannot read this target, before any decode."""
+    c, target = site.config, site.target.model
+    if c.draft is None:
+        raise SpecrunError("the eagle3 source needs an EAGLE-3 drafter: pass --draft FILE (specrun.load(target, draft))")
+    keys = read_keys(c.draft)
+    found = trained_drafter(keys.meta, keys.tensor_names)
+    if found is None or found.kind != "eagle3":
+        raise SpecrunError(f"{c.draft.name} is not an EAGLE-3 drafter ({keys.meta.get('general.architecture')})")
+    placement = ModelOptions(n_gpu_layers=c.draft_n_gpu_layers, rpc_servers=c.draft_rpc)
+    drafter = site.resources.load_model(c.draft, "draft", placement)
+    problem = eagle3_misfit(found, drafter.n_vocab, target.n_layer, target.n_embd, target.n_vocab)
+    if problem:
+        raise SpecrunError(
+            f"the EAGLE-3 drafter {c.draft.name} does not fit the target {c.target.name}: {problem}; "
+            "give the drafter trained for this target"
+        )
+    return drafter, found.target_layers
+
+
+def _build(site: SourceSite) -> Eagle3Draft:
+    drafter, layers = site.resources.once("eagle3", lambda: _load(site))
+    return Eagle3Draft(site.target, drafter, layers, sample=site.config.draft_sampling)
+
+
+register("eagle3", _build, follow=Eagle3Draft.follow)
