@@ -8,9 +8,12 @@ enough that drafts are rejected too. A drawn drafter (random weights) fits the s
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+import httpx
 import pytest
+from serve_helpers import RunningServer
 from test_exactness import MIN_P, RULES, SEEDS, TOKENS, Exact, sample, sampler_rules
 from tinydrafters import write_agreeing_eagle3, write_tiny_dflash, write_tiny_eagle3
 from tinymodels import write_tiny_llama
@@ -19,6 +22,7 @@ from specrun.cli import run_app
 from specrun.config import SessionConfig
 from specrun.drafts.registry import draft_file_kind
 from specrun.errors import SpecrunError
+from specrun.serve.server import ServeOptions
 from specrun.session import Session
 
 PROMPT = "the cat sat on the mat"
@@ -124,3 +128,23 @@ def test_pair_check_names_the_drafter_and_whether_it_fits(files, capsys):
     assert run_app(["pair", "check", str(files["target"]), str(files["dspark"])]) == 1
     out = capsys.readouterr().out
     assert "a DSpark drafter: reads the target's layers 0, 1, 16 tokens a block; specrun cannot run it yet" in out, out
+
+
+def test_four_slots_of_a_server_draft_with_one_drafter_and_name_it(files):
+    """serve --parallel 4: four clients at once get what each gets alone, on one drafter context,
+    and the metrics count its drafts under its name."""
+    running = RunningServer(config(files, parallel=4, n_ctx=2048), ServeOptions(port=0))
+    try:
+        client = running.client()
+
+        def ask(prompt: str) -> str:
+            return client.completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+
+        alone = [ask(prompt) for prompt in PROMPTS]
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(ask, PROMPTS)) == alone
+        metrics = httpx.get(f"{running.url}/metrics", timeout=10).text
+        accepted = next(line for line in metrics.splitlines() if line.startswith("specrun:spec_decode_accepted_tokens_by_source"))
+        assert 'source="eagle3"' in accepted and float(accepted.split()[-1]) > 0, accepted
+    finally:
+        running.stop()
