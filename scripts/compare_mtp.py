@@ -39,16 +39,17 @@ from tinyhybrid import write_tiny_qwen35  # noqa: E402
 
 PROMPT = "Hello world, the cat and the dog were there. What time is it now"
 CANDIDATE = re.compile(rb"draft candidate\s+0, pos\s+(\d+):\s+(-?\d+) ")
-CALL = re.compile(rb"called impl draft-mtp")
 
 
-def llama_drafts(bin_dir: Path, model: Path, k: int, tokens: int, log: Path) -> tuple[list[list[int]], list[int]]:
-    """llama-server's draft calls (each call's drafted tokens, in order) and its generated tokens."""
+def llama_drafts(
+    bin_dir: Path, spec: list, k: int, tokens: int, log: Path, impl: str = "draft-mtp"
+) -> tuple[list[list[int]], list[int]]:
+    """llama-server's draft calls with `spec` (the model and drafter arguments; its speculative
+    implementation `impl`): each call's drafted tokens, in order, and its generated tokens."""
     port = free_port()
     cmd = [
         bin_dir / "llama-server",
-        "-m",
-        model,
+        *spec,
         "--host",
         "127.0.0.1",
         "--port",
@@ -62,7 +63,7 @@ def llama_drafts(bin_dir: Path, model: Path, k: int, tokens: int, log: Path) -> 
         "--no-webui",
         "--no-repack",
         "--spec-type",
-        "draft-mtp",
+        impl,
         "--spec-draft-n-max",
         str(k),
         "-lv",
@@ -95,29 +96,41 @@ def llama_drafts(bin_dir: Path, model: Path, k: int, tokens: int, log: Path) -> 
     for line in log.read_bytes()[start:].split(b"\n"):
         if match := CANDIDATE.search(line):
             current[int(match[1])] = int(match[2])
-        elif CALL.search(line):
+        elif f"called impl {impl}".encode() in line:
             drafts.append([current[i] for i in range(len(current))])
             current = {}
     return drafts, reply["tokens"]
 
 
-def specrun_drafts(model: Path, k: int, tokens: int) -> tuple[list[list[int]], list[int]]:
-    """specrun's MTP draft calls and its generated tokens, greedy at fixed k."""
+def specrun_drafts(config: SessionConfig, source: type, tokens: int) -> tuple[list[list[int]], list[int]]:
+    """The draft calls of specrun's `source` (its class) and the generated tokens, greedy at the config's k."""
     drafts: list[list[int]] = []
-    propose = MtpDraft.propose
+    propose = source.propose
 
     def recording(self, history, request):
         draft = yield from propose(self, history, request)
         drafts.append(list(draft.tokens))
         return draft
 
-    MtpDraft.propose = recording  # type: ignore[method-assign]
+    source.propose = recording
     try:
-        with Session(SessionConfig(target=model, sources=("mtp",), k=k, n_ctx=1024, threads=1)) as session:
+        with Session(config) as session:
             generated = session.generate(PROMPT, max_tokens=tokens).tokens
     finally:
-        MtpDraft.propose = propose  # type: ignore[method-assign]
+        source.propose = propose
     return drafts, generated
+
+
+def compare(theirs: tuple[list[list[int]], list[int]], ours: tuple[list[list[int]], list[int]], k: int) -> None:
+    """One line: the draft calls each made, how many were identical, and whether the text was."""
+    (their_drafts, their_tokens), (our_drafts, our_tokens) = theirs, ours
+    # Near the end both cut a draft to what can still be emitted; llama.cpp logs it whole.
+    same = sum(mine == full[: len(mine)] for mine, full in zip(our_drafts, their_drafts))
+    print(
+        f"k {k}: draft calls specrun {len(our_drafts)}, llama.cpp {len(their_drafts)}; identical {same} of "
+        f"{min(len(our_drafts), len(their_drafts))}; generated tokens identical: "
+        f"{our_tokens == their_tokens[: len(our_tokens)]} ({len(our_tokens)} tokens)"
+    )
 
 
 def main() -> None:
@@ -130,15 +143,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_qwen35(Path(tmp) / "qwen35-mtp.gguf", nextn=True, trunk_scale=0.5, mtp_agree=1.0, mtp_scale=0.3)
         for k in (int(value) for value in args.k.split(",")):
-            theirs, their_tokens = llama_drafts(bin_dir, model, k, args.tokens, Path(tmp) / f"server-{k}.log")
-            ours, our_tokens = specrun_drafts(model, k, args.tokens)
-            # Near the end both cut a draft to what can still be emitted; llama.cpp logs it whole.
-            same = sum(mine == full[: len(mine)] for mine, full in zip(ours, theirs))
-            print(
-                f"k {k}: draft calls specrun {len(ours)}, llama.cpp {len(theirs)}; identical {same} of "
-                f"{min(len(ours), len(theirs))}; generated tokens identical: {our_tokens == their_tokens[: len(our_tokens)]}"
-                f" ({len(our_tokens)} tokens)"
-            )
+            theirs = llama_drafts(bin_dir, ["-m", model], k, args.tokens, Path(tmp) / f"server-{k}.log")
+            config = SessionConfig(target=model, sources=("mtp",), k=k, n_ctx=1024, threads=1)
+            compare(theirs, specrun_drafts(config, MtpDraft, args.tokens), k)
 
 
 if __name__ == "__main__":

@@ -285,7 +285,12 @@ def eagle3_misfit(drafter: TrainedDrafter, n_vocab: int, target_layers: int, tar
     layers = drafter.target_layers
     if len(layers) != 3:
         return f"it reads {len(layers)} target layers, not EAGLE-3's 3"
-    if max(layers) >= target_layers:
+    if max(layers) == target_layers:  # llama.cpp hands over the last layer's output as the NextN rows
+        return (
+            f"it reads the output of the target's last layer ({target_layers}), which specrun does not hand "
+            "a drafter yet (llama.cpp's draft-eagle3 does)"
+        )
+    if max(layers) > target_layers:
         return f"it reads layers {', '.join(map(str, layers))}, but the target has {target_layers}"
     if drafter.target_width != target_width:
         return f"it reads rows {drafter.target_width} wide, the target's are {target_width}"
