@@ -2,9 +2,10 @@
 
 On generated models small enough that a decode takes about a millisecond on a CPU, as a small
 model's does on a GPU, it runs plain decoding, prompt lookup, a draft model (same vocabulary, and
-another one, translated), the target drafting for itself, MTP and four batched streams, greedy,
+another one, translated), the target drafting for itself, an EAGLE-3 drafter, MTP and four
+batched streams, greedy,
 and splits each run's wall time into:
-- llama.cpp's part: inside `llama_decode` (the target's and an MTP head's) and the calls that
+- llama.cpp's part: inside `llama_decode` (the target's, an MTP head's, a drafter's) and `llama_encode` (an EAGLE-3 drafter's encoder) and the calls that
   read what a decode computed (`llama_get_logits`, the MTP head's hidden rows), which are where
   a GPU decode is waited for;
 - specrun's part: everything else, per token, per decode call and per step.
@@ -69,7 +70,7 @@ class LlamaClock:
     """Seconds inside llama.cpp's decode calls and the reads that wait for a decode, counted by
     wrapping those functions of llama-cpp-python's bindings (specrun looks each up per call)."""
 
-    DECODES = ("llama_decode",)
+    DECODES = ("llama_decode", "llama_encode")  # an EAGLE-3 drafter's encoder runs a graph too
     READS = ("llama_get_logits",)
     EXT_READS = ("llama_get_embeddings_nextn",)
     seconds: float = 0.0
@@ -174,6 +175,7 @@ def setups(models: dict[str, Path], threads: int) -> dict[str, SessionConfig]:
         "self": SessionConfig(**base, draft=models["target"]),
         "translated": SessionConfig(**base, draft=models["translated"]),
         "mtp": SessionConfig(target=models["q35"], n_ctx=2048, threads=threads, sources=("mtp",)),
+        "eagle3": SessionConfig(**base, draft=models["eagle3"]),
         "four": SessionConfig(**base | {"n_ctx": 4096}, draft=models["draft"], parallel=4),
     }
 
@@ -184,6 +186,7 @@ def runs_at(ks: list[str]) -> dict[str, Run]:
     for k in ks:
         runs |= {f"draft k {k}": Run("draft", False, k), f"self-draft k {k}": Run("self", False, k)}
         runs[f"translated k {k}"] = Run("translated", False, k)
+        runs[f"eagle3 k {k}"] = Run("eagle3", False, k)
     runs |= {"mtp k 3": Run("mtp", False, "3"), "4 streams: plain": Run("four", True)}
     runs[f"4 streams: draft k {ks[0]}"] = Run("four", False, ks[0])
     return runs
@@ -206,6 +209,8 @@ def llama_cpp_runs(
     for k in (k for k in ks if k.isdigit()):
         runs[f"draft k {k}"] = [*pair, "-md", str(models["draft"]), "--spec-draft-n-max", k]
         runs[f"self-draft k {k}"] = [*pair, "-md", str(models["target"]), "--spec-draft-n-max", k]
+        runs[f"eagle3 k {k}"] = [*spec, "-ngld", "99", "-m", str(models["target"]), "-md", str(models["eagle3"])]
+        runs[f"eagle3 k {k}"] += ["--spec-type", "draft-eagle3", "--spec-draft-n-max", k]
     return runs
 
 
