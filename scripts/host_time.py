@@ -5,9 +5,9 @@ model's does on a GPU, it runs plain decoding, prompt lookup, a draft model (sam
 another one, translated), the target drafting for itself, an EAGLE-3 drafter, MTP and four
 batched streams, greedy,
 and splits each run's wall time into:
-- llama.cpp's part: inside `llama_decode` (the target's, an MTP head's, a drafter's) and `llama_encode` (an EAGLE-3 drafter's encoder) and the calls that
-  read what a decode computed (`llama_get_logits`, the MTP head's hidden rows), which are where
-  a GPU decode is waited for;
+- llama.cpp's part: inside `llama_decode` (the target's, an MTP head's, a drafter's),
+  `llama_encode` (an EAGLE-3 drafter's encoder) and the calls that read what a decode computed
+  (`llama_get_logits`, the MTP head's hidden rows), which are where a GPU decode is waited for;
 - specrun's part: everything else, per token, per decode call and per step.
 With `--llama-bin DIR` (llama-bench and llama-speculative-simple built from the llama.cpp that
 llama-cpp-python vendors, `compare_llama_cpp.build_tools`) each round also runs llama.cpp's own
