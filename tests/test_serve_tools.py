@@ -139,6 +139,8 @@ def assert_valid_call(call: dict, tools: list[dict]) -> dict:
         ),
         (CHAT, {"messages": ASK, "json_schema": ANSWER}),  # llama-server's
         (COMPLETIONS, {"prompt": "hello world", "json_schema": ANSWER}),
+        (CHAT, {"messages": ASK, "response_format": {"type": "json_object", "schema": ANSWER}}),  # llama-server's too
+        (COMPLETIONS, {"prompt": "the answer:", "response_format": {"type": "json_object", "schema": ANSWER}}),
     ],
 )
 def test_a_json_schema_output_parses_and_validates_streamed_or_not(generic, path, body):
@@ -169,6 +171,7 @@ def test_json_mode_gives_a_json_object_and_a_gbnf_grammar_holds_the_output(gener
 
 MINIMUM = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}
 REFUSED = [
+    ({"response_format": {"type": "json_object", "schema": MINIMUM}}, "response_format.schema", "'minimum' at $.properties.age"),
     (
         {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": MINIMUM}}},
         "response_format.json_schema.schema",

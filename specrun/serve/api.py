@@ -243,12 +243,13 @@ def _output_grammar(body: Body) -> tuple[Grammar | None, str | None]:
         )
     if not given:
         return None, None
-    param = "response_format.json_schema.schema" if kind == "json_schema" else given[0]
+    param = {"json_schema": "response_format.json_schema.schema", "json_object": "response_format.schema"}.get(kind, given[0])
     try:
         if response_format is not None and kind != "text":
-            # json_schema's validator makes it present with that type; json_object holds to any JSON object
-            described = response_format.json_schema if kind == "json_schema" else None
-            schema = None if described is None else described.schema_
+            # json_schema's validator makes it present with that type; json_object holds to its schema
+            # (llama-server's form) or, without one, to any JSON object
+            schema = response_format.json_schema.schema_ if response_format.json_schema else None
+            schema = response_format.schema_ if kind == "json_object" else schema
             return (json_object_grammar() if schema is None else grammar_from_json_schema(schema)), param
         if body.json_schema is not None:
             return grammar_from_json_schema(body.json_schema), param

@@ -181,6 +181,7 @@ class JsonSchemaFormat(Strict):
 class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = Field(None, validate_default=True)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # llama-server's json_object with a schema
 
     @field_validator("json_schema")
     @classmethod
