@@ -143,7 +143,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_qwen35(Path(tmp) / "qwen35-mtp.gguf", nextn=True, trunk_scale=0.5, mtp_agree=1.0, mtp_scale=0.3)
         for k in (int(value) for value in args.k.split(",")):
-            theirs = llama_drafts(bin_dir, ["-m", model], k, args.tokens, Path(tmp) / f"server-{k}.log")
+            spec = ["-m", model, "--spec-draft-p-min", "0", "--spec-draft-n-min", "0"]  # k tokens a draft, as a fixed k
+            theirs = llama_drafts(bin_dir, spec, k, args.tokens, Path(tmp) / f"server-{k}.log")
             config = SessionConfig(target=model, sources=("mtp",), k=k, n_ctx=1024, threads=1)
             compare(theirs, specrun_drafts(config, MtpDraft, args.tokens), k)
 

@@ -56,7 +56,13 @@ class _HeadContext:
             )
         self.threads = target.threads  # the heads decode in turn with the target, never at once
         self.threads.attach(self.ctx)
-        llama_ext().llama_set_embeddings_nextn(self.ctx, True, True)  # its own hidden rows, for output rows only
+        # An MTP graph computes its hidden rows for every row of a decode, and llama.cpp hands out
+        # the first ones as the output rows' when asked for those only: so an MTP head reads them
+        # all and takes its drafting rows' at their place in the batch, behind the rows that wait.
+        # EAGLE-3's decoder graph does the same with its logits: its drafting rows decode apart
+        # from the rows that wait (as llama.cpp's draft-eagle3 decodes them) and are the outputs.
+        self.joins_waiting = drafter is None
+        llama_ext().llama_set_embeddings_nextn(self.ctx, True, not self.joins_waiting)
         # A plain llama_batch may carry a token and a hidden row per row (llama.cpp's
         # llama_batch_compat, as its MTP hooks use): rows are written into numpy views of its
         # arrays and the decode is one call, with no ctypes call per row. llama_batch_init
@@ -71,10 +77,6 @@ class _HeadContext:
         # each. They go with the next drafting rows, and those a rollback drops are never decoded.
         self.waiting: list[tuple[int, int]] = []
         self.encoder: Any = None  # an EAGLE-3 drafter's batch of the target's features (`encode`), made on first use
-        # An MTP graph computes its output rows only. EAGLE-3's decoder graph computes every row and
-        # llama.cpp hands out the first ones as the outputs: its drafting rows decode apart, as
-        # llama.cpp's draft-eagle3 decodes them.
-        self.joins_waiting = drafter is None
         model.own(self)
         if drafter is not None:
             target.model.own(self)  # it reads the target's context: it goes before the target's weights too
@@ -114,9 +116,10 @@ class _HeadContext:
                 self.seq_ids[row][0] = self.waiting[i][0]
         self.waiting = [self.waiting[i] for i in kept]
 
-    def decode(self, drafting: Sequence[Row]) -> None:
+    def decode(self, drafting: Sequence[Row]) -> int:
         """Decode the rows that wait, and the `drafting` rows (sequence, token, position, the
-        hidden row it reads) after them: those give logits, and hidden rows, in their order."""
+        hidden row it reads) after them: those give logits, and hidden rows, in their order. The
+        batch row of the first drafting row (where its hidden row is)."""
         if self.waiting and (len(self.waiting) + len(drafting) > self.n_batch or not self.joins_waiting):
             drafting = [(*row[:3], row[3].copy()) for row in drafting]  # they may read the output the next decode replaces
             self._decode()
@@ -124,6 +127,7 @@ class _HeadContext:
         for n, (seq, token, pos, hidden) in enumerate(drafting, first):
             self._put(n, seq, (token,), pos, hidden, True)
         self._decode(first + len(drafting))
+        return first
 
     def encode(self, features: np.ndarray) -> np.ndarray:
         """An EAGLE-3 drafter's encoder over rows of the target's features (its layers' inputs side
@@ -233,9 +237,9 @@ class MtpHead:
         L, LX, shared = llama(), llama_ext(), self._shared
         if any(len(tokens) != 1 or not head.shares_cache(self) for head, tokens, _ in parts):
             raise ValueError("each part: a head of this MTP context and one token")
-        shared.decode([(head.seq, tokens[0], len(head.tokens), head.reads) for head, tokens, _ in parts])
-        # The drafting rows are the decode's only output rows, in the parts' order.
-        rows = shared.views.rows(LX.llama_get_embeddings_nextn(shared.ctx), len(parts), self.n_embd)
+        first = shared.decode([(head.seq, tokens[0], len(head.tokens), head.reads) for head, tokens, _ in parts])
+        # The drafting rows are the decode's only output rows (their logits), in the parts' order.
+        rows = shared.views.rows(LX.llama_get_embeddings_nextn(shared.ctx), first + len(parts), self.n_embd)[first:]
         logits = shared.views.rows(L.llama_get_logits(shared.ctx), len(parts), self.model.n_vocab)
         for i, (head, tokens, _) in enumerate(parts):
             head.tokens.append(tokens[0])
