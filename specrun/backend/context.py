@@ -98,7 +98,7 @@ class _LlamaContext:
     def listened_rows(self, n: int) -> np.ndarray:
         """What listeners read of the last decode's n rows: the NextN rows, or the layers' inputs."""
         if self.layers:
-            return layer_inputs(self.ctx, self.layers, n, self.model.n_embd)
+            return layer_inputs(self.views, self.ctx, self.layers, n, self.model.n_embd)
         return self.views.rows(llama_ext().llama_get_embeddings_nextn(self.ctx), n, self.model.n_embd_out)
 
     def close(self) -> None:

@@ -52,8 +52,8 @@ class FloatViews:
         return view
 
 
-def layer_inputs(ctx, layers: tuple[int, ...], n_rows: int, width: int) -> np.ndarray:
+def layer_inputs(views: FloatViews, ctx, layers: tuple[int, ...], n_rows: int, width: int) -> np.ndarray:
     """The inputs of the target's `layers` at the last decode's n_rows rows, side by side: what an
     EAGLE-3 drafter's encoder reads (a copy: llama.cpp keeps each layer's in a buffer of its own)."""
     read = drafter_calls().llama_get_embeddings_layer_inp
-    return np.concatenate([np.ctypeslib.as_array(read(ctx, layer), shape=(n_rows, width)) for layer in layers], axis=1)
+    return np.concatenate([views.rows(read(ctx, layer), n_rows, width) for layer in layers], axis=1)

@@ -44,21 +44,49 @@ class Eagle3Draft:
         self.sample = sample
         self.picker = Picker(target.model.n_vocab)
         self.fused = np.zeros((target.n_ctx, self.head.n_embd), dtype=np.float32)  # g at each position of the text
+        # The target's text and features since the drafter last caught up, one run from position
+        # `start` on. They wait until it drafts: while auto declines to draft, following costs a
+        # copy of the rows, not an encoder pass per target decode.
+        self.held: list[int] = []
+        self.start = 0
+        self.features = np.zeros((self.head.n_batch, len(layers) * target.model.n_embd), dtype=np.float32)
 
     def follow(self, on: bool) -> None:
         """Follow the target's decodes (while generations draft with it), or stop. Cache position P
         holds the token at P + 1: where the drafter missed decodes, the target drops the text
         past what both hold, so the next prefill decodes it again with the drafter following."""
         self.target.listen(self._process if on else None, self.layers)
+        self.held = []
         if on:
             self.target.truncate(common_prefix(self.head.tokens, self.target.tokens[1:]) + 1)
             self.head.truncate(max(len(self.target.tokens) - 1, 0))
 
     def _process(self, tokens: Sequence[int], pos0: int, features: np.ndarray) -> None:
-        """A target decode: g of each of its rows, and the pairs (token at p, g at p - 1) at p - 1."""
-        if pos0 > len(self.head.tokens) + 1:
+        """A target decode: its rows held with the text since the last catch-up, from pos0 on."""
+        if not self.held:
+            self.start = len(self.head.tokens) + 1  # the first position whose pair the drafter lacks
+        if pos0 > self.start + len(self.held):
             return  # the drafter missed text: it drafts nothing until it follows again
-        self.fused[pos0 : pos0 + len(tokens)] = self.head.encode(features)
+        if pos0 < self.start:  # the target decodes again what the drafter holds: it goes back there
+            self.held, self.start = [], pos0
+        done = 0
+        while done < len(tokens):
+            if len(self.held) == self.head.n_batch:
+                self._catch_up()
+                self.start = pos0 + done
+            at = len(self.held) if not self.held else pos0 + done - self.start
+            n = min(len(tokens) - done, self.head.n_batch - at)
+            self.features[at : at + n] = features[done : done + n]
+            self.held[at:] = tokens[done : done + n]
+            done += n
+
+    def _catch_up(self) -> None:
+        """g of every held row (the encoder), and the pairs (token at p, g at p - 1) at p - 1."""
+        if not self.held:
+            return
+        tokens, pos0, n = self.held, self.start, len(self.held)
+        self.held = []
+        self.fused[pos0 : pos0 + n] = self.head.encode(self.features[:n])
         if pos0 == 0:  # the first token has no position before it
             tokens, pos0 = tokens[1:], 1
         self.head.process(tokens, pos0 - 1, self.fused[pos0 - 1 : pos0 - 1 + len(tokens)])
@@ -68,6 +96,7 @@ class Eagle3Draft:
         if budget.k < 1:
             return Draft.under(budget)
         pos = len(history) - 1  # the target holds all but the last token; the drafter one fewer
+        self._catch_up()
         if pos < 1 or len(self.head.tokens) != pos - 1:
             return Draft()  # the drafter missed decodes; following again (a new generation) brings it back
         sample = self.sample and not request.sampler.settings.greedy
@@ -83,7 +112,9 @@ class Eagle3Draft:
         return decoded.logits[-1]
 
     def rollback(self, history: Sequence[int]) -> None:
-        self.head.truncate(max(len(history) - 2, 0))
+        keep = len(history) - 1  # the target holds history[:-1]: the held rows past it go
+        del self.held[max(keep - self.start, 0) :]
+        self.head.truncate(max(keep - 1, 0))
 
 
 def _load(site: SourceSite) -> tuple[Model, tuple[int, ...]]:
