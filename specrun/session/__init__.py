@@ -6,7 +6,6 @@ reused across prompts, not recreated, so hundreds of prompts cost no reloads.
 
 from __future__ import annotations
 
-import codecs
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -297,12 +296,11 @@ class Session:
         """Generate a continuation of `prompt` in one call: its text, token ids and stats.
 
         The arguments are `stream`'s. The text is decoded from all the tokens at once, so a
-        character split across tokens comes out whole, and one that max_tokens cut short is
-        left out, as the stream leaves it out.
+        character split across tokens comes out whole.
         """
         generator, tokens = self._prepared(prompt, max_tokens, plain, k, seed, sampler, grammar)
         run = generator.run(tokens, max_tokens)
-        return Generation(self._text(run.tokens), run.tokens, run.stats)
+        return Generation(self.detokenize(run.tokens), run.tokens, run.stats)
 
     def generate_many(
         self,
@@ -337,12 +335,7 @@ class Session:
 
                 batch.add(generator, prepared[index], max_tokens, on_done=finished)
             batch.step()
-        return [Generation(self._text(done[i].tokens), done[i].tokens, done[i].stats) for i in range(len(prepared))]
-
-    def _text(self, tokens: Sequence[int]) -> str:
-        """A generation's text as its stream gives it: a character that max_tokens cut short is left out."""
-        pieces = b"".join(self.target_model.piece(token) for token in tokens)
-        return codecs.getincrementaldecoder("utf-8")("replace").decode(pieces)  # not final: an unfinished tail waits
+        return [Generation(self.detokenize(done[i].tokens), done[i].tokens, done[i].stats) for i in range(len(prepared))]
 
     def batch(self) -> Batch:
         """Streams on this session's slots, verified together; a draft under auto has its rows
