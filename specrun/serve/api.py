@@ -243,7 +243,10 @@ def _output_grammar(body: Body) -> tuple[Grammar | None, str | None]:
         )
     if not given:
         return None, None
-    param = {"json_schema": "response_format.json_schema.schema", "json_object": "response_format.schema"}.get(kind, given[0])
+    with_schema = kind == "json_object" and response_format is not None and response_format.schema_ is not None
+    param = (
+        "response_format.json_schema.schema" if kind == "json_schema" else "response_format.schema" if with_schema else given[0]
+    )
     try:
         if response_format is not None and kind != "text":
             # json_schema's validator makes it present with that type; json_object holds to its schema
