@@ -160,13 +160,21 @@ def test_a_reply_streams_coloured_tokens_and_stats_that_update(server, browser, 
 def test_two_tabs_at_once_on_two_slots(config, pace, browser):
     parallel = replace(config, parallel=2, n_ctx=2 * N_CTX)
     running = RunningServer(parallel, open_session=lambda: pace.open(parallel))
-    pace.delay = 0.05  # two replies of 60 tokens: three seconds together, long enough to see both slots busy
+    pace.delay = 0.05  # a reply takes a while even where lookup keeps many drafted tokens
     try:
         tabs = [open_page(browser, f"{running.url}/") for _ in range(2)]
         send(tabs[0], REPEATING, max_tokens=60)
         send(tabs[1], "the cat and the dog and the cat", max_tokens=60)
+        # Both replies on their slots, the decodes are held until each tab has seen it: a page asks
+        # /health once a second, and two short replies can overlap for less than that.
+        deadline = time.monotonic() + 30
+        while len(running.server.worker.running) < 2:
+            assert time.monotonic() < deadline, "the two requests never ran together"
+            time.sleep(0.005)
+        pace.gate.clear()
         for tab in tabs:
             wait_until(tab, "() => document.getElementById('slots').textContent === '2 of 2 busy'")
+        pace.gate.set()
         for tab in tabs:
             wait_done(tab)
         pace.delay = 0.0
@@ -175,6 +183,7 @@ def test_two_tabs_at_once_on_two_slots(config, pace, browser):
             assert "tok/s" in tab.text_content(".stats") and tab.locator(".error").count() == 0
     finally:
         pace.delay = 0.0
+        pace.gate.set()
         running.stop()
 
 
