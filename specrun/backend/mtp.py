@@ -13,7 +13,6 @@ decode, and the streams' drafting rows go together, one decode for every stream'
 
 from __future__ import annotations
 
-import ctypes
 import weakref
 from typing import Any, Sequence
 
@@ -23,11 +22,36 @@ from specrun.backend.context import Context
 from specrun.backend.library import llama, llama_ext
 from specrun.backend.model import Model
 from specrun.backend.threads import ThreadPool
-from specrun.backend.views import BatchViews, FloatViews
+from specrun.backend.views import BatchViews, FloatViews, row_views
 from specrun.errors import SpecrunError
 
 Row = tuple[int, int, int, np.ndarray]
 """A row of the heads' batch: sequence, token, position, and the hidden row it reads."""
+
+
+def context_beside(target: Context, model: Model, mtp: bool = False):
+    """A llama.cpp context over `model` (the target's own, for its MTP layers, or a trained
+    drafter) beside the target's cache: one sequence per target sequence, in one unified cache
+    as the target's, each its share of n_ctx, decoding on the target's threads (they decode in
+    turn, never at once). A drafter may borrow the target's token embeddings and output head
+    (`ctx_other`). The caller frees it, and releases the threads."""
+    L = llama()
+    params = L.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch = target.n_ctx * target.n_seq, target.n_batch, target.n_batch
+    params.n_seq_max = target.n_seq
+    params.kv_unified = True
+    params.n_threads = params.n_threads_batch = target.n_threads
+    if mtp:
+        params.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
+    params.ctx_other = target.handle
+    params.no_perf = True
+    ctx = L.llama_init_from_model(model.handle, params)
+    if not ctx:
+        raise SpecrunError(
+            f"llama.cpp could not create a drafting context for {model.path.name} (SPECRUN_DEBUG=1 shows llama.cpp's log)"
+        )
+    target.threads.attach(ctx)
+    return ctx
 
 
 class _HeadContext:
@@ -37,25 +61,11 @@ class _HeadContext:
     def __init__(self, target: Context, drafter: Model | None = None):
         L = llama()
         model = drafter or target.model
-        params = L.llama_context_default_params()
-        params.n_ctx, params.n_batch, params.n_ubatch = target.n_ctx * target.n_seq, target.n_batch, target.n_batch
-        params.n_seq_max = target.n_seq
-        params.kv_unified = True
-        params.n_threads = params.n_threads_batch = target.n_threads
-        if drafter is None:
-            params.ctx_type = L.LLAMA_CONTEXT_TYPE_MTP
-        params.ctx_other = target.handle  # a drafter may borrow its token embeddings and output from the target
-        params.no_perf = True
         self.model = model
         self.n_batch = target.n_batch
         self.n_embd = model.n_embd_out
-        self.ctx = L.llama_init_from_model(model.handle, params)
-        if not self.ctx:
-            raise SpecrunError(
-                f"llama.cpp could not create an MTP context for {model.path.name} (SPECRUN_DEBUG=1 shows llama.cpp's log)"
-            )
-        self.threads = target.threads  # the heads decode in turn with the target, never at once
-        self.threads.attach(self.ctx)
+        self.ctx = context_beside(target, model, mtp=drafter is None)
+        self.threads = target.threads
         # An MTP graph computes its hidden rows for every row of a decode, and llama.cpp hands out
         # the first ones as the output rows' when asked for those only: so an MTP head reads them
         # all and takes its drafting rows' at their place in the batch, behind the rows that wait.
@@ -137,12 +147,11 @@ class _HeadContext:
         L, (n, width) = llama(), features.shape
         if self.encoder is None:
             self.encoder = L.llama_batch_init(self.n_batch, width, 1)  # rows of features, no tokens
-            np.ctypeslib.as_array(self.encoder.n_seq_id, shape=(self.n_batch,))[:] = 1
-            np.ctypeslib.as_array(ctypes.cast(self.encoder.logits, ctypes.POINTER(ctypes.c_int8)), shape=(self.n_batch,))[:] = 1
-            for i in range(self.n_batch):
-                self.encoder.seq_id[i][0] = 0
+            self.feature_pos, wants, seq_ids = row_views(self.encoder, self.n_batch)
+            wants[:] = 1
+            for seq_id in seq_ids:
+                seq_id[0] = 0
             self.features = np.ctypeslib.as_array(self.encoder.embd, shape=(self.n_batch, width))
-            self.feature_pos = np.ctypeslib.as_array(self.encoder.pos, shape=(self.n_batch,))
         first = L.llama_memory_seq_pos_max(L.llama_get_memory(self.ctx), 0) + 1
         self.features[:n], self.feature_pos[:n] = features, np.arange(first, first + n)
         self.encoder.n_tokens = n

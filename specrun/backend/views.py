@@ -24,13 +24,18 @@ class BatchViews(NamedTuple):
     def of(cls, batch, size: int) -> BatchViews:
         """The views of `batch` (from llama_batch_init, `size` rows, one sequence id a row, which
         this sets to one)."""
-        np.ctypeslib.as_array(batch.n_seq_id, shape=(size,))[:] = 1
-        return cls(
-            np.ctypeslib.as_array(batch.token, shape=(size,)),
-            np.ctypeslib.as_array(batch.pos, shape=(size,)),
-            np.ctypeslib.as_array(ctypes.cast(batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(size,)),
-            [batch.seq_id[i] for i in range(size)],
-        )
+        return cls(np.ctypeslib.as_array(batch.token, shape=(size,)), *row_views(batch, size))
+
+
+def row_views(batch, size: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """Views of a `llama_batch`'s positions, output flags and sequence ids, one sequence a row
+    (which this sets): what a batch of feature rows (no tokens) has too."""
+    np.ctypeslib.as_array(batch.n_seq_id, shape=(size,))[:] = 1
+    return (
+        np.ctypeslib.as_array(batch.pos, shape=(size,)),
+        np.ctypeslib.as_array(ctypes.cast(batch.logits, ctypes.POINTER(ctypes.c_int8)), shape=(size,)),
+        [batch.seq_id[i] for i in range(size)],
+    )
 
 
 class FloatViews:
