@@ -124,6 +124,23 @@ def test_the_search_for_k_on_a_batch_wide_table_picks_what_weighing_every_length
     assert AutoK(costs).best_k(track, 510) == rates.index(max(rates))
 
 
+def test_a_block_drafter_pays_one_decode_a_step_whatever_it_drafts():
+    """A block drafter (DFlash) decodes its whole draft at once: auto learns that decode's seconds
+    as the step's, not per token, so it grants it a longer draft than a drafter that pays as much
+    per token, and keeps each token of the block for what verifying it costs alone."""
+    policy = AutoK(FLAT)
+    block = policy.offer("dflash", 16, block=True)
+    policy.observe(step(block, block.k, block.k, None, draft_s=0.002, verify_s=0.010))
+    track = policy.sources["dflash"]
+    assert track.block and track.block_s == pytest.approx(0.002) and track.draft_token_s == 0
+    acceptance = dict(hits=[6.0] * 3, tries=[8.0] * 3, prior=0.75)
+    by_block, by_token = SourceTrack(block=True, block_s=0.002, **acceptance), SourceTrack(draft_token_s=0.002, **acceptance)
+    assert policy.best_k(by_block, 16) > policy.best_k(by_token, 16) >= 1
+    budget = policy.offer("dflash", 16, block=True)
+    kept = policy.extend(budget, 0.99)
+    assert kept is not None and policy.extend(kept, 0.99) is not None  # the decode is paid: only verifying counts
+
+
 def test_a_first_draft_that_caught_up_a_whole_prompt_is_charged_like_a_probe():
     policy = AutoK(FLAT)
     first = policy.offer("draft", 16)

@@ -282,6 +282,7 @@ def write_tiny_dflash(
     seed: int = 0,
     own_head: bool = False,
     n_ctx_train: int = 512,
+    layer_scale: float = 1.0,
 ) -> Path:
     """Write a random DFlash drafter (llama_model_dflash) for a target of `target_n_embd` wide,
     `target_n_layer` deep, and return its path. The defaults fit write_tiny_llama's defaults.
@@ -300,6 +301,8 @@ def write_tiny_dflash(
     selector_top_k: > 0 makes it DFlash2: per-layer convolutions and the selector, with
                    dflash.conv_kernel_size / conv_group_size / selector_rank / selector_top_k.
     own_head:      also write token_embd and output (the target's with its seed): no ctx_other needed.
+    layer_scale:   scales what each layer's attention and FFN write into the residual: small, each
+                   row's output stays close to its own input (the mask token's embedding).
     The drafter is as wide as its target: llama.cpp sizes fc by len(target_layers) * its own n_embd.
     """
     if target_layers is None:
@@ -347,13 +350,13 @@ def write_tiny_dflash(
         t[f"{b}.attn_q.weight"] = _proj(seed, f"{b}.attn_q.weight", n_head * hd, n_embd)
         t[f"{b}.attn_k.weight"] = _proj(seed, f"{b}.attn_k.weight", n_head_kv * hd, n_embd)
         t[f"{b}.attn_v.weight"] = _proj(seed, f"{b}.attn_v.weight", n_head_kv * hd, n_embd)  # optional (shared K/V without)
-        t[f"{b}.attn_output.weight"] = _proj(seed, f"{b}.attn_output.weight", n_embd, n_head * hd)
+        t[f"{b}.attn_output.weight"] = layer_scale * _proj(seed, f"{b}.attn_output.weight", n_embd, n_head * hd)
         t[f"{b}.attn_q_norm.weight"] = np.ones(hd, np.float32)  # Qwen3-style q/k norms: required
         t[f"{b}.attn_k_norm.weight"] = np.ones(hd, np.float32)
         t[f"{b}.ffn_norm.weight"] = ones
         t[f"{b}.ffn_gate.weight"] = _proj(seed, f"{b}.ffn_gate.weight", n_ff, n_embd)
         t[f"{b}.ffn_up.weight"] = _proj(seed, f"{b}.ffn_up.weight", n_ff, n_embd)
-        t[f"{b}.ffn_down.weight"] = _proj(seed, f"{b}.ffn_down.weight", n_embd, n_ff)
+        t[f"{b}.ffn_down.weight"] = layer_scale * _proj(seed, f"{b}.ffn_down.weight", n_embd, n_ff)
     if markov:
         t.update(_markov_head(seed, len(tokens), n_embd, markov_rank, confidence_head))
     if selector_top_k:

@@ -160,6 +160,7 @@ def _tensors(
     n_ff: int,
     logit_std: float = 3.0,
     layer_scale: float = 1.0,
+    steady: float = 0.0,
 ) -> dict[str, np.ndarray]:
     """Llama weights, numpy shape (n_out, n_in) (gguf reverses it to ggml's ne order).
 
@@ -171,8 +172,11 @@ def _tensors(
     ones = np.ones(n_embd, dtype=np.float32)
     out = _normal(seed, "output.weight", (n_vocab, n_embd), logit_std / np.sqrt(n_embd))
     out[BASE_VOCAB_SIZE:] = 0.0  # extra tokens get logit 0: padded models act like base
+    embd = _normal(seed, "token_embd.weight", (n_vocab, n_embd), 1.0)
+    if steady:
+        embd[:, 0] = steady
     t = {
-        "token_embd.weight": _normal(seed, "token_embd.weight", (n_vocab, n_embd), 1.0),
+        "token_embd.weight": embd,
         "output_norm.weight": ones,
         "output.weight": out,
     }
@@ -212,6 +216,7 @@ def write_tiny_llama(
     relabelled: bool = False,
     endless: bool = False,
     layer_scale: float = 1.0,
+    steady: float = 0.0,
 ) -> Path:
     """Write a tiny random llama GGUF (float32 weights) and return its path.
 
@@ -223,6 +228,9 @@ def write_tiny_llama(
     pieces, so the model is base's under other ids: a draft that only translation can pair.
     `layer_scale` scales the layers' projections: small, each row stays close to its token's
     embedding, so what follows a token depends mostly on that token (tinydrafters' agreeing EAGLE-3).
+    `steady`: every token embedding holds this in column 0, which after the norm outweighs the
+    rest: each row's distribution leans on the output head's column 0 alike, and the context moves
+    it a little, so a drafter blind to the tokens before a row still guesses it (tinydrafters' DFlash).
     `endless`: the end-of-sequence row of the output head is zero, so its logit is 0 against the
     others' spread of several units: greedy decoding never ends a generation before -n.
     """
@@ -269,7 +277,9 @@ def write_tiny_llama(
     if chat_template is not None:
         w.add_chat_template(chat_template)
 
-    tensors = {} if vocab_only else _tensors(seed, n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff, logit_std, layer_scale)
+    tensors = (
+        {} if vocab_only else _tensors(seed, n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff, logit_std, layer_scale, steady)
+    )
     if relabelled:
         if vocab != "different":
             raise ValueError("relabelled goes with vocab='different'")

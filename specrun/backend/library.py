@@ -87,6 +87,8 @@ RAW_API = (
     "llama_model_n_layer",
     "llama_encode",
     "llama_memory_seq_pos_max",
+    # a block drafter (DFlash) attends both ways within its block
+    "llama_set_causal_attn",
 )
 # The staging calls llama-cpp-python binds from llama.cpp's src/llama-ext.h (llama_cpp.llama_cpp_ext):
 # the hidden rows an MTP head reads. They may change with llama.cpp; pinned by tests/test_pinned_apis.py.

@@ -2,7 +2,7 @@
 
 It maximises expected tokens per second:
     E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i     (a_i: acceptance at draft position i)
-    T(k) = verify_cost[k + 1] + k * draft_cost
+    T(k) = verify_cost[k + 1] + k * draft_cost   (a block drafter's: + block_cost, one decode whatever k)
 and falls back to plain decoding (k = 0) when speculation measures slower, probing now and
 then so it comes back when the text turns predictable. `offer` decides from what is known
 and changes nothing; `observe` applies the decision behind the verified draft (and the
@@ -31,6 +31,8 @@ class SourceTrack:
     hits: list[float] = field(default_factory=list)  # per draft position, grown as drafts reach it
     tries: list[float] = field(default_factory=list)
     draft_token_s: float = 0.0
+    block: bool = False  # it drafts a block in one decode: block_s per step, not draft_token_s per token
+    block_s: float = 0.0
     tokens_per_step: float = 0.0
     seconds_per_step: float = 0.0
     steps: int = 0
@@ -52,6 +54,10 @@ class SourceTrack:
             prior = (hits + prior * strength) / (tries + strength)
             estimates.append(prior)
         return estimates + [prior] * (n - len(estimates))
+
+    def drafting_s(self, k: int) -> float:
+        """Expected seconds to draft k tokens: k decodes of a token, or a block drafter's one."""
+        return (self.block_s if k else 0.0) if self.block else k * self.draft_token_s
 
     @property
     def rate(self) -> float:
@@ -81,27 +87,27 @@ class AutoK:
         self.conf_tries = [0.0] * 10
 
     # --- decisions (queries: nothing changes until `observe`) ------------------------
-    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0) -> Budget:
+    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0, block: bool = False) -> Budget:
         """Other streams' `rows` in the same decode count in where drafting costs time (a model):
         each is taken to yield one token, and the draft's rows cost what they add to the decode
         at that width, so a batch wide enough that more rows no longer pay gets no model drafts.
         A free draft (a copy) is sized as if alone: a batch verifies, of all its streams' drafts,
         the rows that pay (`rows_to_verify`). With one stream, rows is 0."""
-        track = self._track(source, prior)
+        track = self._track(source, prior, block)
         rows = rows if self.costs_time(track) else 0
         limit = min(limit, self.max_k - rows)
         if limit < 1:
-            return Budget(source, 0, "none", prior, rows)
+            return Budget(source, 0, "none", prior, rows, block)
         k, decision = self._k(track, limit, rows)
-        return Budget(source, k, decision, prior, rows)
+        return Budget(source, k, decision, prior, rows, block)
 
-    def _track(self, source: str, prior: float) -> SourceTrack:
+    def _track(self, source: str, prior: float, block: bool = False) -> SourceTrack:
         """What was measured of `source`, or a fresh track on its prior (a query: nothing is kept)."""
-        return self.sources.get(source) or SourceTrack(prior=prior)
+        return self.sources.get(source) or SourceTrack(prior=prior, block=block)
 
     def costs_time(self, track: SourceTrack) -> bool:
         """Whether the source's drafts cost time to make (a model's), not only to verify."""
-        return track.draft_token_s > FREE_DRAFT_SHARE * self.costs[1]
+        return track.drafting_s(1) > FREE_DRAFT_SHARE * self.costs[1]
 
     def _k(self, track: SourceTrack, limit: int, rows: int) -> tuple[int, Decision]:
         # A source that costs time to draft (a model) is judged by the rate its steps measured.
@@ -122,7 +128,7 @@ class AutoK:
 
     def _apply(self, budget: Budget) -> SourceTrack:
         """What the decision behind `budget` does to its source's track, now that it counts."""
-        track = self.sources.setdefault(budget.source, SourceTrack(prior=budget.prior))
+        track = self.sources.setdefault(budget.source, SourceTrack(prior=budget.prior, block=budget.block))
         if budget.decision in ("decline", "probe"):
             track.forget(self.decay)
             track.skipped += 1
@@ -146,7 +152,7 @@ class AutoK:
 
     def step_s(self, track: SourceTrack, k: int) -> float:
         """Expected seconds of a step that drafts k tokens from `track`'s source and verifies them."""
-        return self.costs[k + 1] + k * track.draft_token_s
+        return self.costs[k + 1] + track.drafting_s(k)
 
     def best_k(self, track: SourceTrack, limit: int, rows: int = 0) -> int:
         """The draft length with the most tokens per second for the decode it joins. The search
@@ -158,24 +164,23 @@ class AutoK:
             if alive < UNREACHED:
                 break
             expected += alive
-            rate = (rows + expected) / (self.costs[rows + k + 1] + k * track.draft_token_s)
+            rate = (rows + expected) / (self.costs[rows + k + 1] + track.drafting_s(k))
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
 
     def extend(self, budget: Budget, confidence: float) -> Budget | None:
         """Keep this model-drafted token only if it raises the step's expected tokens/s."""
-        track = self._track(budget.source, budget.prior)
+        track = self._track(budget.source, budget.prior, budget.block)
         alive = budget.alive * self.confidence_acceptance(confidence)
         width = budget.rows + budget.kept + 1  # rows verified before this token: others', last token, earlier drafts
         if width + 1 >= len(self.costs):
             return None
-        before = (budget.rows + budget.gain) / (self.costs[width] + budget.drafted_s)
-        drafted_s = budget.drafted_s + track.draft_token_s
-        after = (budget.rows + budget.gain + alive) / (self.costs[width + 1] + drafted_s)
+        before = (budget.rows + budget.gain) / (self.costs[width] + track.drafting_s(budget.kept))
+        after = (budget.rows + budget.gain + alive) / (self.costs[width + 1] + track.drafting_s(budget.kept + 1))
         if after <= before:
             return None
-        return budget._replace(kept=budget.kept + 1, gain=budget.gain + alive, alive=alive, drafted_s=drafted_s)
+        return budget._replace(kept=budget.kept + 1, gain=budget.gain + alive, alive=alive)
 
     def chances(self, budget: Budget, n: int, confidences: Sequence[float] | None) -> tuple[float, ...]:
         """Each row's expected tokens: from the drafter's confidence per token where it measured
@@ -213,7 +218,9 @@ class AutoK:
             track.steps = 0  # a useful probe: judge the source afresh, from this step on
         first = track.steps == 0
         track.steps += 1
-        if step.drafted or step.draft_s > step.catch_up_s:
+        if track.block and step.draft_s > step.catch_up_s:
+            track.block_s = ema(track.block_s, step.draft_s - step.catch_up_s, 0.2, first)
+        elif step.drafted or step.draft_s > step.catch_up_s:
             # A model draft that kept no token still decoded once to guess the first: that is its cost.
             track.draft_token_s = ema(track.draft_token_s, (step.draft_s - step.catch_up_s) / max(step.drafted, 1), 0.2, first)
         if probe:

@@ -147,7 +147,7 @@ class Batch:
         if len(group) == 1:  # the plain eval, which also feeds one larger than a batch in turn
             return [group[0][1].alone()]
         started = time.perf_counter()
-        rows = group[0][1].context.decode_many([(decode.context, decode.tokens, 1) for _, decode in group])
+        rows = group[0][1].context.decode_many([(decode.context, decode.tokens, decode.rows) for _, decode in group])
         seconds, decodes = time.perf_counter() - started, [decode for _, decode in group]
         return [Decoded.of(logits, seconds, decodes) for logits in rows]
 

@@ -1,9 +1,10 @@
 """How many tokens to draft: fixed k, llama.cpp's rule, or `auto` (core/auto.py: cost-aware, measured).
 
 `DraftPolicy` is the whole contract, in four verbs:
-- `offer(source, limit, prior, rows)`: what the policy grants a source this step, as a `Budget`,
-  in a target decode that holds `rows` rows of other streams already. A query: it changes
-  nothing, so a draft that is proposed and then thrown away teaches nothing.
+- `offer(source, limit, prior, rows, block)`: what the policy grants a source this step, as a
+  `Budget`, in a target decode that holds `rows` rows of other streams already; `block`: the
+  source drafts a whole block in one decode, whatever part of it is kept (DFlash). A query: it
+  changes nothing, so a draft that is proposed and then thrown away teaches nothing.
 - `extend(budget, confidence)`: the budget with one more model-drafted token kept, or None
   where that token is not worth verifying. Also a query.
 - `chances(budget, n, confidences)`: what each of a draft's rows is expected to add, so that a
@@ -67,10 +68,10 @@ class Budget(NamedTuple):
     decision: Decision = "grant"
     prior: float = PRIOR  # the acceptance the source expects before any is measured
     rows: int = 0  # rows other streams hold in the same decode (their tokens and cost count in)
+    block: bool = False  # the source drafts a block in one decode: what drafting costs does not grow with k
     kept: int = 0  # auto: model-drafted tokens kept so far
     gain: float = 1.0  # auto: tokens the step is expected to yield with the tokens kept so far
     alive: float = 1.0  # auto: the chance that every kept token is accepted
-    drafted_s: float = 0.0  # auto: expected seconds spent drafting the tokens kept so far
 
 
 class StepRecord(NamedTuple):
@@ -97,11 +98,12 @@ class DraftPolicy(Protocol):
     wants_confidence: bool  # whether `extend` reads a token's probability (drafters compute it only then)
     learns: bool  # whether `observe` learns from steps (the engine makes each step's record only then)
 
-    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0) -> Budget:
+    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0, block: bool = False) -> Budget:
         """This step's budget for `source`, at most `limit` tokens (k = 0: do not draft).
 
         `prior`: the acceptance the drafter expects from this source before any is measured;
-        `rows`: rows other streams hold in the same target decode.
+        `rows`: rows other streams hold in the same target decode; `block`: the source drafts
+        its tokens in one decode (a block drafter), not one decode a token.
         """
         ...
 
@@ -133,8 +135,8 @@ class FixedK:
         self.k = self.max_k = k
         self.label = str(k)
 
-    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0) -> Budget:
-        return Budget(source, max(0, min(self.k, limit)), prior=prior, rows=rows)
+    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0, block: bool = False) -> Budget:
+        return Budget(source, max(0, min(self.k, limit)), prior=prior, rows=rows, block=block)
 
     def extend(self, budget: Budget, confidence: float) -> Budget | None:
         return budget  # a fixed k tracks nothing per token, so no new tuple per drafted token
@@ -184,8 +186,8 @@ class SpeculativeRule(PMinPolicy):
         self.n_min = settings.n_min
         self.label = "speculative"
 
-    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0) -> Budget:
-        budget = super().offer(source, limit, prior, rows)
+    def offer(self, source: str, limit: int, prior: float = PRIOR, rows: int = 0, block: bool = False) -> Budget:
+        budget = super().offer(source, limit, prior, rows, block)
         return budget if budget.k >= self.n_min else budget._replace(k=0)
 
 

@@ -66,9 +66,10 @@ class DraftRequest:
     catch_up: CatchUp = "all"
     rows: int = 0  # rows other streams put in the same target decode (batched streams)
 
-    def offer(self, source: str, limit: int, prior: float = PRIOR) -> Budget:
-        """The policy's budget for `source` this step, priced in the decode it joins."""
-        return self.policy.offer(source, limit, prior, self.rows)
+    def offer(self, source: str, limit: int, prior: float = PRIOR, block: bool = False) -> Budget:
+        """The policy's budget for `source` this step, priced in the decode it joins (`block`: a
+        source that drafts all its tokens in one decode)."""
+        return self.policy.offer(source, limit, prior, self.rows, block)
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,9 @@ class Draft:
 
 
 class Decoded(NamedTuple):
-    """What a `DraftDecode` is sent back: its last token's logits (one row, valid until that
-    cache's next decode), and the seconds and tokens of the decode that held it (in a batch,
-    other streams' tokens too)."""
+    """What a `DraftDecode` is sent back: its last rows' logits (valid until that cache's next
+    decode), and the seconds and tokens of the decode that held it (in a batch, other streams'
+    tokens too)."""
 
     logits: np.ndarray
     seconds: float
@@ -134,15 +135,17 @@ class DraftCache(Protocol):
 
 
 class DraftDecode(NamedTuple):
-    """A decode a source's draft needs: `tokens` onto `context` (its sequence of a draft cache)."""
+    """A decode a source's draft needs: `tokens` onto `context` (its sequence of a draft cache),
+    and how many of the last rows' logits it reads (more than one: a block drafter's)."""
 
     context: DraftCache
     tokens: Sequence[int]
+    rows: int = 1
 
     def alone(self) -> Decoded:
         """Run as a decode of its own (one stream)."""
         started = time.perf_counter()
-        logits = self.context.eval(self.tokens)
+        logits = self.context.eval(self.tokens, self.rows)
         return Decoded(logits, time.perf_counter() - started, len(self.tokens))
 
 

@@ -24,7 +24,7 @@ from specrun.drafts.base import Decodes, Draft, DraftDecode, Drafting, DraftRequ
 from specrun.drafts.feeding import Picker, guessed
 from specrun.drafts.registry import SourceSite, register
 from specrun.errors import SpecrunError
-from specrun.headers.arch import eagle3_misfit, trained_drafter
+from specrun.headers.arch import drafter_misfit, trained_drafter
 from specrun.headers.read import read_keys
 
 
@@ -129,7 +129,7 @@ def _load(site: SourceSite) -> tuple[Model, tuple[int, ...]]:
         raise SpecrunError(f"{c.draft.name} is not an EAGLE-3 drafter ({keys.meta.get('general.architecture')})")
     placement = ModelOptions(n_gpu_layers=c.draft_n_gpu_layers, rpc_servers=c.draft_rpc)
     drafter = site.resources.load_model(c.draft, "draft", placement)
-    problem = eagle3_misfit(found, drafter.n_vocab, target.n_layer, target.n_embd, target.n_vocab)
+    problem = drafter_misfit(found, drafter.n_vocab, target.n_layer, target.n_embd, target.n_vocab)
     if problem:
         raise SpecrunError(
             f"the EAGLE-3 drafter {c.draft.name} does not fit the target {c.target.name}: {problem}; "

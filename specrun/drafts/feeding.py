@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -118,6 +118,18 @@ class Guess:
 
 NextRow = Callable[[int], Decodes[np.ndarray]]
 """Decodes a drafted token onto the source's cache: the logits row for the token after it."""
+
+
+def decoded_rows(rows: Iterable[np.ndarray]) -> NextRow:
+    """The next rows of a block drafter, which decoded them all at once: each drafted token's
+    next row is the block's next, and asks for no decode."""
+    following = iter(rows)
+
+    def next_row(token: int) -> Decodes[np.ndarray]:
+        yield from ()
+        return next(following)
+
+    return next_row
 
 
 def guessed(

@@ -250,7 +250,9 @@ class TrainedDrafter:
     kind: str  # a key of TRAINED_DRAFTERS
     target_layers: tuple[int, ...]  # the target layers whose inputs it reads
     target_width: int  # the target's hidden size it reads (0 where the file does not say)
-    block_size: int | None  # DFlash's block of tokens drafted in one decode
+    block_size: int | None = None  # DFlash's block: its last token and the mask tokens it drafts in one decode
+    mask: int | None = None  # DFlash's mask token, which fills a block after its last token
+    causal: bool = False  # a DFlash block attends causally (else both ways, as DFlash is trained)
 
     @property
     def name(self) -> str:
@@ -260,6 +262,11 @@ class TrainedDrafter:
         reads = f"reads the target's layers {', '.join(map(str, self.target_layers))}"
         if self.kind == "eagle3":
             return f"an EAGLE-3 drafter: {reads} ({self.target_width} wide); specrun drafts with it (--draft FILE)"
+        if self.kind == "dflash" and self.block_size:
+            return (
+                f"a DFlash drafter: {reads} ({self.target_width} wide), up to {self.block_size - 1} tokens a "
+                "block; specrun drafts with it (--draft FILE)"
+            )
         return (
             f"a {self.name} drafter: {reads}, {self.block_size} tokens a block; specrun cannot run it yet "
             f"(llama.cpp's draft-{self.kind} can)"
@@ -275,20 +282,32 @@ def trained_drafter(meta: Mapping[str, Any], tensor_names: Iterable[str]) -> Tra
         return None
     kind = "dspark" if arch == "dflash" and "markov_w1.weight" in set(tensor_names) else arch
     layers = tuple(int(i) for i in meta.get(f"{arch}.target_layers") or ())
-    block = (_int(meta.get(f"{arch}.block_size")) or 16) if arch == "dflash" else None  # 16: llama.cpp's default
-    return TrainedDrafter(kind, layers, _int(meta.get(f"{arch}.target_hidden_size")), block)
+    if arch == "eagle3":
+        return TrainedDrafter(kind, layers, _int(meta.get(f"{arch}.target_hidden_size")))
+    # DFlash's fc reads each layer as wide as the drafter itself (n_embd_inp_enc); 16: llama.cpp's default block
+    mask = meta.get("tokenizer.ggml.mask_token_id")
+    return TrainedDrafter(
+        kind,
+        layers,
+        _int(meta.get(f"{arch}.embedding_length")),
+        _int(meta.get(f"{arch}.block_size")) or 16,
+        None if mask is None else _int(mask),
+        bool(meta.get(f"{arch}.attention.causal", False)),
+    )
 
 
-def eagle3_misfit(drafter: TrainedDrafter, n_vocab: int, target_layers: int, target_width: int, target_vocab: int) -> str | None:
-    """Why an EAGLE-3 drafter cannot read a target of these sizes (None: it can), as llama.cpp
-    would find out at its first decode: its 3 layers, their width, one vocabulary."""
+def drafter_misfit(drafter: TrainedDrafter, n_vocab: int, target_layers: int, target_width: int, target_vocab: int) -> str | None:
+    """Why a trained drafter cannot read a target of these sizes (None: it can), as llama.cpp
+    would find out at its first decode: its layers (EAGLE-3's 3), their width, one vocabulary."""
     layers = drafter.target_layers
-    if len(layers) != 3:
+    if drafter.kind == "eagle3" and len(layers) != 3:
         return f"it reads {len(layers)} target layers, not EAGLE-3's 3"
+    if not layers:
+        return "it names no target layers to read"
     if max(layers) == target_layers:  # llama.cpp hands over the last layer's output as the NextN rows
         return (
             f"it reads the output of the target's last layer ({target_layers}), which specrun does not hand "
-            "a drafter yet (llama.cpp's draft-eagle3 does)"
+            f"a drafter yet (llama.cpp's draft-{drafter.kind} does)"
         )
     if max(layers) > target_layers:
         return f"it reads layers {', '.join(map(str, layers))}, but the target has {target_layers}"
@@ -296,4 +315,6 @@ def eagle3_misfit(drafter: TrainedDrafter, n_vocab: int, target_layers: int, tar
         return f"it reads rows {drafter.target_width} wide, the target's are {target_width}"
     if n_vocab != target_vocab:
         return f"its vocabulary has {n_vocab} tokens, the target's {target_vocab}"
+    if drafter.block_size is not None and drafter.mask is None:
+        return "it names no mask token (tokenizer.ggml.mask_token_id) to fill its blocks with"
     return None

@@ -9,7 +9,7 @@ from typing import Any
 from specrun import settings
 from specrun.backend.compat import CompatReport, check_vocab
 from specrun.core.policy import AUTO_ROLLBACK, parse_k, rollback_tokens
-from specrun.headers.arch import DRAFTER, Traits, eagle3_misfit, header_traits, state_bytes
+from specrun.headers.arch import DRAFTER, Traits, drafter_misfit, header_traits, state_bytes
 from specrun.headers.read import ModelFacts
 from specrun.hub.memory import MemoryBudget, memory_budget
 from specrun.pair.cost import (
@@ -79,10 +79,10 @@ class PairCheck:
         trained = self.draft_traits.trained
         if trained is None:
             return None
-        if trained.kind != "eagle3":
+        if trained.kind == "dspark":
             return f"the draft is a {trained.name} drafter, which specrun cannot run yet (llama.cpp's draft-{trained.kind} can)"
         width = int(self.target.key("embedding_length", 0))
-        return eagle3_misfit(trained, self.draft.vocab.n_tokens, self.target.n_layers, width, self.target.vocab.n_tokens)
+        return drafter_misfit(trained, self.draft.vocab.n_tokens, self.target.n_layers, width, self.target.vocab.n_tokens)
 
     @property
     def has_weights(self) -> bool:

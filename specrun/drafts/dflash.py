@@ -1,0 +1,112 @@
+"""Drafts from a DFlash drafter: `--draft FILE` where FILE's architecture is dflash.
+
+A DFlash drafter is trained to read its target's own features: the inputs of several of the
+target's layers at each position, which it fuses and writes into its own cache at that position
+as it follows every target decode (backend.block). It drafts a whole block in one decode: the
+last token, then mask tokens at the positions after it, each of whose rows predicts the token at
+its own position, as llama.cpp's draft-dflash reads them (common/speculative.cpp,
+`common_speculative_impl_draft_dflash`). So a draft of k tokens costs one decode of k + 1 rows
+however many are kept, and a row does not depend on the tokens drafted before it: greedily each
+token is its row's argmax; sampled, each is drawn from its own row, which is then exactly the q
+the p/q rule needs. The block is as long as the draft k: its mask rows attend to one another,
+so a shorter block drafts other tokens, as llama.cpp's shorter --draft-max does.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from specrun.backend import Context, Model, ModelOptions
+from specrun.backend.block import BlockHead
+from specrun.core.sequences import common_prefix
+from specrun.drafts.base import Draft, DraftDecode, Drafting, DraftRequest
+from specrun.drafts.feeding import Picker, decoded_rows, guessed
+from specrun.drafts.registry import SourceSite, register
+from specrun.errors import SpecrunError
+from specrun.headers.arch import TrainedDrafter, drafter_misfit, trained_drafter
+from specrun.headers.read import read_keys
+
+
+class DFlashDraft:
+    """Drafts blocks with a DFlash drafter for one sequence of the target's cache, greedily or by
+    sampling (then p/q-verified)."""
+
+    names: tuple[str, ...] = ("dflash",)
+    counters: tuple[str, ...] = ()
+    parts = ()
+    runs_model = True
+
+    def __init__(self, target: Context, drafter: Model, found: TrainedDrafter, sample: bool = True):
+        assert found.block_size is not None and found.mask is not None  # drafter_misfit checked both
+        self.target = target
+        self.layers = found.target_layers
+        self.head = BlockHead(target, drafter, len(self.layers) * target.model.n_embd, found.causal)
+        self.most = found.block_size - 1  # the block holds the last token and the masks
+        self.mask = found.mask
+        self.sample = sample
+        self.picker = Picker(target.model.n_vocab)
+
+    def follow(self, on: bool) -> None:
+        """Follow the target's decodes (while generations draft with it), or stop. Where the
+        drafter missed decodes, the target drops the text past what both hold, so the next
+        prefill decodes it again with the drafter following."""
+        self.target.listen(self._process if on else None, self.layers)
+        if on:
+            self.target.truncate(common_prefix(self.head.tokens, self.target.tokens))
+            self.head.truncate(len(self.target.tokens))
+
+    def _process(self, tokens: Sequence[int], pos0: int, features: np.ndarray) -> None:
+        if pos0 <= len(self.head.tokens):  # else it missed text: it drafts nothing until it follows again
+            self.head.follow(tokens, pos0, features)
+
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
+        budget = request.offer(self.names[0], min(request.limit, self.most), block=True)
+        if budget.k < 1:
+            return Draft.under(budget)
+        pos = len(history) - 1  # the target holds all but the last token, and so does the drafter
+        if len(self.head.tokens) != pos:
+            return Draft()  # it missed decodes; following again (a new generation) brings it back
+        sample = self.sample and not request.sampler.settings.greedy
+        # Every row gives logits, the last token's too, as llama.cpp's draft-dflash asks: the
+        # drafter's graph computes them all, and llama.cpp hands out its first rows as the
+        # outputs, whichever rows were asked for.
+        block = [history[-1]] + [self.mask] * budget.k
+        decoded = yield DraftDecode(self.head, block, len(block))
+        self.head.truncate(pos)  # the block goes: the verify decode brings the target's features
+        rows = decoded.logits[1:]
+        guess = yield from guessed(rows[0], budget, request, self.picker, sample, decoded_rows(rows[1:]), text=history)
+        return guess.draft(budget, sample, request.policy.wants_confidence)
+
+    def rollback(self, history: Sequence[int]) -> None:
+        self.head.truncate(max(len(history) - 1, 0))  # the target holds history[:-1]
+
+
+def _load(site: SourceSite) -> tuple[Model, TrainedDrafter]:
+    """The drafter, loaded once for every stream, and what its header says; one line where it
+    cannot read this target, before any decode."""
+    c, target = site.config, site.target.model
+    if c.draft is None:
+        raise SpecrunError("the dflash source needs a DFlash drafter: pass --draft FILE (specrun.load(target, draft))")
+    keys = read_keys(c.draft)
+    found = trained_drafter(keys.meta, keys.tensor_names)
+    if found is None or found.kind != "dflash":
+        raise SpecrunError(f"{c.draft.name} is not a DFlash drafter ({keys.meta.get('general.architecture')})")
+    placement = ModelOptions(n_gpu_layers=c.draft_n_gpu_layers, rpc_servers=c.draft_rpc)
+    drafter = site.resources.load_model(c.draft, "draft", placement)
+    problem = drafter_misfit(found, drafter.n_vocab, target.n_layer, target.n_embd, target.n_vocab)
+    if problem:
+        raise SpecrunError(
+            f"the DFlash drafter {c.draft.name} does not fit the target {c.target.name}: {problem}; "
+            "give the drafter trained for this target"
+        )
+    return drafter, found
+
+
+def _build(site: SourceSite) -> DFlashDraft:
+    drafter, found = site.resources.once("dflash", lambda: _load(site))
+    return DFlashDraft(site.target, drafter, found, sample=site.config.draft_sampling)
+
+
+register("dflash", _build, follow=DFlashDraft.follow)
