@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -73,7 +74,7 @@ def build_tools(build: Path, tools: list[str] = TOOLS, version: str | None = Non
             ],
             check=True,
         )
-        subprocess.run(["cmake", "--build", build, "-j", "--target", *tools], check=True)
+        subprocess.run(["cmake", "--build", build, "-j", str(os.cpu_count() or 1), "--target", *tools], check=True)
     return build / "bin"
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from tinydrafters import write_tiny_eagle3  # noqa: E402
+from tinydrafters import write_tiny_dflash, write_tiny_eagle3  # noqa: E402
 from tinyhybrid import write_tiny_qwen35  # noqa: E402
 from tinymodels import write_tiny_llama  # noqa: E402
 
@@ -29,21 +29,23 @@ SIZES = {  # --size: the llama target's and draft's layers and shapes, and the q
 def write_models(folder: Path, size: str) -> dict[str, Path]:
     """The generated models (written once per size): a llama target, its first layers as a draft
     of the same vocabulary and, relabelled, of another; a qwen35 with one MTP block built to agree
-    with its trunk (this shows cost, not a trained head's acceptance); an EAGLE-3 drafter of the
-    llama's shapes, random (cost only: it is seldom right)."""
+    with its trunk (this shows cost, not a trained head's acceptance); an EAGLE-3 and a DFlash
+    drafter of the llama's shapes, random (cost only: they are seldom right)."""
     folder = folder / size
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {name: folder / f"{name}.gguf" for name in ("target", "draft", "translated", "q35", "eagle3")}
+    paths = {name: folder / f"{name}.gguf" for name in ("target", "draft", "translated", "q35", "eagle3", "dflash")}
     target_layers, draft_layers, llama_shape, q35_shape = SIZES[size]
     shape = llama_shape | dict(n_ctx_train=4096, seed=3, endless=True)
+    drafter_shape = dict(
+        target_n_embd=shape["n_embd"], target_n_layer=target_layers, n_head=shape["n_head"], n_ff=shape["n_ff"], seed=3
+    )
     writers = {
         "target": lambda p: write_tiny_llama(p, n_layer=target_layers, **shape),
         "draft": lambda p: write_tiny_llama(p, n_layer=draft_layers, **shape),
         "translated": lambda p: write_tiny_llama(p, n_layer=draft_layers, vocab="different", relabelled=True, **shape),
         "q35": lambda p: write_tiny_qwen35(p, nextn=True, trunk_scale=0.3, mtp_agree=1.0, mtp_scale=0.1, **q35_shape),
-        "eagle3": lambda p: write_tiny_eagle3(
-            p, target_n_embd=shape["n_embd"], target_n_layer=target_layers, n_head=shape["n_head"], n_ff=shape["n_ff"], seed=3
-        ),
+        "eagle3": lambda p: write_tiny_eagle3(p, **drafter_shape),
+        "dflash": lambda p: write_tiny_dflash(p, **drafter_shape),
     }
     for name, path in paths.items():
         if not path.exists():

@@ -2,9 +2,8 @@
 
 On generated models small enough that a decode takes about a millisecond on a CPU, as a small
 model's does on a GPU, it runs plain decoding, prompt lookup, a draft model (same vocabulary, and
-another one, translated), the target drafting for itself, an EAGLE-3 drafter, MTP and four
-batched streams, greedy,
-and splits each run's wall time into:
+another one, translated), the target drafting for itself, an EAGLE-3 and a DFlash drafter,
+MTP and four batched streams, greedy, and splits each run's wall time into:
 - llama.cpp's part: inside `llama_decode` (the target's, an MTP head's, a drafter's),
   `llama_encode` (an EAGLE-3 drafter's encoder) and the calls that read what a decode computed
   (`llama_get_logits`, the MTP head's hidden rows), which are where a GPU decode is waited for;
@@ -176,6 +175,7 @@ def setups(models: dict[str, Path], threads: int) -> dict[str, SessionConfig]:
         "translated": SessionConfig(**base, draft=models["translated"]),
         "mtp": SessionConfig(target=models["q35"], n_ctx=2048, threads=threads, sources=("mtp",)),
         "eagle3": SessionConfig(**base, draft=models["eagle3"]),
+        "dflash": SessionConfig(**base, draft=models["dflash"]),
         "four": SessionConfig(**base | {"n_ctx": 4096}, draft=models["draft"], parallel=4),
     }
 
@@ -187,6 +187,7 @@ def runs_at(ks: list[str]) -> dict[str, Run]:
         runs |= {f"draft k {k}": Run("draft", False, k), f"self-draft k {k}": Run("self", False, k)}
         runs[f"translated k {k}"] = Run("translated", False, k)
         runs[f"eagle3 k {k}"] = Run("eagle3", False, k)
+        runs[f"dflash k {k}"] = Run("dflash", False, k)
     runs |= {"mtp k 3": Run("mtp", False, "3"), "4 streams: plain": Run("four", True)}
     runs[f"4 streams: draft k {ks[0]}"] = Run("four", False, ks[0])
     return runs
@@ -209,8 +210,9 @@ def llama_cpp_runs(
     for k in (k for k in ks if k.isdigit()):
         runs[f"draft k {k}"] = [*pair, "-md", str(models["draft"]), "--spec-draft-n-max", k]
         runs[f"self-draft k {k}"] = [*pair, "-md", str(models["target"]), "--spec-draft-n-max", k]
-        runs[f"eagle3 k {k}"] = [*spec, "-ngld", "99", "-m", str(models["target"]), "-md", str(models["eagle3"])]
-        runs[f"eagle3 k {k}"] += ["--spec-type", "draft-eagle3", "--spec-draft-n-max", k]
+        for drafter in ("eagle3", "dflash"):
+            runs[f"{drafter} k {k}"] = [*spec, "-ngld", "99", "-m", str(models["target"]), "-md", str(models[drafter])]
+            runs[f"{drafter} k {k}"] += ["--spec-type", f"draft-{drafter}", "--spec-draft-n-max", k]
     return runs
 
 
