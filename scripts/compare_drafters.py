@@ -1,15 +1,15 @@
-"""specrun's trained drafters (EAGLE-3, DFlash) against llama.cpp's own, draft by draft (a cross-check, not CI).
+"""specrun's trained drafters (EAGLE-3, DFlash, DSpark) against llama.cpp's own, draft by draft (a cross-check, not CI).
 
 Writes tiny llama targets and drafters for them (tests/tinydrafters.py): per kind, one drafter
 built or tuned to agree with its target often, so that drafts are kept and later calls follow
 accepted text, and one of random weights. Builds llama-server from the llama.cpp that the
 installed llama-cpp-python vendors and runs both greedily on the same prompt, as compare_mtp.py
-does: llama-server with `--spec-type draft-eagle3` or `draft-dflash` (p-min 0, so it drafts k
+does: llama-server with `--spec-type draft-eagle3`, `draft-dflash` or `draft-dspark` (p-min 0, so it drafts k
 tokens as specrun's fixed k does) at log verbosity 5, and specrun with `--draft FILE`. Prints,
 per drafter and k, how many draft calls each made, how many drafts were identical token for
 token, and whether the generated tokens were.
 
-    python scripts/compare_drafters.py [--kinds eagle3,dflash] [--k 1,2,3,4] [--tokens 64] [--build DIR]
+    python scripts/compare_drafters.py [--kinds eagle3,dflash,dspark] [--k 1,2,3,4] [--tokens 64] [--build DIR]
 """
 
 from __future__ import annotations
@@ -44,20 +44,25 @@ def pairs(kind: str, folder: Path) -> dict[str, tuple[Path, Path]]:
             "random": (target, write_tiny_eagle3(folder / "random.gguf", seed=1)),
         }
     # A steady target (each row leaning on the same tokens) whose greedy text alternates two
-    # tokens: a drafter with quiet layers guesses every other one.
+    # tokens: a drafter with quiet layers guesses every other one. DSpark: the same with a Markov head.
     steady = write_tiny_llama(folder / "steady.gguf", seed=0, layer_scale=0.2, logit_std=6.0, endless=True, steady=40)
-    return {
-        "quiet": (steady, write_tiny_dflash(folder / "quiet.gguf", seed=1, layer_scale=0.3)),
-        "random": (steady, write_tiny_dflash(folder / "random-dflash.gguf", seed=2)),
+    markov = kind == "dspark"
+    drafters = {
+        "quiet": (steady, write_tiny_dflash(folder / f"quiet-{kind}.gguf", seed=1, layer_scale=0.3, markov=markov)),
+        "random": (steady, write_tiny_dflash(folder / f"random-{kind}.gguf", seed=2, markov=markov)),
     }
+    if markov:  # SpecForge's exports: the block's first row is the anchor's, which does not draft
+        path = folder / "unanchored.gguf"
+        drafters["unanchored"] = (steady, write_tiny_dflash(path, seed=1, layer_scale=0.3, markov=True, sample_from_anchor=False))
+    return drafters
 
 
-SOURCES = {"eagle3": Eagle3Draft, "dflash": DFlashDraft}
+SOURCES = {"eagle3": Eagle3Draft, "dflash": DFlashDraft, "dspark": DFlashDraft}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kinds", default="eagle3,dflash")
+    parser.add_argument("--kinds", default="eagle3,dflash,dspark")
     parser.add_argument("--k", default="1,2,3,4")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "llama-tools")

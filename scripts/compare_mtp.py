@@ -97,7 +97,7 @@ def llama_drafts(
         if match := CANDIDATE.search(line):
             current[int(match[1])] = int(match[2])
         elif f"called impl {impl}".encode() in line:
-            drafts.append([current[i] for i in range(len(current))])
+            drafts.append([current[i] for i in sorted(current)])  # DSpark without its anchor logs from 1
             current = {}
     return drafts, reply["tokens"]
 

@@ -123,6 +123,7 @@ def test_bad_k_values(text, fragment):
 
 def test_unknown_method_lists_the_known_ones():
     with pytest.raises(
-        SpecrunError, match="unknown method 'eagle' \\(known: plain, lookup, draft, hybrid, store, dflash, eagle3, mtp, suffix\\)"
+        SpecrunError,
+        match="unknown method 'eagle' \\(known: plain, lookup, draft, hybrid, store, dflash, dspark, eagle3, mtp, suffix\\)",
     ):
         parse_methods("plain,eagle")

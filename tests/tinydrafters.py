@@ -226,12 +226,13 @@ CONSTANT = 40.0  # the agreeing drafter's token embeddings all hold this in colu
 # ---------------------------------------------------------------------------------------------
 
 
-def _markov_head(seed: int, n_vocab: int, n_embd: int, rank: int, confidence: bool) -> dict[str, np.ndarray]:
+def _markov_head(seed: int, n_vocab: int, n_embd: int, rank: int, confidence: bool, scale: float) -> dict[str, np.ndarray]:
     """DSpark: a bias on each block position's logits from the token before it
-    (markov_w2 @ markov_w1[prev]); with `confidence`, the head whose sigmoid ends a draft early."""
+    (markov_w2 @ markov_w1[prev], about `scale` units); with `confidence`, the head whose sigmoid
+    ends a draft early."""
     t = {
         "markov_w1.weight": _normal(seed, "markov_w1.weight", (n_vocab, rank), 1.0),  # ne {rank, n_vocab}: rows by token
-        "markov_w2.weight": _proj(seed, "markov_w2.weight", n_vocab, rank),  # ne {rank, n_vocab_draft}
+        "markov_w2.weight": scale * _proj(seed, "markov_w2.weight", n_vocab, rank),  # ne {rank, n_vocab_draft}
     }
     if confidence:
         t["conf_proj.weight"] = _proj(seed, "conf_proj.weight", 1, n_embd + rank)  # reads [hidden; w1[prev]]
@@ -273,6 +274,7 @@ def write_tiny_dflash(
     causal: bool | None = None,
     markov: bool = False,
     markov_rank: int = 16,
+    markov_scale: float = 1.0,
     confidence_head: bool = True,
     sample_from_anchor: bool = True,
     selector_top_k: int = 0,
@@ -295,7 +297,8 @@ def write_tiny_dflash(
                    vocabularies have no mask token; <unk> (never produced) plays it, as released
                    drafters name an unused id of the target's padded vocabulary.
     causal:        dflash.attention.causal when given; absent, llama.cpp drafts non-causally.
-    markov:        DSpark's Markov head (markov_w1/markov_w2, rank `markov_rank`), with the confidence
+    markov:        DSpark's Markov head (markov_w1/markov_w2, rank `markov_rank`, its bias about
+                   `markov_scale` units), with the confidence
                    head (conf_proj) when `confidence_head`; writes dflash.sample_from_anchor and
                    dflash.has_confidence_head as the converter does.
     selector_top_k: > 0 makes it DFlash2: per-layer convolutions and the selector, with
@@ -358,7 +361,7 @@ def write_tiny_dflash(
         t[f"{b}.ffn_up.weight"] = _proj(seed, f"{b}.ffn_up.weight", n_ff, n_embd)
         t[f"{b}.ffn_down.weight"] = layer_scale * _proj(seed, f"{b}.ffn_down.weight", n_embd, n_ff)
     if markov:
-        t.update(_markov_head(seed, len(tokens), n_embd, markov_rank, confidence_head))
+        t.update(_markov_head(seed, len(tokens), n_embd, markov_rank, confidence_head, markov_scale))
     if selector_top_k:
         t.update(_selector(seed, len(tokens), n_embd, n_layer, selector_rank, conv_kernel_size, conv_group_size))
     if own_head:

@@ -119,11 +119,12 @@ class BlockHead:
     the target's layers (`width` floats a position, side by side). A draft cache as a draft
     model's `Context` is: `eval` and `decode_many` decode blocks after what it holds."""
 
-    def __init__(self, target: Context, drafter: Model, width: int, causal: bool = False):
+    def __init__(self, target: Context, drafter: Model, width: int, causal: bool = False, equal_blocks: bool = False):
         contexts = _CONTEXTS.setdefault(target.sequence(0), {})
         if drafter not in contexts:
             contexts[drafter] = _BlockContext(target, drafter, width, causal)
         self._shared = contexts[drafter]
+        self.equal_blocks = equal_blocks  # a decode takes blocks of one length only (DSpark's graph asks it)
         self.model = drafter
         self.seq = target.seq
         self.tokens: list[int] = []  # the text its cache holds (features), then a block's tokens
@@ -157,6 +158,13 @@ class BlockHead:
         context's next decode)."""
         if not all(head.shares_cache(self) and 0 < rows <= len(tokens) for head, tokens, rows in parts):
             raise ValueError("each part: a head of this context, a block, and up to that many logits rows")
+        lengths = {len(tokens) for _, tokens, _ in parts}
+        if self.equal_blocks and len(lengths) > 1:  # a decode per length, whose rows the next one overwrites: copied
+            decoded: dict[int, np.ndarray] = {}
+            for n in lengths:
+                group = [part for part in parts if len(part[1]) == n]
+                decoded |= {id(part): rows.copy() for part, rows in zip(group, self.decode_many(group))}
+            return [decoded[id(part)] for part in parts]
         logits = self._shared.decode([(head.seq, tokens, len(head.tokens), rows) for head, tokens, rows in parts])
         views, row = [], 0
         for head, tokens, rows in parts:

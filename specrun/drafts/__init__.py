@@ -8,7 +8,7 @@
 - feeding: what every source with a model shares: the cost of feeding its cache, picking a token, the drafting loop.
 - mtp: the target's own multi-token-prediction (NextN) layers (`--draft mtp`).
 - eagle3: an EAGLE-3 drafter, trained to read the target's features (`--draft FILE`).
-- dflash: a DFlash drafter, which reads them too and drafts a whole block in one decode (`--draft FILE`).
+- dflash: a DFlash or DSpark drafter, which reads them too and drafts a whole block in one decode (`--draft FILE`).
 - suffix: copies from the longest earlier match of the text's end.
 - grammar: what a grammar forces.
 

@@ -1,4 +1,4 @@
-"""Drafts from a DFlash drafter: `--draft FILE` where FILE's architecture is dflash.
+"""Drafts from a DFlash or DSpark drafter: `--draft FILE` where FILE's architecture is dflash.
 
 A DFlash drafter is trained to read its target's own features: the inputs of several of the
 target's layers at each position, which it fuses and writes into its own cache at that position
@@ -10,11 +10,15 @@ however many are kept, and a row does not depend on the tokens drafted before it
 token is its row's argmax; sampled, each is drawn from its own row, which is then exactly the q
 the p/q rule needs. The block is as long as the draft k: its mask rows attend to one another,
 so a shorter block drafts other tokens, as llama.cpp's shorter --draft-max does.
+
+DSpark (llama.cpp's draft-dspark: a dflash file with a Markov head) is DFlash whose graph adds
+to each row a bias from the token before it, chained greedily inside the graph, and whose block
+usually starts at the anchor: the last token's row drafts too, so a block of k rows drafts k.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -25,25 +29,28 @@ from specrun.drafts.base import Draft, DraftDecode, Drafting, DraftRequest
 from specrun.drafts.feeding import Picker, decoded_rows, guessed
 from specrun.drafts.registry import SourceSite, register
 from specrun.errors import SpecrunError
-from specrun.headers.arch import TrainedDrafter, drafter_misfit, trained_drafter
+from specrun.headers.arch import TRAINED_DRAFTERS, TrainedDrafter, drafter_misfit, trained_drafter
 from specrun.headers.read import read_keys
 
 
 class DFlashDraft:
-    """Drafts blocks with a DFlash drafter for one sequence of the target's cache, greedily or by
-    sampling (then p/q-verified)."""
+    """Drafts blocks with a DFlash or DSpark drafter for one sequence of the target's cache,
+    greedily or by sampling (then p/q-verified)."""
 
-    names: tuple[str, ...] = ("dflash",)
     counters: tuple[str, ...] = ()
     parts = ()
     runs_model = True
 
     def __init__(self, target: Context, drafter: Model, found: TrainedDrafter, sample: bool = True):
-        assert found.block_size is not None and found.mask is not None  # drafter_misfit checked both
+        assert found.mask is not None  # drafter_misfit checked it
+        self.names = (found.kind,)
         self.target = target
         self.layers = found.target_layers
-        self.head = BlockHead(target, drafter, len(self.layers) * target.model.n_embd, found.causal)
-        self.most = found.block_size - 1  # the block holds the last token and the masks
+        # DSpark's graph chains its Markov bias along equal blocks: each decode takes blocks of one length
+        equal = found.kind == "dspark"
+        self.head = BlockHead(target, drafter, len(self.layers) * target.model.n_embd, found.causal, equal)
+        self.most = found.most
+        self.first_row = 0 if found.anchored else 1  # the block's first row that drafts
         self.mask = found.mask
         self.sample = sample
         self.picker = Picker(target.model.n_vocab)
@@ -72,10 +79,10 @@ class DFlashDraft:
         # Every row gives logits, the last token's too, as llama.cpp's draft-dflash asks: the
         # drafter's graph computes them all, and llama.cpp hands out its first rows as the
         # outputs, whichever rows were asked for.
-        block = [history[-1]] + [self.mask] * budget.k
+        block = [history[-1]] + [self.mask] * (budget.k - 1 + self.first_row)
         decoded = yield DraftDecode(self.head, block, len(block))
         self.head.truncate(pos)  # the block goes: the verify decode brings the target's features
-        rows = decoded.logits[1:]
+        rows = decoded.logits[self.first_row :]
         guess = yield from guessed(rows[0], budget, request, self.picker, sample, decoded_rows(rows[1:]), text=history)
         return guess.draft(budget, sample, request.policy.wants_confidence)
 
@@ -83,30 +90,36 @@ class DFlashDraft:
         self.head.truncate(max(len(history) - 1, 0))  # the target holds history[:-1]
 
 
-def _load(site: SourceSite) -> tuple[Model, TrainedDrafter]:
+def _load(site: SourceSite, kind: str) -> tuple[Model, TrainedDrafter]:
     """The drafter, loaded once for every stream, and what its header says; one line where it
     cannot read this target, before any decode."""
-    c, target = site.config, site.target.model
+    c, target, name = site.config, site.target.model, TRAINED_DRAFTERS[kind]
     if c.draft is None:
-        raise SpecrunError("the dflash source needs a DFlash drafter: pass --draft FILE (specrun.load(target, draft))")
+        raise SpecrunError(f"the {kind} source needs a {name} drafter: pass --draft FILE (specrun.load(target, draft))")
     keys = read_keys(c.draft)
     found = trained_drafter(keys.meta, keys.tensor_names)
-    if found is None or found.kind != "dflash":
-        raise SpecrunError(f"{c.draft.name} is not a DFlash drafter ({keys.meta.get('general.architecture')})")
+    if found is None or found.kind != kind:
+        raise SpecrunError(
+            f"{c.draft.name} is not a {name} drafter ({found.name if found else keys.meta.get('general.architecture')})"
+        )
     placement = ModelOptions(n_gpu_layers=c.draft_n_gpu_layers, rpc_servers=c.draft_rpc)
     drafter = site.resources.load_model(c.draft, "draft", placement)
     problem = drafter_misfit(found, drafter.n_vocab, target.n_layer, target.n_embd, target.n_vocab)
     if problem:
         raise SpecrunError(
-            f"the DFlash drafter {c.draft.name} does not fit the target {c.target.name}: {problem}; "
+            f"the {name} drafter {c.draft.name} does not fit the target {c.target.name}: {problem}; "
             "give the drafter trained for this target"
         )
     return drafter, found
 
 
-def _build(site: SourceSite) -> DFlashDraft:
-    drafter, found = site.resources.once("dflash", lambda: _load(site))
-    return DFlashDraft(site.target, drafter, found, sample=site.config.draft_sampling)
+def _builder(kind: str) -> Callable[[SourceSite], DFlashDraft]:
+    def build(site: SourceSite) -> DFlashDraft:
+        drafter, found = site.resources.once(kind, lambda: _load(site, kind))
+        return DFlashDraft(site.target, drafter, found, sample=site.config.draft_sampling)
+
+    return build
 
 
-register("dflash", _build, follow=DFlashDraft.follow)
+for _kind in ("dflash", "dspark"):
+    register(_kind, _builder(_kind), follow=DFlashDraft.follow)

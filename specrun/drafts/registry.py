@@ -149,20 +149,15 @@ def check_names(sources: tuple[str, ...] | list[str]) -> None:
 
 
 def draft_file_kind(path: Path) -> str:
-    """The source a `--draft` GGUF drafts as: "eagle3" or "dflash" for those trained drafters,
-    else "draft" (a model of its own, or a file the draft model's load reports on); one line for
-    a trained drafter specrun cannot run yet."""
+    """The source a `--draft` GGUF drafts as: "eagle3", "dflash" or "dspark" for those trained
+    drafters (each a registered source), else "draft" (a model of its own, or a file the draft
+    model's load reports on)."""
     try:
         keys = read_keys(path)
     except SpecrunError:
         return "draft"
     drafter = trained_drafter(keys.meta, keys.tensor_names)
-    if drafter is None or drafter.kind in _KINDS:
-        return drafter.kind if drafter else "draft"
-    raise SpecrunError(
-        f"{path.name} is a {drafter.name} drafter, which specrun cannot run yet (llama.cpp's "
-        f"draft-{drafter.kind} can): give an EAGLE-3 or DFlash drafter, a draft model, or --lookup"
-    )
+    return drafter.kind if drafter else "draft"
 
 
 def named_by_draft(draft: object) -> str | None:

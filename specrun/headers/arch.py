@@ -253,6 +253,10 @@ class TrainedDrafter:
     block_size: int | None = None  # DFlash's block: its last token and the mask tokens it drafts in one decode
     mask: int | None = None  # DFlash's mask token, which fills a block after its last token
     causal: bool = False  # a DFlash block attends causally (else both ways, as DFlash is trained)
+    # DSpark's blocks start at the anchor (the last token), whose row drafts too: a block of k
+    # tokens drafts k, not k - 1 (dflash.sample_from_anchor; SpecForge's exports set it false)
+    anchored: bool = False
+    selector: bool = False  # DFlash2: a selector reads candidates off its rows (dflash.selector_top_k)
 
     @property
     def name(self) -> str:
@@ -262,15 +266,15 @@ class TrainedDrafter:
         reads = f"reads the target's layers {', '.join(map(str, self.target_layers))}"
         if self.kind == "eagle3":
             return f"an EAGLE-3 drafter: {reads} ({self.target_width} wide); specrun drafts with it (--draft FILE)"
-        if self.kind == "dflash" and self.block_size:
-            return (
-                f"a DFlash drafter: {reads} ({self.target_width} wide), up to {self.block_size - 1} tokens a "
-                "block; specrun drafts with it (--draft FILE)"
-            )
         return (
-            f"a {self.name} drafter: {reads}, {self.block_size} tokens a block; specrun cannot run it yet "
-            f"(llama.cpp's draft-{self.kind} can)"
+            f"a {self.name} drafter: {reads} ({self.target_width} wide), up to {self.most} tokens a block; "
+            "specrun drafts with it (--draft FILE)"
         )
+
+    @property
+    def most(self) -> int:
+        """The most tokens a block drafts: its size, less the last token's row unless anchored."""
+        return (self.block_size or 0) - (not self.anchored)
 
 
 def trained_drafter(meta: Mapping[str, Any], tensor_names: Iterable[str]) -> TrainedDrafter | None:
@@ -293,6 +297,8 @@ def trained_drafter(meta: Mapping[str, Any], tensor_names: Iterable[str]) -> Tra
         _int(meta.get(f"{arch}.block_size")) or 16,
         None if mask is None else _int(mask),
         bool(meta.get(f"{arch}.attention.causal", False)),
+        kind == "dspark" and bool(meta.get(f"{arch}.sample_from_anchor", True)),
+        _int(meta.get(f"{arch}.selector_top_k")) > 0,
     )
 
 
@@ -315,6 +321,8 @@ def drafter_misfit(drafter: TrainedDrafter, n_vocab: int, target_layers: int, ta
         return f"it reads rows {drafter.target_width} wide, the target's are {target_width}"
     if n_vocab != target_vocab:
         return f"its vocabulary has {n_vocab} tokens, the target's {target_vocab}"
+    if drafter.selector:
+        return "it is a DFlash2 drafter, whose selector specrun does not read yet (llama.cpp's draft-dflash does)"
     if drafter.block_size is not None and drafter.mask is None:
         return "it names no mask token (tokenizer.ggml.mask_token_id) to fill its blocks with"
     return None

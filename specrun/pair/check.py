@@ -79,8 +79,6 @@ class PairCheck:
         trained = self.draft_traits.trained
         if trained is None:
             return None
-        if trained.kind == "dspark":
-            return f"the draft is a {trained.name} drafter, which specrun cannot run yet (llama.cpp's draft-{trained.kind} can)"
         width = int(self.target.key("embedding_length", 0))
         return drafter_misfit(trained, self.draft.vocab.n_tokens, self.target.n_layers, width, self.target.vocab.n_tokens)
 
