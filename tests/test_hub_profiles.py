@@ -90,6 +90,8 @@ def test_builtin_profiles_say_what_each_model_is():
     llama = profiles["llama-8b"]
     assert (llama.mtp, llama.hybrid, llama.active_params) == ("", False, llama.params)
     assert profiles["qwen3.6-27b"].tokenizer == profiles["qwen3.5-0.8b"].tokenizer  # its drafts come from Qwen3.5
+    assert profiles["qwen3.6-27b"].drafts[0] == "qwen3.6-27b-dflash" and profiles["qwen3.6-27b-dflash"].drafter == "dflash"
+    assert not profiles["qwen3.6-27b"].drafter
 
 
 def test_user_profiles_add_and_override(tmp_path):
@@ -135,6 +137,10 @@ def test_user_profiles_live_in_the_xdg_config_dir(tmp_path, monkeypatch):
         (
             GOOD.replace("    k: 10\n", "    k: 10\n    hybrid: 1\n"),
             r"tiny.yaml:14: models.tiny-8b.hybrid: must be true or false, got 1",
+        ),
+        (
+            GOOD.replace("    k: 10\n", "    k: 10\n    drafter: medusa\n"),
+            r"tiny.yaml:14: models.tiny-8b.drafter: must be one of eagle3, dflash, dspark, got 'medusa'",
         ),
         (
             GOOD.replace("params: 8B", "params: 8B\n    active: 9B"),

@@ -114,3 +114,19 @@ def test_finetuned_target_is_flagged(tmp_path: Path) -> None:
     assert acceptance_prior(tuned, draft).alpha < acceptance_prior(base, draft).alpha
     same_tune = replace(draft, meta={**draft.meta, "general.finetune": "instruct"})
     assert not any("fine-tuned" in w for w in check_pair(tuned, same_tune).warnings())
+
+
+def test_a_trained_drafter_is_offered_to_its_own_target_alone(capsys, tmp_path: Path, monkeypatch) -> None:
+    """qwen3.6-27b lists its DFlash drafter first among its drafts, judged from the profiles
+    offline; qwen3.6-35b-a3b, of the same family and tokenizer, is not offered it."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code, report, err = suggest(capsys, "--target", "qwen3.6-27b", "--offline")
+    assert code == 0, err
+    drafter = next(d for d in report["drafts"] if d["draft"] == "qwen3.6-27b-dflash")
+    assert drafter["acceptance_prior_reason"] == "a DFlash drafter trained for qwen3.6-27b, per the profiles"
+    code, report, err = suggest(capsys, "--target", "qwen3.6-35b-a3b", "--offline")
+    assert code == 0 and "qwen3.6-27b-dflash" not in {d["draft"] for d in report["drafts"]}, err

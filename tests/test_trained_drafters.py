@@ -20,6 +20,7 @@ import pytest
 from serve_helpers import RunningServer
 from test_exactness import MIN_P, RULES, SEEDS, TOKENS, Exact, sample, sampler_rules
 from tinydrafters import write_agreeing_eagle3, write_tiny_dflash, write_tiny_eagle3
+from tinyhybrid import write_tiny_qwen35
 from tinymodels import write_tiny_llama
 
 from specrun.cli import run_app
@@ -57,13 +58,18 @@ def files(tmp_path_factory):
             root / "sampling-dspark.gguf", seed=2, layer_scale=0.1, mask_id=STEADY_TOKEN, markov=True, markov_scale=0.3
         ),
         "dflash2": write_tiny_dflash(root / "dflash2.gguf", selector_top_k=4),
+        "qwen35": write_tiny_qwen35(root / "qwen35.gguf", trunk_scale=0.3),
+        "qwen35-dflash": write_tiny_dflash(root / "qwen35-dflash.gguf", target_n_layer=4, seed=1, layer_scale=0.3),
+        "qwen35-dspark": write_tiny_dflash(root / "qwen35-dspark.gguf", target_n_layer=4, seed=1, layer_scale=0.3, markov=True),
     }
 
 
 def target_of(drafter: str) -> str:
     """The target a drafter fits: the steady one that alternates two tokens, the one that repeats
-    one (the sampling DFlash drafters'), or the plain one (EAGLE-3's)."""
-    return "steady" if drafter.startswith("sampling-d") else "alternating" if drafter in STEADY else "target"
+    one (the sampling DFlash drafters'), the hybrid one, or the plain one (EAGLE-3's)."""
+    if drafter.startswith(("sampling-d", "qwen35-")):
+        return "steady" if drafter.startswith("sampling-d") else "qwen35"
+    return "alternating" if drafter in STEADY else "target"
 
 
 def config(files, drafter: str = "eagle3", **settings) -> SessionConfig:
@@ -81,6 +87,17 @@ def test_greedy_output_is_plain_decodings(files, kind, settings):
         assert session.source_names[-1] == kind
     assert run.tokens == plain.tokens
     assert run.stats.drafted > run.stats.accepted > 0 or settings.get("k") == "auto"
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_a_hybrid_target_rolls_back_what_a_block_drafter_drafted(files, kind):
+    """Qwen3.5 and 3.6, the targets DFlash drafters are published for, keep a recurrent state:
+    rejected drafts roll back from snapshots, and greedy text is plain decoding's."""
+    with Session(config(files, f"qwen35-{kind}")) as session:
+        prompt = session.tokenize(PROMPT)
+        plain, run = session.generator(plain=True).run(prompt, 32), session.generator().run(prompt, 32)
+        assert session.source_names == [kind]
+    assert run.tokens == plain.tokens and run.stats.drafted > run.stats.accepted
 
 
 @pytest.mark.parametrize("drafter", ["drawn", "drawn-dflash"])

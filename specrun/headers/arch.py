@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from specrun.hub.profiles import MTP_HEADS, MTP_SEPARATE
+from specrun.hub.profiles import MTP_HEADS, MTP_SEPARATE, TRAINED_KINDS
 
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
 HYBRID_ARCHS = frozenset(
@@ -238,7 +238,7 @@ def _int(value: Any) -> int:
     return int(value) if value is not None and not isinstance(value, (list, tuple, str)) else 0
 
 
-TRAINED_DRAFTERS = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
+TRAINED_DRAFTERS = dict(zip(TRAINED_KINDS, ("EAGLE-3", "DFlash", "DSpark")))
 """The drafters trained to read their target's features, by the kind llama.cpp's speculative
 types name them (draft-eagle3, draft-dflash, draft-dspark), and how people write them."""
 

@@ -1,5 +1,6 @@
 """Model families as YAML data: aliases, their GGUF repositories, drafts and default k, and what
-each model is (active parameters of a mixture of experts, MTP heads, a recurrent state).
+each model is (active parameters of a mixture of experts, MTP heads, a recurrent state, a drafter
+trained for one target).
 
 Built-in profiles ship with specrun; files in the user's config directory add aliases
 or replace built-in ones with the same name. Every file is validated on load, and an
@@ -33,9 +34,11 @@ MODEL_KEYS = {
     "k": False,
     "mtp": False,
     "hybrid": False,
+    "drafter": False,
 }
 MAX_K = 64
 MTP_HEADS, MTP_SEPARATE = "heads", "separate"  # `mtp: true`, `mtp: separate`
+TRAINED_KINDS = ("eagle3", "dflash", "dspark")  # `drafter:`, as llama.cpp's draft-eagle3, draft-dflash, draft-dspark
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,9 @@ class ModelProfile:
     # which specrun cannot run yet; "": none.
     mtp: str = ""
     hybrid: bool = False  # keeps a recurrent state (Qwen3.5, Nemotron-H, LFM2), which a verify must roll back
+    # A drafter trained to read one target's features (a TRAINED_KINDS kind): it drafts only for
+    # the targets that list it in their drafts, never as a model of its own; "": a model.
+    drafter: str = ""
 
     @property
     def active_params(self) -> int:
@@ -214,6 +220,7 @@ def _model_profile(alias: str, entry: Any, family: str, default_k: int, path: Pa
         active=active,
         mtp=_mtp(entry, prefix),
         hybrid=_flag(entry, "hybrid", prefix),
+        drafter=_drafter(entry, prefix),
     )
 
 
@@ -268,6 +275,15 @@ def _mtp(mapping: _Mapping, prefix: str) -> str:
     if value is False:
         return ""
     raise _ProfileError(mapping.key_lines["mtp"], prefix + "mtp", f"must be true, false or separate, got {value!r}")
+
+
+def _drafter(mapping: _Mapping, prefix: str) -> str:
+    value = mapping.get("drafter", "")
+    if value == "" or value in TRAINED_KINDS:
+        return value
+    raise _ProfileError(
+        mapping.key_lines["drafter"], prefix + "drafter", f"must be one of {', '.join(TRAINED_KINDS)}, got {value!r}"
+    )
 
 
 def _check_drafts(profiles: dict[str, ModelProfile]) -> None:

@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 from specrun import settings
 from specrun.errors import SpecrunError
-from specrun.headers.arch import HEADS, Traits, profile_traits
+from specrun.headers.arch import HEADS, TRAINED_DRAFTERS, Traits, profile_traits
 from specrun.hub.embedded import cache_dir
 from specrun.hub.profiles import load_profiles
 from specrun.hub.quants import RepoFile, group_quants
@@ -170,7 +170,8 @@ def has_weights(model: Known) -> bool:
 
 
 def profile_candidates(target: Known) -> list[Candidate]:
-    """The target profile's drafts first, then the models of its family (or tokenizer)."""
+    """The target profile's drafts first (its trained drafters among them), then the models of its
+    family (or tokenizer); a trained drafter drafts only for the targets that list it."""
     profiles = load_profiles()
     own = target.profile
     keys = {family_key(target.facts.family), family_key(target.facts.arch)} if target.facts else set()
@@ -178,7 +179,7 @@ def profile_candidates(target: Known) -> list[Candidate]:
     related = [
         p
         for p in profiles.values()
-        if family_key(p.family) in keys or (own and (p.family == own.family or p.tokenizer == own.tokenizer))
+        if not p.drafter and (family_key(p.family) in keys or (own and (p.family == own.family or p.tokenizer == own.tokenizer)))
     ]
     ordered += [p.alias for p in sorted(related, key=lambda p: p.params)]
     own_alias = own.alias if own else None
@@ -331,10 +332,14 @@ def profile_estimate(target: Known, draft: Known) -> ProfileEstimate | None:
     t, d = target.profile, draft.profile
     if t is None or d is None or t.alias == d.alias or t.tokenizer != d.tokenizer:
         return None
+    if d.drafter and d.alias not in t.drafts:  # trained to read another target's features
+        return None
     ratio = d.active_params / t.active_params
     if ratio >= 1 or d.params >= t.params:  # a larger model is no draft, however few parameters it reads a token
         return None
-    if t.family == d.family:
+    if d.drafter:
+        prior = Prior(PRIOR_SAME_FAMILY, f"a {TRAINED_DRAFTERS[d.drafter]} drafter trained for {t.alias}, per the profiles")
+    elif t.family == d.family:
         prior = Prior(PRIOR_SAME_FAMILY, f"same family ({t.family}), per the profiles")
     else:
         prior = Prior(PRIOR_OTHER_FAMILY, f"different families ({t.family}, {d.family}), one tokenizer")
