@@ -187,7 +187,7 @@ def check_script(words: list[str]) -> None:
 
 
 # What else the docs may tell users to run; a command not here (a typo, a renamed tool) fails.
-OTHER_COMMANDS = {"pip", "bash", "curl", "printf", "git", "cmake"}
+OTHER_COMMANDS = {"pip", "bash", "curl", "printf", "git", "cmake", "claude"}  # claude: Claude Code, a client of serve
 
 
 @pytest.mark.parametrize("where, words, complete", COMMANDS, ids=[f"{w}:{' '.join(c)[:40]}" for w, c, _ in COMMANDS])

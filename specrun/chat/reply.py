@@ -32,6 +32,7 @@ class Reply:
     stats: Stats
     stop_reason: StopReason
     ttft_s: float | None  # from the turn's start to the first token
+    stop: str | None = None  # the stop string that ended it (stop_reason "stop_string")
 
 
 class StopScanner:
@@ -43,15 +44,16 @@ class StopScanner:
         self.sources: list[TokenSource] = []  # one source per character of text
         self.released = 0  # characters handed to the view
         self.stop_at: int | None = None  # where the first stop string begins
+        self.stop: str | None = None  # which stop string it is
 
     def feed(self, text: str, source: TokenSource) -> list[Piece]:
         """Add a token's text; return the newly final text."""
         start = max(0, len(self.text) - max((len(s) for s in self.stops), default=0))
         self.text += text
         self.sources += [source] * len(text)
-        found = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        found = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self.stops) if i >= 0]
         if found:
-            self.stop_at = min(found)
+            self.stop_at, self.stop = min(found, key=lambda place: place[0])
             return self._release(self.stop_at)
         return self._release(len(self.text) - self._held_back())
 
@@ -117,7 +119,8 @@ class ReplyStream:
         self.view.show(self.scanner.flush())
         kept = _kept_tokens(self.emitted, len(self.scanner.kept_text), eog)
         text = self.scanner.kept_text
-        return Reply(kept, text, split_by_source(text, self.scanner.sources[: len(text)]), stats, stop_reason, self.ttft)
+        pieces = split_by_source(text, self.scanner.sources[: len(text)])
+        return Reply(kept, text, pieces, stats, stop_reason, self.ttft, self.scanner.stop)
 
 
 def stream_reply(

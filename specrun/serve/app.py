@@ -9,7 +9,8 @@ import json
 import re
 import socket
 import time
-from typing import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import AsyncIterator, Callable, Protocol
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -18,12 +19,13 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
-from specrun.serve import api, tokens
-from specrun.serve.api import ApiError
-from specrun.serve.jobs import Failed, Finished, Job, Text
+from specrun.serve import api, messages, tokens
+from specrun.serve.api import ApiError, GenerationRequest
+from specrun.serve.jobs import Failed, Finished, Job, Started, Text
+from specrun.serve.messages import MessagesShape
 from specrun.serve.metrics import MEDIA_TYPE, Metrics
 from specrun.serve.page import add_page
-from specrun.serve.responses import ChatShape, CompletionShape, Shape
+from specrun.serve.responses import ChatShape, CompletionShape, Outcome, Shape
 from specrun.serve.sources import join_pieces
 from specrun.serve.tool_calls import CallPiece, merged
 from specrun.serve.worker import Worker
@@ -87,23 +89,26 @@ def create_app(
 
     keyed = [Depends(key_check(api_key, metrics))]
     app.include_router(api_routes(worker, metrics, model), dependencies=keyed)
+    app.include_router(anthropic_routes(worker, metrics, model), dependencies=keyed)
     app.include_router(tokens.routes(worker), dependencies=keyed)
     add_page(app)
     return app
 
 
 def key_check(api_key: str | None, metrics: Metrics):
-    """The dependency that refuses a request without `Authorization: Bearer KEY` (none without a key)."""
+    """The dependency that refuses a request without `Authorization: Bearer KEY`, or `x-api-key: KEY`
+    as Anthropic's clients send it (none without a key)."""
 
     def authorize(request: Request) -> None:
         if api_key is None:
             return
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), api_key.encode()):
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        key = request.headers.get("x-api-key") or (bearer.strip() if scheme.lower() == "bearer" else "")
+        if not hmac.compare_digest(key.encode(), api_key.encode()):
             metrics.reject("unauthorized")
             raise ApiError(
                 401,
-                "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.",
+                "Incorrect or missing API key: send it as 'Authorization: Bearer KEY' (or 'x-api-key: KEY').",
                 code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
@@ -142,22 +147,69 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, api.parse_chat, ChatShape(model), worker, metrics)
+        return await generate(request, api.parse_chat, lambda _: OpenAIAnswer(ChatShape(model)), worker, metrics)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await generate(request, api.parse_completion, CompletionShape(model), worker, metrics)
+        return await generate(request, api.parse_completion, lambda _: OpenAIAnswer(CompletionShape(model)), worker, metrics)
 
     return router
 
 
-async def generate(request: Request, parse, shape: Shape, worker: Worker, metrics: Metrics) -> Response:
+def anthropic_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
+    """Anthropic's Messages API (serve/messages.py) behind the API key: its errors in its envelope (error_object)."""
+    router = APIRouter()
+
+    @router.post("/v1/messages")
+    async def anthropic_messages(request: Request) -> Response:
+        return await generate(request, messages.parse_messages, lambda parsed: MessagesShape(model, parsed), worker, metrics)
+
+    @router.post("/v1/messages/count_tokens")
+    async def anthropic_count_tokens(request: Request) -> dict:
+        try:
+            parsed = messages.parse_count(await request.body())
+        except (ApiError, ValidationError, SettingError):
+            metrics.reject("invalid")
+            raise
+        return {"input_tokens": await tokens.off_thread(worker, lambda _: worker.count_prompt_tokens(parsed))}
+
+    return router
+
+
+class Answer(Protocol):
+    """How a protocol answers a generation: its body for the whole outcome, or its events."""
+
+    def response(self, outcome: Outcome) -> dict: ...
+
+    def events(self, job: Job, started: Started) -> AsyncIterator[str]: ...
+
+
+@dataclass(frozen=True)
+class OpenAIAnswer:
+    """OpenAI's bodies and stream chunks (`shape`), and `stream_options.include_usage`."""
+
+    shape: Shape
+    include_usage: bool = False
+
+    def response(self, outcome: Outcome) -> dict:
+        return self.shape.response(outcome)
+
+    def events(self, job: Job, started: Started) -> AsyncIterator[str]:
+        return _events(job, self.shape, self.include_usage)
+
+
+async def generate(
+    request: Request, parse, answer_for: Callable[[GenerationRequest], Answer], worker: Worker, metrics: Metrics
+) -> Response:
     """One generation request: parsed, queued on the worker, answered whole or as server-sent events."""
     try:
         parsed = parse(await request.body())
     except (ApiError, ValidationError, SettingError):
         metrics.reject("invalid")
         raise
+    answer = answer_for(parsed)
+    if isinstance(answer, OpenAIAnswer):
+        answer = replace(answer, include_usage=parsed.include_usage)
     job = worker.submit(parsed, asyncio.get_running_loop())
     watch = asyncio.ensure_future(_disconnected(request))
     try:
@@ -165,16 +217,15 @@ async def generate(request: Request, parse, shape: Shape, worker: Worker, metric
         if isinstance(first, Failed):
             raise first.error
         if parsed.stream:
-            return StreamingResponse(
-                _events(job, shape, parsed.include_usage), media_type="text/event-stream", headers=SSE_HEADERS
-            )
+            assert isinstance(first, Started)  # a job's first report: it failed or started
+            return StreamingResponse(answer.events(job, first), media_type="text/event-stream", headers=SSE_HEADERS)
         while not isinstance(report := await _next(job, watch), (Finished, Failed)):
             pass  # the outcome carries the whole text
         if isinstance(report, Failed):
             raise report.error
         if report.outcome.finish_reason == "abort":
             raise _stopping()
-        return JSONResponse(shape.response(report.outcome))
+        return JSONResponse(answer.response(report.outcome))
     except ClientGone:
         return Response(status_code=499)  # nobody reads it; the job is cancelled
     finally:
@@ -182,10 +233,14 @@ async def generate(request: Request, parse, shape: Shape, worker: Worker, metric
 
 
 async def error_object(request: Request, error: Exception) -> JSONResponse:
-    """The one handler of every error a request meets: OpenAI's error object, with its status."""
+    """The one handler of every error a request meets: OpenAI's error object with its status, or
+    Anthropic's envelope on its routes."""
     if not isinstance(error, REQUEST_ERRORS):  # Starlette calls it only for those it is registered for
         raise error
-    return error_response(as_api_error(request, error))
+    answered = as_api_error(request, error)
+    if request.url.path.startswith("/v1/messages"):
+        return JSONResponse(messages.error_body(answered), status_code=answered.status, headers=answered.headers)
+    return error_response(answered)
 
 
 def as_api_error(request: Request, error: ApiError | ValidationError | SettingError | HTTPException) -> ApiError:

@@ -24,6 +24,7 @@ class Outcome:
     stats: Stats
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[Scored, ...] | None = None  # asked for: the kept tokens'
+    stop: str | None = None  # the stop string that ended it, the request's or the chat template's
 
 
 def usage(outcome: Outcome) -> dict:

@@ -12,8 +12,9 @@ from specrun.backend import Model
 from specrun.serve.api import ApiError, invalid_value
 from specrun.serve.bodies import DetokenizeBody, TokenizeBody
 from specrun.serve.worker import Worker
+from specrun.session import Session
 
-Body = TypeVar("Body", TokenizeBody, DetokenizeBody)
+Answer = TypeVar("Answer")
 
 
 def routes(worker: Worker) -> APIRouter:
@@ -24,23 +25,23 @@ def routes(worker: Worker) -> APIRouter:
     @router.post("/tokenize")
     async def tokenize_route(request: Request) -> dict:
         body = TokenizeBody.model_validate_json(await request.body())
-        return await _off_thread(worker, tokenize, body)
+        return await off_thread(worker, lambda session: tokenize(session.target_model, body))
 
     @router.post("/detokenize")
     async def detokenize_route(request: Request) -> dict:
         body = DetokenizeBody.model_validate_json(await request.body())
-        return await _off_thread(worker, detokenize, body)
+        return await off_thread(worker, lambda session: detokenize(session.target_model, body))
 
     return router
 
 
-async def _off_thread(worker: Worker, work: Callable[[Model, Body], dict], body: Body) -> dict:
-    """work(the target model, body) on the worker's tokenizer threads, not the event loop's: the
+async def off_thread(worker: Worker, work: Callable[[Session], Answer]) -> Answer:
+    """work(the loaded session) on the worker's tokenizer threads, not the event loop's: the
     session closes once they are done, so no call outlives it, not even one whose await was
     cancelled (uvicorn's grace period ended) and whose thread runs on."""
-    model = worker.ready().target_model
+    session = worker.ready()
     try:
-        answer = asyncio.get_running_loop().run_in_executor(worker.tokenizers, work, model, body)
+        answer = asyncio.get_running_loop().run_in_executor(worker.tokenizers, work, session)
     except RuntimeError:  # the threads are shut down: the session is closing
         raise worker.unavailable() or ApiError(
             503, "the server is shutting down", code="unavailable", kind="unavailable_error"

@@ -24,25 +24,23 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from specrun.chat.conversation import Transcript
-from specrun.chat.formats import choose_format
-from specrun.chat.reply import Piece, Reply, ReplyStream
+from specrun.chat.formats import Rendered, choose_format
+from specrun.chat.reply import Reply, ReplyStream
 from specrun.core.batch import Batch
 from specrun.core.engine import Generator
-from specrun.core.events import RunResult, Stats, StepEvent
+from specrun.core.events import RunResult
 from specrun.core.policy import SpeculativeRule
 from specrun.errors import RpcLost, SpecrunError
 from specrun.serve.api import ApiError, GenerationRequest, invalid_value, setting_error
-from specrun.serve.jobs import Failed, Finished, Job, Started, Text
+from specrun.serve.jobs import Failed, Finished, Job, Started
 from specrun.serve.logprobs import LogprobWatch
 from specrun.serve.metrics import Metrics
-from specrun.serve.responses import Outcome
+from specrun.serve.reporter import Reporter
 from specrun.serve.sources import SourceLabels
-from specrun.serve.tool_calls import CallPiece, CallReader
+from specrun.serve.tool_calls import CallReader
 from specrun.serve.tools import prompt_messages, tool_grammar, tool_style
 from specrun.session import Session
 from specrun.settings import SettingError
-
-FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length", "interrupted": "abort"}
 
 
 @dataclass(frozen=True)
@@ -250,7 +248,7 @@ class Worker:
         reader = CallReader(self._tool_style.form) if job.request.tools else None
         labels = SourceLabels(generator) if job.request.pieces else None
         scores = LogprobWatch(self._loaded.target_model.piece, generator.eog) if job.request.logprobs is not None else None
-        view = _Reporter(job, self.metrics, reader, labels, scores)
+        view = Reporter(job, self.metrics, reader, labels, scores)
         reply = ReplyStream(prompt.stops, view, started, cancelled=lambda: job.cancelled)
         on_token = reply.on_token if labels is None else labels.watching(reply.on_token)
         on_token = on_token if scores is None else scores.watching(on_token)
@@ -263,7 +261,7 @@ class Worker:
         assert self._batch is not None
         self._batch.add(generator, prompt.tokens, max_tokens, on_token, reply.on_step, finished)
 
-    def _finish(self, job: Job, prompt: Prompt, view: _Reporter, reply: Reply, started: float) -> None:
+    def _finish(self, job: Job, prompt: Prompt, view: Reporter, reply: Reply, started: float) -> None:
         view.finish()
         if job.request.chat:
             self._transcript.record(prompt.tokens, prompt.text, reply.tokens)
@@ -275,13 +273,21 @@ class Worker:
         self._request_s = 0.8 * self._request_s + 0.2 * (time.perf_counter() - started)
         job.report(Finished(outcome, view.labels.stats(reply.stats) if view.labels else None))
 
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        """The tokens a chat request's prompt comes to, as it would run: its template and tools.
+        Off the model's thread: rendering and the vocabulary are read-only."""
+        return len(self._transcript.tokenize(self._rendered(request).text))
+
+    def _rendered(self, request: GenerationRequest) -> Rendered:
+        messages, tools = prompt_messages(self._tool_style, request.messages or [], request.tools)
+        try:
+            return self._chat_format.render(messages, tools)
+        except SpecrunError as exc:
+            raise ApiError(400, str(exc), "messages", "invalid_value") from None
+
     def _prompt(self, request: GenerationRequest) -> Prompt:
         if request.messages is not None:  # a chat request
-            messages, tools = prompt_messages(self._tool_style, request.messages, request.tools)
-            try:
-                rendered = self._chat_format.render(messages, tools)
-            except SpecrunError as exc:
-                raise ApiError(400, str(exc), "messages", "invalid_value") from None
+            rendered = self._rendered(request)
             tokens, text, _ = self._transcript.prompt(rendered.text)
             prompt = Prompt(tokens, text, rendered.stops + request.stops)
         else:
@@ -338,57 +344,3 @@ class Worker:
             if request.grammar_param is None:
                 raise
             raise invalid_value(request.grammar_param, str(exc)) from None
-
-
-class _Reporter:
-    """The reply's view: text pieces go to the client (through the call reader when tools may be
-    called; split by how they came, with the running statistics, when `labels` are kept; with the
-    tokens they complete, when `scores` are kept), steps to the metrics."""
-
-    def __init__(
-        self,
-        job: Job,
-        metrics: Metrics,
-        reader: CallReader | None,
-        labels: SourceLabels | None = None,
-        scores: LogprobWatch | None = None,
-    ):
-        self.job, self.metrics, self.reader, self.labels, self.scores = job, metrics, reader, labels, scores
-
-    def show(self, pieces: list[Piece]) -> None:
-        text = "".join(text for text, _ in pieces)
-        if not text:
-            return
-        logprobs = self.scores.release(len(text)) if self.scores is not None else None
-        if self.labels is not None:  # never with tools: the API refuses `specrun.pieces` with them
-            self.job.report(Text(text, tuple(self.labels.pieces(text)), self.labels.stats(), logprobs))
-        elif self.reader is None:
-            self.job.report(Text(text, logprobs=logprobs))
-        else:  # never with logprobs: the API refuses them with tools
-            self._report(self.reader.feed(text))
-
-    def step(self, event: StepEvent, stats: Stats) -> None:
-        self.metrics.step(event)
-        if self.labels is not None:
-            self.labels.step(event)
-
-    def finish(self) -> None:
-        """After the reply: the text the reader held back, if no calls came."""
-        if self.reader is not None:
-            self._report(self.reader.finish())
-
-    def outcome(self, reply: Reply, prompt_tokens: int) -> Outcome:
-        finish_reason = FINISH_REASONS.get(reply.stop_reason, "stop")
-        if self.reader is None:
-            if self.scores is not None:
-                self.scores.release(0)  # a last token whose bytes never made a character: it has no text to wait for
-            logprobs = tuple(self.scores.released) if self.scores is not None else None
-            return Outcome(reply.text, finish_reason, prompt_tokens, reply.stats, logprobs=logprobs)
-        calls = tuple(self.reader.calls)
-        if calls and finish_reason == "stop":
-            finish_reason = "tool_calls"
-        return Outcome(self.reader.content, finish_reason, prompt_tokens, reply.stats, calls)
-
-    def _report(self, pieces: list[str | CallPiece]) -> None:
-        for piece in pieces:
-            self.job.report(Text(piece) if isinstance(piece, str) else piece)

@@ -1,0 +1,70 @@
+"""What a running request's reply reports to its job: text pieces (through the call reader when
+tools may be called; split by how they came; with their log probabilities), steps to the
+metrics, and at the end its `Outcome`."""
+
+from __future__ import annotations
+
+from specrun.chat.reply import Piece, Reply
+from specrun.core.events import Stats, StepEvent
+from specrun.serve.jobs import Job, Text
+from specrun.serve.logprobs import LogprobWatch
+from specrun.serve.metrics import Metrics
+from specrun.serve.responses import Outcome
+from specrun.serve.sources import SourceLabels
+from specrun.serve.tool_calls import CallPiece, CallReader
+
+FINISH_REASONS = {"eog": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length", "interrupted": "abort"}
+
+
+class Reporter:
+    """The reply's view: text pieces go to the client (through the call reader when tools may be
+    called; split by how they came, with the running statistics, when `labels` are kept; with the
+    tokens they complete, when `scores` are kept), steps to the metrics."""
+
+    def __init__(
+        self,
+        job: Job,
+        metrics: Metrics,
+        reader: CallReader | None,
+        labels: SourceLabels | None = None,
+        scores: LogprobWatch | None = None,
+    ):
+        self.job, self.metrics, self.reader, self.labels, self.scores = job, metrics, reader, labels, scores
+
+    def show(self, pieces: list[Piece]) -> None:
+        text = "".join(text for text, _ in pieces)
+        if not text:
+            return
+        logprobs = self.scores.release(len(text)) if self.scores is not None else None
+        if self.labels is not None:  # never with tools: the API refuses `specrun.pieces` with them
+            self.job.report(Text(text, tuple(self.labels.pieces(text)), self.labels.stats(), logprobs))
+        elif self.reader is None:
+            self.job.report(Text(text, logprobs=logprobs))
+        else:  # never with logprobs: the API refuses them with tools
+            self._report(self.reader.feed(text))
+
+    def step(self, event: StepEvent, stats: Stats) -> None:
+        self.metrics.step(event)
+        if self.labels is not None:
+            self.labels.step(event)
+
+    def finish(self) -> None:
+        """After the reply: the text the reader held back, if no calls came."""
+        if self.reader is not None:
+            self._report(self.reader.finish())
+
+    def outcome(self, reply: Reply, prompt_tokens: int) -> Outcome:
+        finish_reason = FINISH_REASONS.get(reply.stop_reason, "stop")
+        if self.reader is None:
+            if self.scores is not None:
+                self.scores.release(0)  # a last token whose bytes never made a character: it has no text to wait for
+            logprobs = tuple(self.scores.released) if self.scores is not None else None
+            return Outcome(reply.text, finish_reason, prompt_tokens, reply.stats, logprobs=logprobs, stop=reply.stop)
+        calls = tuple(self.reader.calls)
+        if calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
+        return Outcome(self.reader.content, finish_reason, prompt_tokens, reply.stats, calls, stop=reply.stop)
+
+    def _report(self, pieces: list[str | CallPiece]) -> None:
+        for piece in pieces:
+            self.job.report(Text(piece) if isinstance(piece, str) else piece)
