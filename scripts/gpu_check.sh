@@ -97,7 +97,7 @@ with specrun.load('$m/target.gguf', n_ctx=512) as s: print(len(s.generate('the c
     timeout 180 $py scripts/verify_costs.py --model "$m/target.gguf" --n-gpu-layers -1 --threads 4 --repeats 3 >> "$results" 2>&1
     log "specrun beside llama-bench and llama-speculative-simple, then the self-draft pair at each k and auto"
     timeout 300 $py scripts/host_time.py --size "${SIZE:-gpu}" --models "${m%/*}" --rounds 2 --threads 4 --k 4 --llama-bin "$bin" \
-        --only "^(plain|draft k|self-draft k|eagle3 k|mtp|4 streams)" --json "${OUT:-/tmp/gpu-check}/host_time.json" >> "$results" 2>&1
+        --only "^(plain|draft k|self-draft k|eagle3 k|dflash k|mtp|4 streams)" --json "${OUT:-/tmp/gpu-check}/host_time.json" >> "$results" 2>&1
     timeout 240 $py scripts/host_time.py --size "${SIZE:-gpu}" --models "${m%/*}" --rounds 1 --threads 4 --k 1,2,3,4,6,8,auto \
         --only "^self-draft" >> "$results" 2>&1
     log "the draft's and MTP head's threads on every core: the target's pool, a pool of their own (polling or not), none"
