@@ -22,8 +22,7 @@ import numpy as np
 from specrun.backend.context import Context
 from specrun.backend.library import llama
 from specrun.backend.model import Model
-from specrun.backend.mtp import context_beside
-from specrun.backend.threads import ThreadPool
+from specrun.backend.mtp import SharedHead, context_beside
 from specrun.backend.views import BatchViews, FloatViews, row_views
 from specrun.errors import SpecrunError
 
@@ -114,7 +113,7 @@ _CONTEXTS: weakref.WeakKeyDictionary[Context, dict[Model, _BlockContext]] = weak
 """The drafter's context beside each target cache, made once, keyed by the cache's sequence 0."""
 
 
-class BlockHead:
+class BlockHead(SharedHead):
     """A block drafter drafting for one sequence of `target`'s cache, which reads the inputs of
     the target's layers (`width` floats a position, side by side). A draft cache as a draft
     model's `Context` is: `eval` and `decode_many` decode blocks after what it holds."""
@@ -128,19 +127,6 @@ class BlockHead:
         self.model = drafter
         self.seq = target.seq
         self.tokens: list[int] = []  # the text its cache holds (features), then a block's tokens
-
-    @property
-    def n_batch(self) -> int:
-        return self._shared.n_batch
-
-    @property
-    def threads(self) -> ThreadPool:
-        """The CPU threads its context decodes on: its target's."""
-        return self._shared.threads
-
-    def shares_cache(self, other: object) -> bool:
-        """Whether `other` drafts on the same context (one `decode_many` takes both)."""
-        return isinstance(other, BlockHead) and other._shared is self._shared
 
     def follow(self, tokens: Sequence[int], pos0: int, features: np.ndarray) -> None:
         """The target decoded `tokens` from position pos0, whose layer inputs are `features`."""
@@ -172,12 +158,3 @@ class BlockHead:
             views.append(logits[row : row + rows])
             row += rows
         return views
-
-    def truncate(self, n_keep: int) -> None:
-        """Forget positions from n_keep on, a block's included."""
-        L, shared = llama(), self._shared
-        if n_keep < len(self.tokens):
-            shared.drop(self.seq, n_keep)
-            if not L.llama_memory_seq_rm(L.llama_get_memory(shared.ctx), self.seq, n_keep, -1):
-                raise SpecrunError("llama.cpp refused to roll the drafter's cache back")
-            del self.tokens[n_keep:]

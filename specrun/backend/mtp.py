@@ -188,12 +188,48 @@ def _heads_of(target: Context, drafter: Model | None) -> _HeadContext:
     return heads[drafter]
 
 
-class MtpHead:
+class SharedHead:
+    """One sequence of a drafting context beside the target's cache (`_shared`, which keeps the
+    rows that wait for its next decode): what an MTP head and a block drafter's head both are.
+    `tokens` is what its cache holds, position by position; `cache` names the cache in errors."""
+
+    _shared: Any
+    seq: int
+    tokens: list[int]
+    cache = "the drafter's cache"
+
+    @property
+    def n_batch(self) -> int:
+        return self._shared.n_batch
+
+    @property
+    def threads(self) -> ThreadPool:
+        """The CPU threads its context decodes on: its target's."""
+        return self._shared.threads
+
+    def shares_cache(self, other: object) -> bool:
+        """Whether `other` is a head of the same context (one `decode_many` takes both)."""
+        return isinstance(other, SharedHead) and other._shared is self._shared
+
+    def truncate(self, n_keep: int) -> None:
+        """Forget positions from n_keep on, the waiting rows and drafting rows included (its cache
+        is attention only: any tail drops)."""
+        L, shared = llama(), self._shared
+        if n_keep < len(self.tokens):
+            shared.drop(self.seq, n_keep)
+            if not L.llama_memory_seq_rm(L.llama_get_memory(shared.ctx), self.seq, n_keep, -1):
+                raise SpecrunError(f"llama.cpp refused to roll {self.cache} back")
+            del self.tokens[n_keep:]
+
+
+class MtpHead(SharedHead):
     """The MTP layers of `target`'s model drafting for that sequence of its cache (one head:
     llama.cpp's single trained head), or a trained `drafter` of its own file that reads the
     target's features (EAGLE-3's decoder, its encoder in `encode`). A draft cache as a draft
     model's `Context` is: `eval` and `decode_many` decode drafting rows, each reading the hidden
     row its head was given (`reads`)."""
+
+    cache = "the MTP head's cache"
 
     def __init__(self, target: Context, drafter: Model | None = None):
         model = drafter or target.model
@@ -209,19 +245,6 @@ class MtpHead:
         self.tokens: list[int] = []  # what its cache holds, position by position: the target's text, then drafting rows
         self.reads = np.zeros(self.n_embd, dtype=np.float32)  # the hidden row its next drafting row reads
         self.row = np.zeros(self.n_embd, dtype=np.float32)  # its own hidden row of its last drafting row
-
-    @property
-    def n_batch(self) -> int:
-        return self._shared.n_batch
-
-    @property
-    def threads(self) -> ThreadPool:
-        """The CPU threads the heads' context decodes on: its target's."""
-        return self._shared.threads
-
-    def shares_cache(self, other: object) -> bool:
-        """Whether `other` is a head of the same MTP context (one `decode_many` takes both)."""
-        return isinstance(other, MtpHead) and other._shared is self._shared
 
     def encode(self, features: np.ndarray) -> np.ndarray:
         """An EAGLE-3 drafter's fused rows of the target's features (see `_HeadContext.encode`)."""
@@ -254,12 +277,3 @@ class MtpHead:
             head.tokens.append(tokens[0])
             head.row = rows[i]
         return [logits] if len(parts) == 1 else [logits[i : i + 1] for i in range(len(parts))]
-
-    def truncate(self, n_keep: int) -> None:
-        """Forget positions from n_keep on, drafting rows included (its cache is attention only: any tail drops)."""
-        L, shared = llama(), self._shared
-        if n_keep < len(self.tokens):
-            shared.drop(self.seq, n_keep)
-            if not L.llama_memory_seq_rm(L.llama_get_memory(shared.ctx), self.seq, n_keep, -1):
-                raise SpecrunError("llama.cpp refused to roll the MTP head's cache back")
-            del self.tokens[n_keep:]
