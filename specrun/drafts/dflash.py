@@ -22,15 +22,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specrun.backend import Context, Model, ModelOptions
+from specrun.backend import Context, Model
 from specrun.backend.block import BlockHead
 from specrun.core.sequences import common_prefix
 from specrun.drafts.base import Draft, DraftDecode, Drafting, DraftRequest
 from specrun.drafts.feeding import Picker, decoded_rows, guessed
-from specrun.drafts.registry import SourceSite, register
-from specrun.errors import SpecrunError
-from specrun.headers.arch import TRAINED_DRAFTERS, TrainedDrafter, drafter_misfit, trained_drafter
-from specrun.headers.read import read_keys
+from specrun.drafts.registry import SourceSite, load_trained_drafter, register
+from specrun.headers.arch import TrainedDrafter
 
 
 class DFlashDraft:
@@ -90,32 +88,9 @@ class DFlashDraft:
         self.head.truncate(max(len(history) - 1, 0))  # the target holds history[:-1]
 
 
-def _load(site: SourceSite, kind: str) -> tuple[Model, TrainedDrafter]:
-    """The drafter, loaded once for every stream, and what its header says; one line where it
-    cannot read this target, before any decode."""
-    c, target, name = site.config, site.target.model, TRAINED_DRAFTERS[kind]
-    if c.draft is None:
-        raise SpecrunError(f"the {kind} source needs a {name} drafter: pass --draft FILE (specrun.load(target, draft))")
-    keys = read_keys(c.draft)
-    found = trained_drafter(keys.meta, keys.tensor_names)
-    if found is None or found.kind != kind:
-        raise SpecrunError(
-            f"{c.draft.name} is not a {name} drafter ({found.name if found else keys.meta.get('general.architecture')})"
-        )
-    placement = ModelOptions(n_gpu_layers=c.draft_n_gpu_layers, rpc_servers=c.draft_rpc)
-    drafter = site.resources.load_model(c.draft, "draft", placement)
-    problem = drafter_misfit(found, drafter.n_vocab, target.n_layer, target.n_embd, target.n_vocab)
-    if problem:
-        raise SpecrunError(
-            f"the {name} drafter {c.draft.name} does not fit the target {c.target.name}: {problem}; "
-            "give the drafter trained for this target"
-        )
-    return drafter, found
-
-
 def _builder(kind: str) -> Callable[[SourceSite], DFlashDraft]:
     def build(site: SourceSite) -> DFlashDraft:
-        drafter, found = site.resources.once(kind, lambda: _load(site, kind))
+        drafter, found = site.resources.once(kind, lambda: load_trained_drafter(site, kind))
         return DFlashDraft(site.target, drafter, found, sample=site.config.draft_sampling)
 
     return build

@@ -17,15 +17,12 @@ from typing import Sequence
 
 import numpy as np
 
-from specrun.backend import Context, Model, ModelOptions
+from specrun.backend import Context, Model
 from specrun.backend.mtp import MtpHead
 from specrun.core.sequences import common_prefix
 from specrun.drafts.base import Decodes, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 from specrun.drafts.feeding import Picker, guessed
-from specrun.drafts.registry import SourceSite, register
-from specrun.errors import SpecrunError
-from specrun.headers.arch import drafter_misfit, trained_drafter
-from specrun.headers.read import read_keys
+from specrun.drafts.registry import SourceSite, load_trained_drafter, register
 
 
 class Eagle3Draft:
@@ -117,30 +114,9 @@ class Eagle3Draft:
         self.head.truncate(max(keep - 1, 0))
 
 
-def _load(site: SourceSite) -> tuple[Model, tuple[int, ...]]:
-    """The drafter, loaded once for every stream, and the target layers it reads; one line where
-    it cannot read this target, before any decode."""
-    c, target = site.config, site.target.model
-    if c.draft is None:
-        raise SpecrunError("the eagle3 source needs an EAGLE-3 drafter: pass --draft FILE (specrun.load(target, draft))")
-    keys = read_keys(c.draft)
-    found = trained_drafter(keys.meta, keys.tensor_names)
-    if found is None or found.kind != "eagle3":
-        raise SpecrunError(f"{c.draft.name} is not an EAGLE-3 drafter ({keys.meta.get('general.architecture')})")
-    placement = ModelOptions(n_gpu_layers=c.draft_n_gpu_layers, rpc_servers=c.draft_rpc)
-    drafter = site.resources.load_model(c.draft, "draft", placement)
-    problem = drafter_misfit(found, drafter.n_vocab, target.n_layer, target.n_embd, target.n_vocab)
-    if problem:
-        raise SpecrunError(
-            f"the EAGLE-3 drafter {c.draft.name} does not fit the target {c.target.name}: {problem}; "
-            "give the drafter trained for this target"
-        )
-    return drafter, found.target_layers
-
-
 def _build(site: SourceSite) -> Eagle3Draft:
-    drafter, layers = site.resources.once("eagle3", lambda: _load(site))
-    return Eagle3Draft(site.target, drafter, layers, sample=site.config.draft_sampling)
+    drafter, found = site.resources.once("eagle3", lambda: load_trained_drafter(site, "eagle3"))
+    return Eagle3Draft(site.target, drafter, found.target_layers, sample=site.config.draft_sampling)
 
 
 register("eagle3", _build, follow=Eagle3Draft.follow)

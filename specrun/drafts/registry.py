@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 from specrun.backend import Context, ContextOptions, Model, ModelOptions, ThreadPool
 from specrun.errors import SpecrunError
-from specrun.headers.arch import trained_drafter
+from specrun.headers.arch import TRAINED_DRAFTERS, TrainedDrafter, drafter_misfit, trained_drafter
 from specrun.headers.read import read_keys
 from specrun.settings import BATCH
 
@@ -158,6 +158,30 @@ def draft_file_kind(path: Path) -> str:
         return "draft"
     drafter = trained_drafter(keys.meta, keys.tensor_names)
     return drafter.kind if drafter else "draft"
+
+
+def load_trained_drafter(site: SourceSite, kind: str) -> tuple[Model, TrainedDrafter]:
+    """The `kind` drafter of `--draft`, loaded (once per session, through `Resources.once`), and what
+    its header says; one line where it is no such drafter or cannot read this target, before any decode."""
+    c, target, name = site.config, site.target.model, TRAINED_DRAFTERS[kind]
+    a = "an" if name[0] in "AEIOU" else "a"
+    if c.draft is None:
+        raise SpecrunError(f"the {kind} source needs {a} {name} drafter: pass --draft FILE (specrun.load(target, draft))")
+    keys = read_keys(c.draft)
+    found = trained_drafter(keys.meta, keys.tensor_names)
+    if found is None or found.kind != kind:
+        raise SpecrunError(
+            f"{c.draft.name} is not {a} {name} drafter ({found.name if found else keys.meta.get('general.architecture')})"
+        )
+    placement = ModelOptions(n_gpu_layers=c.draft_n_gpu_layers, rpc_servers=c.draft_rpc)
+    drafter = site.resources.load_model(c.draft, "draft", placement)
+    problem = drafter_misfit(found, drafter.n_vocab, target.n_layer, target.n_embd, target.n_vocab)
+    if problem:
+        raise SpecrunError(
+            f"the {name} drafter {c.draft.name} does not fit the target {c.target.name}: {problem}; "
+            "give the drafter trained for this target"
+        )
+    return drafter, found
 
 
 def named_by_draft(draft: object) -> str | None:
