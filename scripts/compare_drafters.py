@@ -18,13 +18,12 @@ import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.libr
 
 # isort: split
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
 
 from compare_llama_cpp import build_tools
-from compare_mtp import compare, llama_drafts, specrun_drafts
+from compare_mtp import arguments, compare, llama_drafts, specrun_drafts
 
 from specrun.config import SessionConfig
 from specrun.drafts.dflash import DFlashDraft
@@ -61,11 +60,8 @@ SOURCES = {"eagle3": Eagle3Draft, "dflash": DFlashDraft, "dspark": DFlashDraft}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arguments(__doc__.splitlines()[0])
     parser.add_argument("--kinds", default="eagle3,dflash,dspark")
-    parser.add_argument("--k", default="1,2,3,4")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "llama-tools")
     args = parser.parse_args()
     bin_dir = build_tools(args.build, ["llama-server"])
     with tempfile.TemporaryDirectory() as tmp:

@@ -133,12 +133,17 @@ def compare(theirs: tuple[list[list[int]], list[int]], ours: tuple[list[list[int
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The options every comparison takes: the ks, the tokens generated, where llama.cpp is built."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--k", default="1,2,3,4")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--build", type=Path, default=Path(tempfile.gettempdir()) / "llama-tools")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0]).parse_args()
     bin_dir = build_tools(args.build, ["llama-server"])
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_qwen35(Path(tmp) / "qwen35-mtp.gguf", nextn=True, trunk_scale=0.5, mtp_agree=1.0, mtp_scale=0.3)

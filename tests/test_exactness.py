@@ -165,6 +165,16 @@ def sample(make_generator: Callable[[int], Generator], prompt: list[int], seeds:
     return runs
 
 
+def assert_deep_and_exact(session, exact: Exact, settings: SamplerSettings) -> None:
+    """A trained drafter's or MTP head's sampled drafts over SEEDS seeds: kept part of the time,
+    reaching rows 2 and 3 of the step that drafts in at least a third and a fifth of the seeds,
+    and every row distributed as the target's for its history."""
+    runs = sample(lambda seed: session.generator(sampler=replace(settings, seed=seed)), exact.prompt, range(SEEDS))
+    assert 0.05 < runs.accepted / runs.drafted < 0.95, (runs.accepted, runs.drafted)
+    assert runs.reached(2) >= 1 / 3 and runs.reached(3) >= 1 / 5, runs.depths
+    assert exact.p_value(runs, settings) > MIN_P
+
+
 class Exact:
     """The distribution of each token after a prompt and the tokens before it, from fresh contexts
     (one row at a time, as the rig) and the sampler's own chain (checked against llama.cpp's in

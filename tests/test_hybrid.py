@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 from reference import TINY_ATOL, FreshContexts, assert_greedy_choice, assert_reads_match, record_reads
-from test_exactness import MIN_P, RULES, SEEDS, TOKENS, Exact, sample, sampler_rules
+from test_exactness import RULES, TOKENS, Exact, assert_deep_and_exact, sampler_rules
 from tinyhybrid import write_tiny_mamba, write_tiny_qwen35
 
 from specrun.backend import Context, ContextOptions, Model, ModelOptions
@@ -156,10 +156,7 @@ def test_mtp_drafts_sample_like_the_target(mtp_exact, rule):
     same text) and verified by the p/q rule: every token at rows 0-3 of the step that drafts, and
     after, follows the target's own distribution for its history (test_exactness's check)."""
     session, exact, rules = mtp_exact
-    runs = sample(lambda seed: session.generator(sampler=replace(rules[rule], seed=seed)), exact.prompt, range(SEEDS))
-    assert 0.05 < runs.accepted / runs.drafted < 0.95, (runs.accepted, runs.drafted)
-    assert runs.reached(2) >= 1 / 3 and runs.reached(3) >= 1 / 5, runs.depths
-    assert exact.p_value(runs, rules[rule]) > MIN_P
+    assert_deep_and_exact(session, exact, rules[rule])
 
 
 def test_the_mtp_head_follows_plain_generations_again_when_it_drafts(hybrid):

@@ -13,12 +13,11 @@ are rejected too. A drawn drafter of full-scale random weights fits each target 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 import httpx
 import pytest
 from serve_helpers import RunningServer
-from test_exactness import MIN_P, RULES, SEEDS, TOKENS, Exact, sample, sampler_rules
+from test_exactness import RULES, TOKENS, Exact, assert_deep_and_exact, sampler_rules
 from tinydrafters import write_agreeing_eagle3, write_tiny_dflash, write_tiny_eagle3
 from tinyhybrid import write_tiny_qwen35
 from tinymodels import write_tiny_llama
@@ -139,10 +138,7 @@ def test_drafts_sample_like_the_target(drafter_exact, rule):
     of the seeds and row 3 in 31-60%; DSpark (a Markov head of 0.3 units) kept 63-75%, reached
     row 2 in 57-69% and row 3 in 36-58% (with a head of 1 unit, row 3 in 21% under penalties)."""
     session, exact, rules = drafter_exact
-    runs = sample(lambda seed: session.generator(sampler=replace(rules[rule], seed=seed)), exact.prompt, range(SEEDS))
-    assert 0.05 < runs.accepted / runs.drafted < 0.95, (runs.accepted, runs.drafted)
-    assert runs.reached(2) >= 1 / 3 and runs.reached(3) >= 1 / 5, runs.depths
-    assert exact.p_value(runs, rules[rule]) > MIN_P
+    assert_deep_and_exact(session, exact, rules[rule])
 
 
 def test_the_kind_of_a_draft_file_is_read_from_its_header(files):
