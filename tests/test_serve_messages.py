@@ -115,6 +115,12 @@ def test_count_tokens_counts_the_prompt_a_message_runs_on(client):
             "no earlier tool_use block has the id 'toolu_1'",
         ),
         (ASK, {"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+        (
+            ASK,
+            {"tools": [{**WEATHER, "input_schema": {"type": "object", "properties": {"city": {"not": {}}}}}]},
+            "Invalid value for 'tools[0].input_schema'",  # named as sent, not as the chat body it runs as
+        ),
+        (ASK, {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "other"}}, "Invalid value for 'tool_choice.name'"),
         (ASK, {"extra_body": {"temperature": -1}}, "temperature"),
         ([{"role": "user", "content": 7}], {}, "messages[0].content"),
     ],

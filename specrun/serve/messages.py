@@ -12,6 +12,7 @@ envelope (`error_body`).
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Annotated, Any, AsyncIterator, Literal, Union
 
@@ -111,17 +112,38 @@ class MessagesBody(CountTokensBody):
     thinking: dict[str, Any] | None = None  # accepted: a model that reasons does so as its template says
 
 
+# Fields of the chat body a Messages request becomes, and the request's names for them.
+CHAT_FIELDS = (
+    (re.compile(r"^tools\[(\d+)\]\.function\.parameters"), r"tools[\1].input_schema"),
+    (re.compile(r"^tools\[(\d+)\]\.function\.name"), r"tools[\1].name"),
+    (re.compile(r"^tool_choice\.function\.name"), "tool_choice.name"),
+    (re.compile(r"^stop\b"), "stop_sequences"),
+)
+
+
 def parse_messages(raw: bytes) -> GenerationRequest:
     """A Messages request as the chat request it runs as; errors as `api.parse_chat`'s."""
     body = MessagesBody.model_validate_json(raw)
     sampling = body.model_dump(include={"max_tokens", "temperature", "top_p", "top_k", "stream"}, exclude_none=True)
-    chat = {**_chat(body), **sampling, "stop": [stop for stop in body.stop_sequences or () if stop]}
-    return api.parse_chat(json.dumps(chat).encode())
+    return _parse_chat({**_chat(body), **sampling, "stop": [stop for stop in body.stop_sequences or () if stop]})
 
 
 def parse_count(raw: bytes) -> GenerationRequest:
     """A count_tokens request as the chat request whose prompt it counts."""
-    return api.parse_chat(json.dumps(_chat(CountTokensBody.model_validate_json(raw))).encode())
+    return _parse_chat(_chat(CountTokensBody.model_validate_json(raw)))
+
+
+def _parse_chat(chat: dict[str, Any]) -> GenerationRequest:
+    """`api.parse_chat` of the translated body; an error about one of its fields names the field
+    the Messages request sent."""
+    try:
+        return api.parse_chat(json.dumps(chat).encode())
+    except ApiError as error:
+        theirs = error.param or ""
+        ours = next((pattern.sub(name, theirs) for pattern, name in CHAT_FIELDS if pattern.match(theirs)), theirs)
+        if ours == theirs:
+            raise
+        raise ApiError(error.status, error.message.replace(theirs, ours), ours, error.code, error.kind, error.headers) from None
 
 
 def _chat(body: CountTokensBody) -> dict[str, Any]:
