@@ -11,9 +11,11 @@ errors into OpenAI's error object. Builders turn a finished generation into
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from pydantic import ValidationError
 
@@ -129,6 +131,20 @@ def parse_chat(raw: bytes) -> GenerationRequest:
             "unsupported_parameter",
         )
     return request
+
+
+def parse_translated_chat(chat: dict[str, Any], renames: Sequence[tuple[re.Pattern, str]]) -> GenerationRequest:
+    """`parse_chat` of a body another protocol's request was translated into (serve/messages.py,
+    serve/responses_api.py); an error about one of its fields names the field that request sent,
+    by the first of `renames` (a pattern of the chat field, its replacement) that matches."""
+    try:
+        return parse_chat(json.dumps(chat).encode())
+    except ApiError as error:
+        theirs = error.param or ""
+        ours = next((pattern.sub(name, theirs) for pattern, name in renames if pattern.match(theirs)), theirs)
+        if ours == theirs:
+            raise
+        raise ApiError(error.status, error.message.replace(theirs, ours), ours, error.code, error.kind, error.headers) from None
 
 
 def parse_completion(raw: bytes) -> GenerationRequest:

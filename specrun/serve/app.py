@@ -9,7 +9,7 @@ import json
 import re
 import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Protocol
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
-from specrun.serve import api, messages, tokens
+from specrun.serve import api, messages, responses_api, responses_request, tokens
 from specrun.serve.api import ApiError, GenerationRequest
 from specrun.serve.jobs import Failed, Finished, Job, Started, Text
 from specrun.serve.messages import MessagesShape
@@ -90,6 +90,7 @@ def create_app(
     keyed = [Depends(key_check(api_key, metrics))]
     app.include_router(api_routes(worker, metrics, model), dependencies=keyed)
     app.include_router(anthropic_routes(worker, metrics, model), dependencies=keyed)
+    app.include_router(responses_routes(worker, metrics, model), dependencies=keyed)
     app.include_router(tokens.routes(worker), dependencies=keyed)
     add_page(app)
     return app
@@ -145,13 +146,20 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
             "context_tokens": session.target.n_ctx,
         }
 
+    def answered(parse: Callable[[bytes], GenerationRequest], shape: type[Shape]) -> Callable[[bytes], Prepared]:
+        def prepare(raw: bytes) -> Prepared:
+            parsed = parse(raw)
+            return parsed, OpenAIAnswer(shape(model), parsed.include_usage)
+
+        return prepare
+
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await generate(request, api.parse_chat, lambda _: OpenAIAnswer(ChatShape(model)), worker, metrics)
+        return await generate(request, answered(api.parse_chat, ChatShape), worker, metrics)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await generate(request, api.parse_completion, lambda _: OpenAIAnswer(CompletionShape(model)), worker, metrics)
+        return await generate(request, answered(api.parse_completion, CompletionShape), worker, metrics)
 
     return router
 
@@ -162,7 +170,11 @@ def anthropic_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
 
     @router.post("/v1/messages")
     async def anthropic_messages(request: Request) -> Response:
-        return await generate(request, messages.parse_messages, lambda parsed: MessagesShape(model, parsed), worker, metrics)
+        def prepare(raw: bytes) -> Prepared:
+            parsed = messages.parse_messages(raw)
+            return parsed, MessagesShape(model, parsed)
+
+        return await generate(request, prepare, worker, metrics)
 
     @router.post("/v1/messages/count_tokens")
     async def anthropic_count_tokens(request: Request) -> dict:
@@ -172,6 +184,26 @@ def anthropic_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
             metrics.reject("invalid")
             raise
         return {"input_tokens": await tokens.off_thread(worker, lambda _: worker.count_prompt_tokens(parsed))}
+
+    return router
+
+
+def responses_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
+    """OpenAI's Responses API (serve/responses_request.py, serve/responses_api.py) behind the API key, with the responses it keeps."""
+    router = APIRouter()
+    store = responses_request.ResponseStore()
+
+    @router.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        def prepare(raw: bytes) -> Prepared:
+            parsed = responses_request.parse_responses(raw, store)
+            return parsed.request, responses_api.ResponsesShape(model, parsed, store)
+
+        return await generate(request, prepare, worker, metrics)
+
+    @router.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> dict:
+        return store.find(response_id).body
 
     return router
 
@@ -198,18 +230,17 @@ class OpenAIAnswer:
         return _events(job, self.shape, self.include_usage)
 
 
-async def generate(
-    request: Request, parse, answer_for: Callable[[GenerationRequest], Answer], worker: Worker, metrics: Metrics
-) -> Response:
+Prepared = tuple[GenerationRequest, Answer]
+"""What a protocol's route makes of a body: the request the worker runs, and how it is answered."""
+
+
+async def generate(request: Request, prepare: Callable[[bytes], Prepared], worker: Worker, metrics: Metrics) -> Response:
     """One generation request: parsed, queued on the worker, answered whole or as server-sent events."""
     try:
-        parsed = parse(await request.body())
+        parsed, answer = prepare(await request.body())
     except (ApiError, ValidationError, SettingError):
         metrics.reject("invalid")
         raise
-    answer = answer_for(parsed)
-    if isinstance(answer, OpenAIAnswer):
-        answer = replace(answer, include_usage=parsed.include_usage)
     job = worker.submit(parsed, asyncio.get_running_loop())
     watch = asyncio.ensure_future(_disconnected(request))
     try:

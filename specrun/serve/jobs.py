@@ -13,7 +13,7 @@ from specrun.serve.api import ApiError, GenerationRequest
 from specrun.serve.logprobs import Scored
 from specrun.serve.responses import Outcome
 from specrun.serve.sources import SourcePiece
-from specrun.serve.tool_calls import CallPiece
+from specrun.serve.tool_calls import CallPiece, merged
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,21 @@ class Failed:
 
 
 Report = Union[Started, Text, CallPiece, Finished, Failed]
+
+
+def joined(reports: list[Report]) -> list[Report]:
+    """Reports that arrived together, consecutive text as one and a call's argument pieces as one:
+    fewer events, as OpenAI's stream joins them (app._events)."""
+    together: list[Report] = []
+    for report in reports:
+        last = together[-1] if together else None
+        if isinstance(report, Text) and isinstance(last, Text):
+            together[-1] = Text(last.text + report.text)
+        elif isinstance(report, CallPiece) and isinstance(last, CallPiece):
+            together[-1:] = merged([last, report])
+        else:
+            together.append(report)
+    return together
 
 
 class Job:

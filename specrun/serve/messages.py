@@ -21,9 +21,9 @@ from pydantic import BeforeValidator, Field
 from specrun.serve import api
 from specrun.serve.api import ApiError, GenerationRequest
 from specrun.serve.bodies import Strict, expecting
-from specrun.serve.jobs import Failed, Finished, Job, Report, Started, Text
+from specrun.serve.jobs import Failed, Finished, Job, Started, Text, joined
 from specrun.serve.responses import Outcome
-from specrun.serve.tool_calls import CallPiece, merged
+from specrun.serve.tool_calls import CallPiece
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors)
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large"}
@@ -125,25 +125,14 @@ def parse_messages(raw: bytes) -> GenerationRequest:
     """A Messages request as the chat request it runs as; errors as `api.parse_chat`'s."""
     body = MessagesBody.model_validate_json(raw)
     sampling = body.model_dump(include={"max_tokens", "temperature", "top_p", "top_k", "stream"}, exclude_none=True)
-    return _parse_chat({**_chat(body), **sampling, "stop": [stop for stop in body.stop_sequences or () if stop]})
+    return api.parse_translated_chat(
+        {**_chat(body), **sampling, "stop": [stop for stop in body.stop_sequences or () if stop]}, CHAT_FIELDS
+    )
 
 
 def parse_count(raw: bytes) -> GenerationRequest:
     """A count_tokens request as the chat request whose prompt it counts."""
-    return _parse_chat(_chat(CountTokensBody.model_validate_json(raw)))
-
-
-def _parse_chat(chat: dict[str, Any]) -> GenerationRequest:
-    """`api.parse_chat` of the translated body; an error about one of its fields names the field
-    the Messages request sent."""
-    try:
-        return api.parse_chat(json.dumps(chat).encode())
-    except ApiError as error:
-        theirs = error.param or ""
-        ours = next((pattern.sub(name, theirs) for pattern, name in CHAT_FIELDS if pattern.match(theirs)), theirs)
-        if ours == theirs:
-            raise
-        raise ApiError(error.status, error.message.replace(theirs, ours), ours, error.code, error.kind, error.headers) from None
+    return api.parse_translated_chat(_chat(CountTokensBody.model_validate_json(raw)), CHAT_FIELDS)
 
 
 def _chat(body: CountTokensBody) -> dict[str, Any]:
@@ -249,7 +238,7 @@ class MessagesShape:
             yield _event("message_start", {"type": "message_start", "message": head})
             yield _event("ping", {"type": "ping"})
             while True:
-                for report in _joined([await job.next(), *job.ready()]):
+                for report in joined([await job.next(), *job.ready()]):
                     if isinstance(report, (Text, CallPiece)):
                         for name, body in blocks.add(report):
                             yield _event(name, body)
@@ -270,21 +259,6 @@ class MessagesShape:
         return [*blocks.close(), ("message_delta", {"type": "message_delta", "delta": self._end(outcome), "usage": usage})] + [
             ("message_stop", {"type": "message_stop"})
         ]
-
-
-def _joined(reports: list[Report]) -> list[Report]:
-    """Reports that arrived together, consecutive text as one and a call's argument pieces as one:
-    fewer events, as OpenAI's stream joins them (app._events)."""
-    joined: list[Report] = []
-    for report in reports:
-        last = joined[-1] if joined else None
-        if isinstance(report, Text) and isinstance(last, Text):
-            joined[-1] = Text(last.text + report.text)
-        elif isinstance(report, CallPiece) and isinstance(last, CallPiece):
-            joined[-1:] = merged([last, report])
-        else:
-            joined.append(report)
-    return joined
 
 
 class _Blocks:
