@@ -55,8 +55,9 @@ def post(url: str, body: dict, timeout: float = 600) -> dict:
 
 
 @contextmanager
-def llama_server(bin_dir: Path, model: Path, spec_type: str, threads: int, log: Path):
-    """One llama-server on a free loopback port, ready and warmed up; stopped by its process id."""
+def llama_server(bin_dir: Path, model: Path, spec_type: str, threads: int, log: Path, extra: tuple[str, ...] = ()):
+    """One llama-server on a free loopback port, ready and warmed up; stopped by its process id.
+    `extra`: more of its options."""
     port = free_port()
     cmd = [
         bin_dir / "llama-server",
@@ -79,6 +80,7 @@ def llama_server(bin_dir: Path, model: Path, spec_type: str, threads: int, log: 
     ]  # as specrun runs
     if spec_type != "none":
         cmd += ["--spec-type", spec_type]
+    cmd += extra
     with log.open("a") as out:
         process = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -71,6 +71,20 @@ _SPECIAL = [
 ]
 _BYTES = [(f"<0x{b:02X}>", gguf.TokenType.BYTE) for b in range(256)]
 _PIECES = _base_pieces()
+# write_tiny_llama(fim=True): the bytes 0x01-0x05 stand for the prefix, suffix, middle, repository and file separator tokens
+FIM_IDS = {
+    key: len(_SPECIAL) + byte
+    for byte, key in enumerate(
+        (
+            gguf.Keys.Tokenizer.FIM_PRE_ID,
+            gguf.Keys.Tokenizer.FIM_SUF_ID,
+            gguf.Keys.Tokenizer.FIM_MID_ID,
+            gguf.Keys.Tokenizer.FIM_REP_ID,
+            gguf.Keys.Tokenizer.FIM_SEP_ID,
+        ),
+        start=1,
+    )
+}
 # Scores rank merges in SPM: earlier pieces win. Tied to the text, not the id, so the
 # "different" vocabulary splits text into the same strings as "base".
 _SCORE = {piece: -float(i) for i, piece in enumerate(_PIECES)}
@@ -217,6 +231,7 @@ def write_tiny_llama(
     endless: bool = False,
     layer_scale: float = 1.0,
     steady: float = 0.0,
+    fim: bool = False,
 ) -> Path:
     """Write a tiny random llama GGUF (float32 weights) and return its path.
 
@@ -233,6 +248,7 @@ def write_tiny_llama(
     it a little, so a drafter blind to the tokens before a row still guesses it (tinydrafters' DFlash).
     `endless`: the end-of-sequence row of the output head is zero, so its logit is 0 against the
     others' spread of several units: greedy decoding never ends a generation before -n.
+    `fim`: the file names fill-in-the-middle tokens (FIM_IDS: byte tokens no test text holds).
     """
     tokens = vocab_tokens(vocab) if vocab != "gpt2" else [(text, 0.0, kind) for text, kind in gpt2_vocab()[0]]
     n_vocab = len(tokens)
@@ -276,6 +292,9 @@ def write_tiny_llama(
     w.add_add_eos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
+    if fim:
+        for key, token in FIM_IDS.items():
+            w.add_uint32(key, token)
 
     tensors = (
         {} if vocab_only else _tensors(seed, n_vocab, n_layer, n_embd, n_head, n_head_kv, n_ff, logit_std, layer_scale, steady)

@@ -19,7 +19,7 @@ from specrun.backend.context import Context, ContextFull, ContextOptions
 from specrun.backend.devices import compiled_devices, local_gpu_free_bytes
 from specrun.backend.info import system_info
 from specrun.backend.library import MIN_VERSION, RAW_API, check_install, llama_cpp_version
-from specrun.backend.model import Closed, Model, ModelOptions, check_gguf_file
+from specrun.backend.model import Closed, FimTokens, Model, ModelOptions, check_gguf_file
 from specrun.backend.rpc_link import RPC_BUILD, check_rpc, rpc_servers, rpc_supported
 from specrun.backend.threads import ThreadPool
 
@@ -31,6 +31,7 @@ __all__ = [
     "Context",
     "ContextFull",
     "ContextOptions",
+    "FimTokens",
     "Model",
     "ModelOptions",
     "ThreadPool",

@@ -12,7 +12,7 @@ import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from specrun.backend import rpc_link
 from specrun.backend.compat import VocabFacts
@@ -40,6 +40,17 @@ class ModelOptions:
     rpc_timeout: float = 300.0  # seconds one decode may wait for the RPC servers; 0 waits forever
     vocab_only: bool = False  # the tokenizer alone, no weights (a second or less, even for a 262k vocabulary)
     load_mtp: bool = False  # also load the model's MTP (NextN) layers, which draft for it
+
+
+class FimTokens(NamedTuple):
+    """A vocabulary's fill-in-the-middle tokens: prefix, suffix, middle (all three, or no infill),
+    and the repository and file separators of repo-level prompts (None: the vocabulary has none)."""
+
+    pre: int | None
+    suf: int | None
+    mid: int | None
+    rep: int | None
+    sep: int | None
 
 
 def check_gguf_file(path: Path, role: str, weights: bool = True) -> None:
@@ -257,6 +268,14 @@ class Model:
             add_eos=bool(L.llama_vocab_get_add_eos(self._vocab)),
             tokens=[t.decode("utf-8", "replace") for t in texts],
         )
+
+    @cached_property
+    def fim_tokens(self) -> FimTokens:
+        """The fill-in-the-middle tokens of the vocabulary (None where it has none), as llama.cpp
+        found them: named in the file, or known by their text."""
+        L, vocab = llama(), self._vocab
+        found = (getattr(L, f"llama_vocab_fim_{name}")(vocab) for name in FimTokens._fields)
+        return FimTokens(*(None if token < 0 else token for token in found))
 
     @property
     def eot(self) -> int:

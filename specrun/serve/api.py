@@ -78,9 +78,22 @@ class ApiError(Exception):
 
 
 @dataclass(frozen=True)
+class Infill:
+    """What fills the middle of a file (llama-server's /infill): the text before and after it,
+    other files as (name, text), and the text the middle starts with."""
+
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...] = ()
+    prompt: str = ""
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     messages: list[dict[str, Any]] | None = None  # a chat request: its turns (Message.turn)
     prompt: str | None = None  # a completion request
+    prompt_tokens: tuple[int, ...] | None = None  # a completion request's prompt as token ids (llama-server's)
+    infill: Infill | None = None  # a fill-in-the-middle request (llama-server's /infill)
     max_tokens: int | None = None  # None: the server's default
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplerSettings overrides, checked by the library's rules
     seed: int | None = None  # None: the server's; a negative seed draws a fresh one
@@ -94,6 +107,7 @@ class GenerationRequest:
     tools: ToolRequest | None = None  # the tools a chat reply may call (none with tool_choice "none")
     pieces: bool = False  # `specrun.pieces`: stream chunks carry their text split by how it came (serve/sources.py)
     logprobs: int | None = None  # each token's log-probability and this many alternatives (None: not asked)
+    return_tokens: bool = False  # llama-server's: the reply's token ids too
 
     @property
     def chat(self) -> bool:
@@ -105,32 +119,21 @@ def parse_chat(raw: bytes) -> GenerationRequest:
     ApiError for a field specrun cannot honour."""
     body = ChatBody.model_validate_json(raw)
     tools = _tools(body)
-    request = _request(body, messages=[message.turn() for message in body.messages], tools=tools, logprobs=_chat_logprobs(body))
+    request = checked_request(
+        body, messages=[message.turn() for message in body.messages], tools=tools, logprobs=_chat_logprobs(body)
+    )
     if tools is not None and request.logprobs is not None:
-        raise ApiError(
-            400,
-            "Unsupported parameter: 'logprobs' together with 'tools': a reply's calls carry no log probabilities "
-            '(send one or the other, or tool_choice "none").',
-            "logprobs",
-            "unsupported_parameter",
-        )
+        why = 'a reply\'s calls carry no log probabilities (send one or the other, or tool_choice "none").'
+        raise _not_with_tools("logprobs", why)
     if tools is not None and request.pieces:
-        raise ApiError(
-            400,
-            "Unsupported parameter: 'specrun.pieces' together with 'tools': a reply's calls are not split by "
-            "how their tokens came (send one or the other).",
-            "specrun.pieces",
-            "unsupported_parameter",
-        )
+        raise _not_with_tools("specrun.pieces", "a reply's calls are not split by how their tokens came (send one or the other).")
     if tools is not None and request.grammar is not None:
-        raise ApiError(
-            400,
-            f"Unsupported parameter: '{request.grammar_param}' together with 'tools': hold the reply to "
-            'one or the other (or send tool_choice "none").',
-            request.grammar_param,
-            "unsupported_parameter",
-        )
+        raise _not_with_tools(str(request.grammar_param), 'hold the reply to one or the other (or send tool_choice "none").')
     return request
+
+
+def _not_with_tools(param: str, why: str) -> ApiError:
+    return ApiError(400, f"Unsupported parameter: '{param}' together with 'tools': {why}", param, "unsupported_parameter")
 
 
 def parse_translated_chat(chat: dict[str, Any], renames: Sequence[tuple[re.Pattern, str]]) -> GenerationRequest:
@@ -152,7 +155,7 @@ def parse_completion(raw: bytes) -> GenerationRequest:
     ApiError for a field specrun cannot honour."""
     body = CompletionBody.model_validate_json(raw)
     check(logprobs=body.logprobs)
-    return _request(body, prompt=body.prompt, logprobs=body.logprobs)
+    return checked_request(body, prompt=body.prompt, logprobs=body.logprobs)
 
 
 def _chat_logprobs(body: ChatBody) -> int | None:
@@ -166,7 +169,7 @@ def _chat_logprobs(body: ChatBody) -> int | None:
     return (body.top_logprobs or 0) if body.logprobs else None
 
 
-def _request(body: Body, **what: Any) -> GenerationRequest:
+def checked_request(body: Body, **what: Any) -> GenerationRequest:
     """What the worker runs, every setting checked by the library's rule."""
     _refuse_unsupported(body)
     if body.n not in (None, 1):

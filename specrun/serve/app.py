@@ -1,37 +1,33 @@
-"""The HTTP layer: FastAPI routes over the worker, server-sent events, API keys, error objects."""
+"""The HTTP layer: FastAPI routes over the worker (each protocol's through serve/generation.py), API keys, error objects."""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import ipaddress
-import json
 import re
 import socket
 import time
-from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Protocol
+from typing import Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
 from specrun.serve import api, messages, responses_api, responses_request, tokens
+from specrun.serve import native as native_routes
 from specrun.serve.api import ApiError, GenerationRequest
-from specrun.serve.jobs import Failed, Finished, Job, Started, Text
+from specrun.serve.generation import OpenAIAnswer, Prepared, generate
 from specrun.serve.messages import MessagesShape
 from specrun.serve.metrics import MEDIA_TYPE, Metrics
+from specrun.serve.native import NativeShape
 from specrun.serve.page import add_page
-from specrun.serve.responses import ChatShape, CompletionShape, Outcome, Shape
-from specrun.serve.sources import join_pieces
-from specrun.serve.tool_calls import CallPiece, merged
+from specrun.serve.responses import ChatShape, CompletionShape, Shape
 from specrun.serve.worker import Worker
 from specrun.settings import SettingError
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # The names of this machine, for the Host check and for CORS alike: these, *.localhost and loopback addresses.
 LOCAL_NAMES = ("localhost", socket.gethostname().lower())
 # Browser pages served from this machine may call the API, as Ollama allows by default; other
@@ -43,10 +39,6 @@ LOCAL_ORIGINS = (
 
 # The errors a request can meet that are answered with OpenAI's error object (error_object).
 REQUEST_ERRORS = (ApiError, ValidationError, SettingError, HTTPException)
-
-
-class ClientGone(Exception):
-    """The client closed the connection while its request waited or ran."""
 
 
 def create_app(
@@ -74,6 +66,7 @@ def create_app(
         app.add_exception_handler(kind, error_object)
 
     @app.get("/health")  # unkeyed: load balancers and supervisors ask it
+    @app.get("/v1/health")
     async def health() -> JSONResponse:
         refusal = worker.unavailable()
         if refusal is not None:
@@ -91,6 +84,7 @@ def create_app(
     app.include_router(api_routes(worker, metrics, model), dependencies=keyed)
     app.include_router(anthropic_routes(worker, metrics, model), dependencies=keyed)
     app.include_router(responses_routes(worker, metrics, model), dependencies=keyed)
+    app.include_router(llama_server_routes(worker, metrics, model), dependencies=keyed)
     app.include_router(tokens.routes(worker), dependencies=keyed)
     add_page(app)
     return app
@@ -124,6 +118,7 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
     created = int(time.time())
 
     @router.get("/v1/models")
+    @router.get("/models")  # llama-server's unprefixed alias
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "specrun"}]}
 
@@ -154,12 +149,37 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
         return prepare
 
     @router.post("/v1/chat/completions")
+    @router.post("/chat/completions")  # llama-server's unprefixed alias
     async def chat_completions(request: Request) -> Response:
         return await generate(request, answered(api.parse_chat, ChatShape), worker, metrics)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await generate(request, answered(api.parse_completion, CompletionShape), worker, metrics)
+
+    return router
+
+
+def llama_server_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
+    """llama-server's native /completion (also /completions, as it maps it) and /infill
+    (serve/native.py) behind the API key."""
+    router = APIRouter()
+
+    def native(parse: Callable[[bytes], GenerationRequest]) -> Callable[[bytes], Prepared]:
+        def prepare(raw: bytes) -> Prepared:
+            parsed = parse(raw)
+            return parsed, NativeShape(model, parsed)
+
+        return prepare
+
+    @router.post("/completion")
+    @router.post("/completions")  # as llama-server maps it: its native completion, not OpenAI's
+    async def native_completion(request: Request) -> Response:
+        return await generate(request, native(native_routes.parse_completion), worker, metrics)
+
+    @router.post("/infill")
+    async def infill(request: Request) -> Response:
+        return await generate(request, native(native_routes.parse_infill), worker, metrics)
 
     return router
 
@@ -194,6 +214,7 @@ def responses_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
     store = responses_request.ResponseStore()
 
     @router.post("/v1/responses")
+    @router.post("/responses")  # llama-server's unprefixed alias
     async def create_response(request: Request) -> Response:
         def prepare(raw: bytes) -> Prepared:
             parsed = responses_request.parse_responses(raw, store)
@@ -206,61 +227,6 @@ def responses_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
         return store.find(response_id).body
 
     return router
-
-
-class Answer(Protocol):
-    """How a protocol answers a generation: its body for the whole outcome, or its events."""
-
-    def response(self, outcome: Outcome) -> dict: ...
-
-    def events(self, job: Job, started: Started) -> AsyncIterator[str]: ...
-
-
-@dataclass(frozen=True)
-class OpenAIAnswer:
-    """OpenAI's bodies and stream chunks (`shape`), and `stream_options.include_usage`."""
-
-    shape: Shape
-    include_usage: bool = False
-
-    def response(self, outcome: Outcome) -> dict:
-        return self.shape.response(outcome)
-
-    def events(self, job: Job, started: Started) -> AsyncIterator[str]:
-        return _events(job, self.shape, self.include_usage)
-
-
-Prepared = tuple[GenerationRequest, Answer]
-"""What a protocol's route makes of a body: the request the worker runs, and how it is answered."""
-
-
-async def generate(request: Request, prepare: Callable[[bytes], Prepared], worker: Worker, metrics: Metrics) -> Response:
-    """One generation request: parsed, queued on the worker, answered whole or as server-sent events."""
-    try:
-        parsed, answer = prepare(await request.body())
-    except (ApiError, ValidationError, SettingError):
-        metrics.reject("invalid")
-        raise
-    job = worker.submit(parsed, asyncio.get_running_loop())
-    watch = asyncio.ensure_future(_disconnected(request))
-    try:
-        first = await _next(job, watch)
-        if isinstance(first, Failed):
-            raise first.error
-        if parsed.stream:
-            assert isinstance(first, Started)  # a job's first report: it failed or started
-            return StreamingResponse(answer.events(job, first), media_type="text/event-stream", headers=SSE_HEADERS)
-        while not isinstance(report := await _next(job, watch), (Finished, Failed)):
-            pass  # the outcome carries the whole text
-        if isinstance(report, Failed):
-            raise report.error
-        if report.outcome.finish_reason == "abort":
-            raise _stopping()
-        return JSONResponse(answer.response(report.outcome))
-    except ClientGone:
-        return Response(status_code=499)  # nobody reads it; the job is cancelled
-    finally:
-        watch.cancel()
 
 
 async def error_object(request: Request, error: Exception) -> JSONResponse:
@@ -329,71 +295,3 @@ def is_local_host(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _next(job: Job, watch: asyncio.Future) -> object:
-    """The job's next report, unless the client leaves first (then the job is cancelled)."""
-    getter = asyncio.ensure_future(job.next())
-    await asyncio.wait({getter, watch}, return_when=asyncio.FIRST_COMPLETED)
-    if getter.done():
-        return getter.result()
-    getter.cancel()
-    job.cancel()
-    raise ClientGone
-
-
-async def _events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: text chunks, tool call chunks, the finishing chunk with timings, usage
-    if asked, [DONE]. A reply's text comes before its calls, so a batch of reports keeps that order.
-
-    Starlette stops this generator when the client disconnects; `finally` then cancels the job.
-    """
-    try:
-        for chunk in shape.opening_chunks():
-            yield _sse(chunk)
-        while True:
-            reports = [await job.next(), *job.ready()]
-            texts = [r for r in reports if isinstance(r, Text)]
-            text = "".join(r.text for r in texts)
-            if text:
-                scored = None if texts[0].logprobs is None else tuple(s for r in texts for s in r.logprobs or ())
-                yield _sse(shape.chunk(text, _page_field(texts), scored))
-            for piece in merged([r for r in reports if isinstance(r, CallPiece)]):
-                yield _sse(shape.call_chunk(piece))
-            end = reports[-1]
-            if isinstance(end, Failed):
-                yield _sse(end.error.body())
-                return
-            if isinstance(end, Finished):
-                if end.outcome.finish_reason == "abort":
-                    yield _sse(_stopping().body())
-                    return
-                yield _sse(shape.final_chunk(end.outcome, None if end.stats is None else {"stats": end.stats}))
-                if include_usage:
-                    yield _sse(shape.usage_chunk(end.outcome))
-                yield "data: [DONE]\n\n"
-                return
-    finally:
-        job.cancel()
-
-
-def _page_field(texts: list[Text]) -> dict | None:
-    """The `specrun` field of a chunk made of these reports' text, when the request asked for it."""
-    stats = texts[-1].stats
-    if stats is None:
-        return None
-    pieces = join_pieces([piece for text in texts for piece in text.pieces])
-    return {"pieces": [piece.body() for piece in pieces], "stats": stats}
-
-
-def _stopping() -> ApiError:
-    return ApiError(503, "the server is shutting down: the generation was stopped", code="unavailable", kind="unavailable_error")
-
-
-def _sse(body: dict) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"

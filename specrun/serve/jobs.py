@@ -45,7 +45,7 @@ Report = Union[Started, Text, CallPiece, Finished, Failed]
 
 def joined(reports: list[Report]) -> list[Report]:
     """Reports that arrived together, consecutive text as one and a call's argument pieces as one:
-    fewer events, as OpenAI's stream joins them (app._events)."""
+    fewer events, as OpenAI's stream joins them (generation._events)."""
     together: list[Report] = []
     for report in reports:
         last = together[-1] if together else None

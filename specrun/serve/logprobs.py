@@ -15,6 +15,7 @@ from specrun.core.events import OnToken, StopReason, TokenEvent
 
 @dataclass(frozen=True)
 class Alternative:
+    id: int  # the token's id, which llama-server reports
     text: str  # the token's piece, decoded (a partial UTF-8 sequence shows as U+FFFD)
     raw: bytes  # the piece's bytes, which OpenAI reports as `bytes`
     logprob: float
@@ -63,4 +64,4 @@ class LogprobWatch:
 
     def _alternative(self, token: int, logprob: float) -> Alternative:
         raw = self.piece(token)
-        return Alternative(raw.decode("utf-8", "replace"), raw, logprob)
+        return Alternative(token, raw.decode("utf-8", "replace"), raw, logprob)

@@ -59,7 +59,15 @@ class Reporter:
             if self.scores is not None:
                 self.scores.release(0)  # a last token whose bytes never made a character: it has no text to wait for
             logprobs = tuple(self.scores.released) if self.scores is not None else None
-            return Outcome(reply.text, finish_reason, prompt_tokens, reply.stats, logprobs=logprobs, stop=reply.stop)
+            return Outcome(
+                reply.text,
+                finish_reason,
+                prompt_tokens,
+                reply.stats,
+                logprobs=logprobs,
+                stop=reply.stop,
+                tokens=tuple(reply.tokens),
+            )
         calls = tuple(self.reader.calls)
         if calls and finish_reason == "stop":
             finish_reason = "tool_calls"

@@ -25,6 +25,7 @@ class Outcome:
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[Scored, ...] | None = None  # asked for: the kept tokens'
     stop: str | None = None  # the stop string that ended it, the request's or the chat template's
+    tokens: tuple[int, ...] = ()  # the reply's token ids (its text's, as kept)
 
 
 def usage(outcome: Outcome) -> dict:

@@ -35,6 +35,7 @@ from specrun.serve.api import ApiError, GenerationRequest, invalid_value, settin
 from specrun.serve.jobs import Failed, Finished, Job, Started
 from specrun.serve.logprobs import LogprobWatch
 from specrun.serve.metrics import Metrics
+from specrun.serve.native import infill_tokens
 from specrun.serve.reporter import Reporter
 from specrun.serve.sources import SourceLabels
 from specrun.serve.tool_calls import CallReader
@@ -290,9 +291,16 @@ class Worker:
             rendered = self._rendered(request)
             tokens, text, _ = self._transcript.prompt(rendered.text)
             prompt = Prompt(tokens, text, rendered.stops + request.stops)
+        elif request.infill is not None:
+            target = self._loaded.target
+            n_predict = -1 if self.max_tokens is None else self.max_tokens  # llama-server's reads its own -n, too
+            tokens = infill_tokens(self._loaded.target_model, request.infill, target.n_batch, n_predict, target.n_ctx)
+            prompt = Prompt(tokens, request.infill.prompt, request.stops)
+        elif request.prompt_tokens is not None:
+            prompt = Prompt(self._token_ids(request.prompt_tokens), "", request.stops)
         else:
             if request.prompt is None:
-                raise ValueError("a request carries either messages or a prompt")
+                raise ValueError("a request carries messages, a prompt or an infill")
             prompt = Prompt(self._loaded.tokenize(request.prompt), request.prompt, request.stops)
         n_ctx = self._loaded.target.n_ctx
         if not prompt.tokens:
@@ -314,6 +322,14 @@ class Worker:
                 "context_length_exceeded",
             )
         return prompt
+
+    def _token_ids(self, tokens: tuple[int, ...]) -> list[int]:
+        """A prompt given as token ids, each checked against the vocabulary."""
+        n_vocab = self._loaded.target_model.n_vocab
+        wrong = next((token for token in tokens if not 0 <= token < n_vocab), None)
+        if wrong is not None:
+            raise invalid_value("prompt", f"token id {wrong} is not in the vocabulary, whose ids run from 0 to {n_vocab - 1}.")
+        return list(tokens)
 
     def _generator(self, request: GenerationRequest, slot: int) -> Generator:
         try:
