@@ -8,10 +8,13 @@ import json
 
 import httpx
 import pytest
+from llama_cpp import llama_chat_format as lcf
 from serve_helpers import RunningServer
+from test_serve_tools import HERMES_TEMPLATE
 from tinymodels import FIM_IDS, write_tiny_llama
 
 from specrun.backend import Model
+from specrun.chat.formats import ChatFormat
 from specrun.config import SessionConfig
 from specrun.serve.api import Infill
 from specrun.serve.native import REPOSITORY_LINE, infill_tokens
@@ -135,3 +138,65 @@ def test_llama_servers_unprefixed_aliases(server):
     chat = post(server, "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).json()
     assert chat["object"] == "chat.completion"
     assert post(server, "/responses", {"input": "hi", "max_output_tokens": 2}).json()["object"] == "response"
+
+
+def test_props_slots_and_apply_template(server, fim_model):
+    props = httpx.get(f"{server.url}/props").json()
+    assert props["total_slots"] == 1 and props["default_generation_settings"]["n_ctx"] == 2048
+    assert props["model_path"] == str(fim_model) and props["bos_token"] == "<s>"
+    assert props["default_generation_settings"]["params"]["temperature"] == 0.0
+    assert httpx.get(f"{server.url}/slots").json() == [{"id": 0, "n_ctx": 2048, "is_processing": False}]
+    turns = [{"role": "user", "content": "hi"}]
+    prompt = post(server, "/apply-template", {"messages": turns}).json()["prompt"]
+    assert prompt == "User: hi\nAssistant:"  # no template in the file: the plain transcript
+    assert post(server, "/apply-template", {"messages": turns, "add_generation_prompt": False}).json()["prompt"] == "User: hi\n"
+
+
+def test_a_last_assistant_message_is_continued_as_llama_server_continues_it(server):
+    """A prefill: the reply goes on from the assistant's text, as the same prompt sent to /completion does."""
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the cat"}]
+    assert post(server, "/apply-template", {"messages": turns}).json()["prompt"] == "User: hi\nAssistant:the cat"
+    chat = post(server, "/v1/chat/completions", {"messages": turns, "max_tokens": 8}).json()
+    native = post(server, "/completion", {"prompt": "User: hi\nAssistant:the cat", "n_predict": 8}).json()
+    assert chat["choices"][0]["message"]["content"] == native["content"]
+    explicit = {"messages": turns, "continue_final_message": True, "add_generation_prompt": False}
+    assert post(server, "/apply-template", explicit).json()["prompt"] == "User: hi\nAssistant:the cat"
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        ({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}, "send add_generation_prompt false"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": "b"},
+                    {"role": "assistant", "content": "c"},
+                ]
+            },
+            "two or more assistant messages",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "a"}], "continue_final_message": True, "add_generation_prompt": False},
+            "must be an assistant's text",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "a"}], "continue_final_message": "reasoning_content"},
+            "continue_final_message",
+        ),
+    ],
+)
+def test_continuations_llama_server_refuses_are_400s(server, extra, fragment):
+    response = post(server, "/v1/chat/completions", extra | {"max_tokens": 2})
+    assert response.status_code == 400 and fragment in response.json()["error"]["message"], response.text
+
+
+def test_a_template_continues_inside_the_assistants_turn_and_can_leave_out_the_cue():
+    template = lcf.Jinja2ChatFormatter(HERMES_TEMPLATE, eos_token="</s>", bos_token="<s>")
+    bare = lcf.Jinja2ChatFormatter(HERMES_TEMPLATE, eos_token="</s>", bos_token="<s>", add_generation_prompt=False)
+    chat = ChatFormat("hermes", template, "test", bare)
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the cat "}]
+    assert chat.render(turns, ending="continue").text.endswith("<|im_start|>assistant\nthe cat ")
+    assert chat.render(turns[:1]).text.endswith("<|im_start|>assistant\n")
+    assert chat.render(turns[:1], ending="none").text.endswith("hi<|im_end|>\n")

@@ -1,11 +1,12 @@
-"""What the server runs for a request, and OpenAI's error objects.
+"""What the server runs for a request.
 
 `parse_chat` and `parse_completion` read a body (specrun/serve/bodies.py) and check every
 setting by the library's rule (`specrun.settings`, `SpeculativeSettings`, `parse_k`) before
 the request is queued; so is the grammar of `response_format`, `json_schema` or `grammar`
 (specrun/grammar/schemas.py) and of the tools' schemas. OpenAI's fields that specrun cannot
-honour (`UNSUPPORTED`) are refused rather than ignored. `body_error` and `setting_error` turn
-errors into OpenAI's error object. Builders turn a finished generation into
+honour (`UNSUPPORTED`) are refused rather than ignored, with the errors of
+specrun/serve/api_errors.py. A chat prompt ends with the reply's cue, or continues a last
+assistant message as llama-server does (`_ending`). Builders turn a finished generation into
 `chat.completion` / `text_completion` bodies and stream chunks (specrun/serve/responses.py).
 """
 
@@ -15,14 +16,14 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
-from pydantic import ValidationError
-
+from specrun.chat.formats import Ending
 from specrun.core.policy import SpeculativeSettings, parse_k
 from specrun.errors import SpecrunError
 from specrun.grammar.schemas import Grammar, SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
-from specrun.serve.bodies import EXPECTED, Body, ChatBody, CompletionBody
+from specrun.serve.api_errors import ApiError, invalid_value, setting_error
+from specrun.serve.bodies import Body, ChatBody, CompletionBody
 from specrun.serve.tools import ToolRequest, call_grammar, function_parameters
 from specrun.settings import SettingError, check, check_logit_bias, shown
 
@@ -43,7 +44,6 @@ SAMPLING = {
     "dynatemp_range",
     "dynatemp_exponent",
 }
-SPECULATIVE = ("n_max", "n_min", "p_min")  # the settings of llama-server's `speculative` object
 UNSUPPORTED = {  # OpenAI's fields specrun cannot honour, refused (not ignored) when they ask for something
     "functions": "it is OpenAI's deprecated function calling: send 'tools' instead",
     "function_call": "it is OpenAI's deprecated function calling: send 'tool_choice' (with 'tools') instead",
@@ -55,26 +55,6 @@ SAMPLERS_NOT_RUN: dict[str, tuple[str, str, Callable[[float], bool]]] = {
     "dry_multiplier": ("DRY", "0", lambda value: value == 0),
     "mirostat": ("Mirostat", "0", lambda value: value == 0),
 }
-
-
-class ApiError(Exception):
-    """An error answered with an HTTP status and OpenAI's error object."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-        headers: Mapping[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -91,6 +71,7 @@ class Infill:
 @dataclass(frozen=True)
 class GenerationRequest:
     messages: list[dict[str, Any]] | None = None  # a chat request: its turns (Message.turn)
+    ending: Ending = "reply"  # a chat request's prompt: ends with the reply's cue, with nothing, or continues the last turn
     prompt: str | None = None  # a completion request
     prompt_tokens: tuple[int, ...] | None = None  # a completion request's prompt as token ids (llama-server's)
     infill: Infill | None = None  # a fill-in-the-middle request (llama-server's /infill)
@@ -119,9 +100,9 @@ def parse_chat(raw: bytes) -> GenerationRequest:
     ApiError for a field specrun cannot honour."""
     body = ChatBody.model_validate_json(raw)
     tools = _tools(body)
-    request = checked_request(
-        body, messages=[message.turn() for message in body.messages], tools=tools, logprobs=_chat_logprobs(body)
-    )
+    messages = [message.turn() for message in body.messages]
+    ending = _ending(body, messages)
+    request = checked_request(body, messages=messages, ending=ending, tools=tools, logprobs=_chat_logprobs(body))
     if tools is not None and request.logprobs is not None:
         why = 'a reply\'s calls carry no log probabilities (send one or the other, or tool_choice "none").'
         raise _not_with_tools("logprobs", why)
@@ -130,6 +111,35 @@ def parse_chat(raw: bytes) -> GenerationRequest:
     if tools is not None and request.grammar is not None:
         raise _not_with_tools(str(request.grammar_param), 'hold the reply to one or the other (or send tool_choice "none").')
     return request
+
+
+def _ending(body: ChatBody, messages: list[dict[str, Any]]) -> Ending:
+    """How the prompt ends, by llama-server's rules: a last assistant message is continued (a
+    prefill) unless continue_final_message says otherwise; add_generation_prompt false ends it
+    after the last message."""
+    asked = body.continue_final_message
+    if isinstance(asked, str) and asked != "content":
+        raise invalid_value(
+            "continue_final_message", f'specrun continues a message\'s content: send true or "content", not {asked!r}.'
+        )
+    last_two = [message["role"] for message in messages[-2:]]
+    if asked is None and last_two[-1] == "assistant":
+        if last_two == ["assistant", "assistant"]:
+            raise invalid_value(
+                "messages", "two or more assistant messages end the conversation: only the last can be continued."
+            )
+        asked = True
+    elif asked and body.add_generation_prompt is not False:
+        raise invalid_value(
+            "continue_final_message", "send add_generation_prompt false with it: a continued message has no reply cue."
+        )
+    if asked and (last_two[-1] != "assistant" or messages[-1].get("tool_calls")):
+        raise invalid_value(
+            "continue_final_message", "the last message is continued, so it must be an assistant's text without tool calls."
+        )
+    if asked:
+        return "continue"
+    return "none" if body.add_generation_prompt is False else "reply"
 
 
 def _not_with_tools(param: str, why: str) -> ApiError:
@@ -343,52 +353,3 @@ def _max_tokens(body: Body) -> int | None:
     except SettingError as error:
         raise setting_error(error, name) from None
     return getattr(body, name)
-
-
-# --- errors ----------------------------------------------------------------------------
-def invalid_value(param: str, why: str) -> ApiError:
-    """OpenAI's 400 for a request field's value: "Invalid value for 'param': why"."""
-    return ApiError(400, f"Invalid value for '{param}': {why}", param, "invalid_value")
-
-
-def setting_error(error: SettingError, param: str | None = None) -> ApiError:
-    """A library setting's error as OpenAI's 400. `param` is the request field; by default
-    the library's name, under `speculative.` for llama-server's speculative settings."""
-    param = param or (f"speculative.{error.param}" if error.param in SPECULATIVE else error.param)
-    return invalid_value(param, f"{error.phrase('it')}.")
-
-
-def body_error(error: ValidationError) -> ApiError:
-    """The first problem pydantic found in a request body, as OpenAI's 400."""
-    problem = error.errors(include_url=False)[0]
-    kind, location, value = problem["type"], problem["loc"], problem.get("input")
-    param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location).lstrip(".")
-    if kind == "json_invalid":
-        return ApiError(
-            400,
-            f"We could not parse the JSON body of your request ({problem['ctx']['error']}): send a JSON object.",
-            code="invalid_json",
-        )
-    if not location:
-        return ApiError(400, f"The request body has to be a JSON object, but is {_json_type(value)}.", code="invalid_json")
-    if kind == "missing":
-        return ApiError(400, f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
-    expected = problem["ctx"]["expected"] if kind == "invalid_type" else EXPECTED.get(kind)
-    if expected:
-        return ApiError(
-            400, f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)} instead.", param, "invalid_type"
-        )
-    message = problem["msg"]
-    return invalid_value(param, f"{message[0].lower()}{message[1:]}.")
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"

@@ -18,7 +18,8 @@ from starlette.exceptions import HTTPException
 
 from specrun.serve import api, messages, responses_api, responses_request, tokens
 from specrun.serve import native as native_routes
-from specrun.serve.api import ApiError, GenerationRequest
+from specrun.serve.api import GenerationRequest
+from specrun.serve.api_errors import ApiError, body_error, setting_error
 from specrun.serve.generation import OpenAIAnswer, Prepared, generate
 from specrun.serve.messages import MessagesShape
 from specrun.serve.metrics import MEDIA_TYPE, Metrics
@@ -162,7 +163,7 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
 
 def llama_server_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
     """llama-server's native /completion (also /completions, as it maps it) and /infill
-    (serve/native.py) behind the API key."""
+    (serve/native.py), /props, /slots (read-only) and /apply-template, behind the API key."""
     router = APIRouter()
 
     def native(parse: Callable[[bytes], GenerationRequest]) -> Callable[[bytes], Prepared]:
@@ -180,6 +181,23 @@ def llama_server_routes(worker: Worker, metrics: Metrics, model: str) -> APIRout
     @router.post("/infill")
     async def infill(request: Request) -> Response:
         return await generate(request, native(native_routes.parse_infill), worker, metrics)
+
+    @router.get("/props")
+    async def props() -> dict:
+        return worker.props() | {"model_alias": model}
+
+    @router.get("/slots")
+    async def slots() -> list[dict]:
+        return worker.slot_states()
+
+    @router.post("/apply-template")
+    async def apply_template(request: Request) -> dict:
+        try:
+            parsed = api.parse_chat(await request.body())
+        except (ApiError, ValidationError, SettingError):
+            metrics.reject("invalid")
+            raise
+        return {"prompt": await tokens.off_thread(worker, lambda _: worker.prompt_text(parsed))}
 
     return router
 
@@ -246,9 +264,9 @@ def as_api_error(request: Request, error: ApiError | ValidationError | SettingEr
         case ApiError():
             return error
         case ValidationError():
-            return api.body_error(error)
+            return body_error(error)
         case SettingError():
-            return api.setting_error(error)
+            return setting_error(error)
         case _:
             kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
             return ApiError(

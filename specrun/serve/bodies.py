@@ -254,6 +254,8 @@ class Body(Strict):
 
 class ChatBody(Body):
     messages: Annotated[list[Message], Field(min_length=1)]
+    add_generation_prompt: bool | None = None  # llama-server's: end with the reply's cue (default)
+    continue_final_message: bool | str | None = None  # llama-server's: continue the last (assistant) message
     tools: list[Tool] | None = None
     tool_choice: Annotated[ToolChoice, BeforeValidator(_choice_object), expecting(TOOL_CHOICE)] | None = None
     parallel_tool_calls: bool | None = None

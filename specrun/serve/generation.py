@@ -14,7 +14,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from specrun.serve.api import ApiError, GenerationRequest
+from specrun.serve.api import GenerationRequest
+from specrun.serve.api_errors import ApiError
 from specrun.serve.jobs import Failed, Finished, Job, Started, Text
 from specrun.serve.metrics import Metrics
 from specrun.serve.responses import Outcome, Shape

@@ -9,7 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Union
 
-from specrun.serve.api import ApiError, GenerationRequest
+from specrun.serve.api import GenerationRequest
+from specrun.serve.api_errors import ApiError
 from specrun.serve.logprobs import Scored
 from specrun.serve.responses import Outcome
 from specrun.serve.sources import SourcePiece

@@ -19,7 +19,8 @@ from typing import Annotated, Any, AsyncIterator, Literal, Union
 from pydantic import BeforeValidator, Field
 
 from specrun.serve import api
-from specrun.serve.api import ApiError, GenerationRequest
+from specrun.serve.api import GenerationRequest
+from specrun.serve.api_errors import ApiError, invalid_value
 from specrun.serve.bodies import Strict, expecting
 from specrun.serve.jobs import Failed, Finished, Job, Started, Text, joined
 from specrun.serve.responses import Outcome
@@ -151,7 +152,7 @@ def _chat(body: CountTokensBody) -> dict[str, Any]:
     if body.tool_choice is not None:
         choice = body.tool_choice
         if choice.type == "tool" and not choice.name:
-            raise api.invalid_value("tool_choice.name", 'a "tool" tool_choice names the tool to call.')
+            raise invalid_value("tool_choice.name", 'a "tool" tool_choice names the tool to call.')
         forms = {"auto": "auto", "any": "required", "none": "none"}
         chat["tool_choice"] = forms.get(choice.type) or {"type": "function", "function": {"name": choice.name}}
         if choice.disable_parallel_tool_use:
@@ -176,10 +177,10 @@ def _turns(message: MessageIn, i: int, called: set[str]) -> list[dict[str, Any]]
             calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
         elif isinstance(block, ToolResultBlock) and message.role == "user":
             if block.tool_use_id not in called:
-                raise api.invalid_value(f"{where}.tool_use_id", f"no earlier tool_use block has the id {block.tool_use_id!r}.")
+                raise invalid_value(f"{where}.tool_use_id", f"no earlier tool_use block has the id {block.tool_use_id!r}.")
             results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()})
         elif isinstance(block, (ToolUseBlock, ToolResultBlock)):
-            raise api.invalid_value(f"{where}.type", f"{block.type!r} blocks belong in {_owner(block)} messages.")
+            raise invalid_value(f"{where}.type", f"{block.type!r} blocks belong in {_owner(block)} messages.")
         elif not isinstance(block, ThinkingBlock):
             texts.append(_text_of(block, where))
     turns: list[dict[str, Any]] = results
@@ -196,7 +197,7 @@ def _owner(block: ToolUseBlock | ToolResultBlock) -> str:
 
 def _text_of(block: TextBlock | MediaBlock, where: str) -> str:
     if isinstance(block, MediaBlock):
-        raise api.invalid_value(f"{where}.type", f"{block.type} blocks are not supported: specrun serves text models.")
+        raise invalid_value(f"{where}.type", f"{block.type} blocks are not supported: specrun serves text models.")
     return block.text
 
 

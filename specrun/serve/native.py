@@ -19,7 +19,8 @@ from pydantic import Field
 
 from specrun.backend import Model
 from specrun.serve import api
-from specrun.serve.api import ApiError, GenerationRequest, Infill
+from specrun.serve.api import GenerationRequest, Infill
+from specrun.serve.api_errors import ApiError, invalid_value, setting_error
 from specrun.serve.bodies import Body, Strict, expecting
 from specrun.serve.jobs import Failed, Finished, Job, Started, Text
 from specrun.serve.logprobs import Alternative, Scored
@@ -75,9 +76,9 @@ def _checked(body: NativeBody, **what: Any) -> GenerationRequest:
     try:
         check(logprobs=body.n_probs)
     except SettingError as error:
-        raise api.setting_error(error, "n_probs") from None
+        raise setting_error(error, "n_probs") from None
     if body.return_tokens and body.stream:
-        raise api.invalid_value("return_tokens", "the reply's token ids come with the whole reply: leave out stream.")
+        raise invalid_value("return_tokens", "the reply's token ids come with the whole reply: leave out stream.")
     return api.checked_request(body, logprobs=body.n_probs or None, return_tokens=bool(body.return_tokens), **what)
 
 

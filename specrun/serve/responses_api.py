@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from specrun.serve.api import ApiError
+from specrun.serve.api_errors import ApiError
 from specrun.serve.jobs import Failed, Finished, Job, Started, Text, joined
 from specrun.serve.responses import Outcome
 from specrun.serve.responses_request import Conversation, ResponsesRequest, ResponseStore

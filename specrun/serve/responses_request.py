@@ -18,7 +18,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BeforeValidator, Discriminator, Field, Tag
 
 from specrun.serve import api
-from specrun.serve.api import ApiError, GenerationRequest
+from specrun.serve.api import GenerationRequest
+from specrun.serve.api_errors import ApiError, invalid_value
 from specrun.serve.bodies import Strict, expecting
 
 log = logging.getLogger(__name__)
@@ -272,11 +273,11 @@ def _turns(items: list[Any], called: set[str]) -> list[dict[str, Any]]:
             last.setdefault("tool_calls", []).append(call)
         elif isinstance(item, FunctionCallOutputItem):
             if item.call_id not in called:
-                raise api.invalid_value(f"{where}.call_id", f"no earlier function_call item has the call_id {item.call_id!r}.")
+                raise invalid_value(f"{where}.call_id", f"no earlier function_call item has the call_id {item.call_id!r}.")
             output = "\n".join(_text(part, f"{where}.output[{j}]") for j, part in enumerate(item.output))
             turns.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
         elif isinstance(item, OtherItem):
-            raise api.invalid_value(
+            raise invalid_value(
                 f"{where}.type",
                 f"{item.type!r} items are not supported: specrun runs messages, function_call, function_call_output "
                 "and reasoning items.",
@@ -286,7 +287,7 @@ def _turns(items: list[Any], called: set[str]) -> list[dict[str, Any]]:
 
 def _text(part: TextPart | RefusalPart | MediaPart, where: str) -> str:
     if isinstance(part, MediaPart):
-        raise api.invalid_value(f"{where}.type", f"{part.type} parts are not supported: specrun serves text models.")
+        raise invalid_value(f"{where}.type", f"{part.type} parts are not supported: specrun serves text models.")
     return part.text if isinstance(part, TextPart) else part.refusal
 
 

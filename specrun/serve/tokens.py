@@ -9,7 +9,7 @@ from typing import Callable, TypeVar
 from fastapi import APIRouter, Request
 
 from specrun.backend import Model
-from specrun.serve.api import ApiError, invalid_value
+from specrun.serve.api_errors import ApiError, invalid_value
 from specrun.serve.bodies import DetokenizeBody, TokenizeBody
 from specrun.serve.worker import Worker
 from specrun.session import Session

@@ -20,9 +20,11 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
+from specrun import __version__
+from specrun.backend import llama_cpp_version
 from specrun.chat.conversation import Transcript
 from specrun.chat.formats import Rendered, choose_format
 from specrun.chat.reply import Reply, ReplyStream
@@ -31,7 +33,8 @@ from specrun.core.engine import Generator
 from specrun.core.events import RunResult
 from specrun.core.policy import SpeculativeRule
 from specrun.errors import RpcLost, SpecrunError
-from specrun.serve.api import ApiError, GenerationRequest, invalid_value, setting_error
+from specrun.serve.api import GenerationRequest
+from specrun.serve.api_errors import ApiError, invalid_value, setting_error
 from specrun.serve.jobs import Failed, Finished, Job, Started
 from specrun.serve.logprobs import LogprobWatch
 from specrun.serve.metrics import Metrics
@@ -274,6 +277,34 @@ class Worker:
         self._request_s = 0.8 * self._request_s + 0.2 * (time.perf_counter() - started)
         job.report(Finished(outcome, view.labels.stats(reply.stats) if view.labels else None))
 
+    def prompt_text(self, request: GenerationRequest) -> str:
+        """A chat request's prompt as the model would read it (llama-server's /apply-template).
+        Off the model's thread, as `count_prompt_tokens`."""
+        return self._rendered(request).text
+
+    def props(self) -> dict:
+        """llama-server's /props: the server's generation defaults, slots and model, its template and
+        special tokens. Read-only, off the model's thread."""
+        session = self.ready()
+        model = session.target_model
+        sampler = {name: value for name, value in asdict(self._sampler).items() if name != "logit_bias"}
+        return {
+            "default_generation_settings": {"n_ctx": session.target.n_ctx, "params": sampler},
+            "total_slots": self.slots,
+            "model_path": str(model.path),
+            "chat_template": model.chat_template or "",
+            "bos_token": model.token_bytes(model.bos, True).decode("utf-8", "replace") if model.bos >= 0 else "",
+            "eos_token": model.token_bytes(model.eos, True).decode("utf-8", "replace") if model.eos >= 0 else "",
+            "modalities": {"vision": False, "audio": False},
+            "build_info": f"specrun {__version__}, llama-cpp-python {llama_cpp_version()}",
+            "is_sleeping": False,
+        }
+
+    def slot_states(self) -> list[dict]:
+        """llama-server's /slots, read-only: each slot's context and whether a request runs on it."""
+        n_ctx = self.ready().target.n_ctx
+        return [{"id": slot, "n_ctx": n_ctx, "is_processing": slot in self.running} for slot in range(self.slots)]
+
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """The tokens a chat request's prompt comes to, as it would run: its template and tools.
         Off the model's thread: rendering and the vocabulary are read-only."""
@@ -282,7 +313,7 @@ class Worker:
     def _rendered(self, request: GenerationRequest) -> Rendered:
         messages, tools = prompt_messages(self._tool_style, request.messages or [], request.tools)
         try:
-            return self._chat_format.render(messages, tools)
+            return self._chat_format.render(messages, tools, request.ending)
         except SpecrunError as exc:
             raise ApiError(400, str(exc), "messages", "invalid_value") from None
 
