@@ -5,6 +5,8 @@ The SDK sends no temperature (its 2026 releases take none): the server's own, gr
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import pytest
@@ -13,6 +15,7 @@ from test_serve_tools import HERMES_TEMPLATE, WORD
 from tinymodels import write_tiny_llama
 
 from specrun.config import SessionConfig
+from specrun.serve.messages import parse_messages
 from specrun.serve.server import ServeOptions
 
 KEY = "sekrit"
@@ -142,3 +145,40 @@ def test_the_key_goes_in_x_api_key_and_a_wrong_one_is_an_authentication_error(se
     headers = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
     reply = httpx.post(f"{server.url}/v1/messages", json={"model": "m", "max_tokens": 2, "messages": ASK}, headers=headers)
     assert reply.status_code == 200 and reply.json()["type"] == "message"
+
+
+def test_claude_codes_requests_translate_without_a_model():
+    """What Claude Code sends: a billing header as the first system block (no instruction, and it
+    changes between requests), a system message mid-conversation, consecutive user messages (which
+    Anthropic combines into one turn, as templates that want turns to alternate need)."""
+    body = {
+        "model": "claude-opus-4-8",
+        "max_tokens": 64000,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197; cch=a5145;"},
+            {"type": "text", "text": "Be brief."},
+        ],
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "<system-reminder>ctx</system-reminder>"}, {"type": "text", "text": "hi"}],
+            },
+            {"role": "system", "content": "Agents: none."},
+            {"role": "user", "content": "go on"},
+        ],
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": []},
+        "output_config": {"effort": "high"},
+    }
+    parsed = parse_messages(json.dumps(body).encode())
+    assert parsed.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "<system-reminder>ctx</system-reminder>\nhi\nAgents: none.\ngo on"},
+    ]
+    assert parsed.max_tokens == 64000 and parsed.up_to_context  # a reply ends when the context fills
+
+
+def test_a_max_tokens_beyond_the_context_ends_the_reply_when_it_fills(client, server):
+    message = client.messages.create(model="any", max_tokens=64000, messages=ASK)
+    assert message.stop_reason in ("end_turn", "max_tokens") and message.usage.output_tokens < 2048
+    assert httpx.head(f"{server.url}/").status_code == 200  # Claude Code's first request

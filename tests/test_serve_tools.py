@@ -170,6 +170,8 @@ def test_json_mode_gives_a_json_object_and_a_gbnf_grammar_holds_the_output(gener
 
 
 MINIMUM = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}
+# A keyword no grammar holds, in a tool's arguments too (which are not held to number ranges as MINIMUM's).
+NEGATED = {"type": "object", "properties": {"age": {"not": {"type": "null"}}}}
 REFUSED = [
     ({"response_format": {"type": "json_object", "schema": MINIMUM}}, "response_format.schema", "'minimum' at $.properties.age"),
     (
@@ -245,7 +247,7 @@ CHAT_REFUSED = [
     ({"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools[0].function.name", "invalid_value"),
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name", "invalid_value"),
     (
-        {"tools": [{"type": "function", "function": {"name": "f", "parameters": MINIMUM}}]},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": NEGATED}}]},
         "tools[0].function.parameters",
         "invalid_value",
     ),
@@ -275,7 +277,7 @@ def test_each_tool_schema_is_converted_once_and_one_not_chosen_is_still_checked(
     choose = {"type": "function", "function": {"name": "get_time"}}
     ok(generic, CHAT, {"messages": ASK, "tools": TOOLS, "tool_choice": choose, "max_tokens": 4})
     assert len(converted) == 2  # the chosen tool's call, and the other tool alone
-    unchosen = {"type": "function", "function": {"name": "f", "parameters": MINIMUM}}
+    unchosen = {"type": "function", "function": {"name": "f", "parameters": NEGATED}}
     refused = generic.post(CHAT, json={"messages": ASK, "tools": [CLOCK, unchosen], "tool_choice": choose, "max_tokens": 4})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools[1].function.parameters"
 

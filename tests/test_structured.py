@@ -51,11 +51,35 @@ PERSON = {
         ({"type": "array", "uniqueItems": True}, "'uniqueItems'"),
         ({"anyOf": [{"type": "string"}, {"type": "decimal"}]}, "type 'decimal' at $.anyOf[1]"),
         ([1, 2], "is not an object"),
+        ({"type": "string", "maxLength": 524288}, "maxLength 524288 at $ is more than the 2000 repeats"),
     ],
 )
 def test_a_schema_feature_the_grammar_would_not_enforce_is_named(schema, feature):
     with pytest.raises(SchemaError, match=feature.replace("[", r"\[").replace("$", r"\$")):
         grammar_from_json_schema(schema)
+
+
+def test_a_tools_arguments_keep_their_structure_where_the_grammar_cannot_narrow_them():
+    """Claude Code's tools bound numbers, name keys, give formats and a 524288-long string: a
+    refusal would block every request, so a tool's arguments are held to their types and structure
+    only; a schema of annotations alone takes any value (its grammar once crashed the server)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "offset": {"type": "integer", "minimum": 0, "description": "line"},
+            "url": {"type": "string", "format": "uri"},
+            "meta": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}},
+            "script": {"type": "string", "maxLength": 524288},
+            "args": {"description": "any JSON value"},
+        },
+        "required": ["offset"],
+        "additionalProperties": False,
+    }
+    gbnf = grammar_from_json_schema(schema, tool_arguments=True).gbnf
+    assert len(gbnf) < 20000 and GbnfState.start(gbnf).forced(40).text == '{"offset": '
+    with pytest.raises(SchemaError, match="'minimum'"):
+        grammar_from_json_schema(schema)
+    assert grammar_from_json_schema({"type": "object", "properties": {"a": {"description": "x"}}}).gbnf
 
 
 def test_annotations_are_no_constraints_and_the_json_has_one_style():

@@ -65,6 +65,19 @@ FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uui
 TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 SCHEMA_MAPS = ("properties", "$defs", "definitions")  # keyword -> {name: schema}
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")  # keyword -> [schema, ...]
+# Keywords that narrow a value in ways the grammar cannot write (number ranges, key names, set
+# sizes). A tool's arguments are not held to them (`tool_arguments`): agents' tool schemas are full
+# of them (Claude Code's Read tool bounds its offset), a refusal would block every request, and
+# the arguments keep their structure and types, as llama-server's converter leaves them. Output
+# held to a response format or a schema the user gives is still refused them.
+# llama-cpp-python's converter writes "at most n" as n nested optional groups, which llama.cpp's
+# grammar parser reads recursively: a maxLength of 524288 (one of Claude Code's tools has it)
+# overflowed the model thread's stack and killed the server. Bounds up to this many nest safely.
+MOST_REPEATS = 2000
+NARROWING = frozenset(
+    {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "propertyNames", "minProperties"}
+    | {"maxProperties", "uniqueItems"}
+)
 
 
 class SchemaError(SpecrunError):
@@ -90,14 +103,36 @@ def grammar_from_gbnf(text: str) -> Grammar:
     return Grammar(text)
 
 
-def grammar_from_json_schema(schema: Any) -> Grammar:
-    """Compact JSON that validates against `schema`; SchemaError names a feature it cannot enforce."""
-    check_schema(schema, "$")
+def grammar_from_json_schema(schema: Any, tool_arguments: bool = False) -> Grammar:
+    """Compact JSON that validates against `schema`; SchemaError names a feature it cannot enforce.
+    `tool_arguments`: a tool's arguments, not held to NARROWING keywords nor to formats it does not know."""
+    check_schema(schema, "$", tool_arguments)
     try:
-        text = json_schema_to_gbnf(json.dumps(schema))
+        text = json_schema_to_gbnf(json.dumps(_enforced(schema, tool_arguments)))
     except Exception as exc:  # the converter's own refusals: a $ref it cannot follow, a bad pattern
         raise SchemaError(f"the JSON schema cannot be turned into a grammar: {exc}", "$") from None
     return Grammar(compact(text), "JSON schema")
+
+
+def _enforced(schema: Any, tool_arguments: bool) -> Any:
+    """What the converter is given: the schema without annotations (one of only annotations allows
+    any value, which the converter reads from an empty schema) and, for a tool's arguments, without
+    what they are not held to."""
+    if not isinstance(schema, dict):
+        return schema
+    kept = {}
+    for key, value in schema.items():
+        loose = tool_arguments and (key in NARROWING or (key == "format" and value not in FORMATS) or _beyond(key, value))
+        if key in ANNOTATIONS - {"$defs", "definitions"} or loose:
+            continue
+        if key in SCHEMA_MAPS and isinstance(value, dict):
+            value = {name: _enforced(child, tool_arguments) for name, child in value.items()}
+        elif key in SCHEMA_LISTS and isinstance(value, list):
+            value = [_enforced(child, tool_arguments) for child in value]
+        elif key in ("items", "additionalProperties"):
+            value = _enforced(value, tool_arguments)
+        kept[key] = value
+    return kept
 
 
 def json_object_grammar() -> Grammar:
@@ -114,16 +149,29 @@ def compact(gbnf: str) -> str:
     return re.sub(r"^space ::= .*$", 'space ::= ""', gbnf, flags=re.MULTILINE)
 
 
-def check_schema(schema: Any, path: str) -> None:
-    """Raise SchemaError for the first keyword (or value) under `schema` that the grammar would not enforce."""
+def _beyond(key: str, value: Any) -> bool:
+    """A most-repeats bound beyond what a grammar holds: a tool's arguments go unbounded there."""
+    return key in ("maxLength", "maxItems") and isinstance(value, int) and value > MOST_REPEATS
+
+
+def check_schema(schema: Any, path: str, tool_arguments: bool = False) -> None:
+    """Raise SchemaError for the first keyword (or value) under `schema` that the grammar would not
+    enforce (for a tool's arguments, leaving out what they are not held to)."""
     if isinstance(schema, bool):
         return
     if not isinstance(schema, dict):
         raise SchemaError(f"the JSON schema at {path} is not an object or a boolean", path)
     for key, value in schema.items():
         where = f"{path}.{key}"
+        if tool_arguments and (key in NARROWING or key == "format"):
+            continue
         if key not in ENFORCED and key not in ANNOTATIONS:
             raise SchemaError(f"unsupported JSON schema feature '{key}' at {path}: the output could not be held to it", where)
+        if _beyond(key, value) and not tool_arguments:
+            raise SchemaError(
+                f"{key} {value} at {path} is more than the {MOST_REPEATS} repeats a grammar can hold: lower it or leave it out",
+                where,
+            )
         if key == "format" and value not in FORMATS:
             raise SchemaError(
                 f"unsupported JSON schema format '{value}' at {path} (supported: {', '.join(sorted(FORMATS))})", where
@@ -132,15 +180,15 @@ def check_schema(schema: Any, path: str) -> None:
             for kind in value if isinstance(value, list) else [value]:
                 if kind not in TYPES:
                     raise SchemaError(f"unknown JSON schema type {kind!r} at {path}", where)
-        _check_children(key, value, where)
+        _check_children(key, value, where, tool_arguments)
 
 
-def _check_children(key: str, value: Any, where: str) -> None:
+def _check_children(key: str, value: Any, where: str, tool_arguments: bool) -> None:
     if key in SCHEMA_MAPS and isinstance(value, dict):
         for name, child in value.items():
-            check_schema(child, f"{where}.{name}")
+            check_schema(child, f"{where}.{name}", tool_arguments)
     elif key in SCHEMA_LISTS and isinstance(value, list):
         for i, child in enumerate(value):
-            check_schema(child, f"{where}[{i}]")
+            check_schema(child, f"{where}[{i}]", tool_arguments)
     elif key in ("items", "additionalProperties") and isinstance(value, (dict, bool)):
-        check_schema(value, where)
+        check_schema(value, where, tool_arguments)

@@ -76,6 +76,7 @@ class GenerationRequest:
     prompt_tokens: tuple[int, ...] | None = None  # a completion request's prompt as token ids (llama-server's)
     infill: Infill | None = None  # a fill-in-the-middle request (llama-server's /infill)
     max_tokens: int | None = None  # None: the server's default
+    up_to_context: bool = False  # a max_tokens beyond the context ends the reply when the context fills (not a 400)
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplerSettings overrides, checked by the library's rules
     seed: int | None = None  # None: the server's; a negative seed draws a fresh one
     stops: tuple[str, ...] = ()
@@ -334,12 +335,12 @@ def _call_grammar(functions: list[dict], chosen: list[dict]) -> Grammar | None:
     try:
         for function in functions:
             if function not in chosen:
-                grammar_from_json_schema(function_parameters(function))
+                grammar_from_json_schema(function_parameters(function), tool_arguments=True)
         return call_grammar(chosen) if chosen else None
     except SchemaError as together:
         for i, function in enumerate(functions):
             try:
-                grammar_from_json_schema(function_parameters(function))
+                grammar_from_json_schema(function_parameters(function), tool_arguments=True)
             except SchemaError as error:
                 raise invalid_value(f"tools[{i}].function.parameters", f"{error}.") from None
         raise invalid_value("tools", f"{together}.") from None  # each alone passed; together they do not

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from dataclasses import replace
 from typing import Annotated, Any, AsyncIterator, Literal, Union
 
 from pydantic import BeforeValidator, Field
@@ -75,7 +76,7 @@ def _as_blocks(value: Any) -> Any:
 
 
 class MessageIn(Strict):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: an instruction mid-conversation (Claude Code sends them)
     content: Annotated[list[Block], BeforeValidator(_as_blocks), expecting("a string or an array of content blocks")]
 
 
@@ -113,6 +114,10 @@ class MessagesBody(CountTokensBody):
     thinking: dict[str, Any] | None = None  # accepted: a model that reasons does so as its template says
 
 
+# A system block Claude Code starts with, for Anthropic's billing: no instruction, and one that
+# changes every request would keep the prompt's cached prefix from being reused (llama-server edits it too).
+BILLING_HEADER = "x-anthropic-billing-header:"
+
 # Fields of the chat body a Messages request becomes, and the request's names for them.
 CHAT_FIELDS = (
     (re.compile(r"^tools\[(\d+)\]\.function\.parameters"), r"tools[\1].input_schema"),
@@ -126,9 +131,9 @@ def parse_messages(raw: bytes) -> GenerationRequest:
     """A Messages request as the chat request it runs as; errors as `api.parse_chat`'s."""
     body = MessagesBody.model_validate_json(raw)
     sampling = body.model_dump(include={"max_tokens", "temperature", "top_p", "top_k", "stream"}, exclude_none=True)
-    return api.parse_translated_chat(
-        {**_chat(body), **sampling, "stop": [stop for stop in body.stop_sequences or () if stop]}, CHAT_FIELDS
-    )
+    chat = {**_chat(body), **sampling, "stop": [stop for stop in body.stop_sequences or () if stop]}
+    # Clients ask for their model's most (Claude Code 64000): a reply ends when the context fills, as llama-server's does.
+    return replace(api.parse_translated_chat(chat, CHAT_FIELDS), up_to_context=True)
 
 
 def parse_count(raw: bytes) -> GenerationRequest:
@@ -139,11 +144,13 @@ def parse_count(raw: bytes) -> GenerationRequest:
 def _chat(body: CountTokensBody) -> dict[str, Any]:
     """The chat completions body of the request's prompt: system, turns, tools and tool_choice."""
     messages: list[dict[str, Any]] = []
-    if body.system:
-        messages.append({"role": "system", "content": "\n".join(block.text for block in body.system)})
+    system = [block.text for block in body.system or () if not block.text.startswith(BILLING_HEADER)]
+    if system:
+        messages.append({"role": "system", "content": "\n".join(system)})
     called: set[str] = set()
     for i, message in enumerate(body.messages):
-        messages += _turns(message, i, called)
+        for turn in _turns(message, i, called):
+            _add_turn(messages, turn)
     chat: dict[str, Any] = {"messages": messages}
     if body.tools:
         chat["tools"] = [
@@ -158,6 +165,18 @@ def _chat(body: CountTokensBody) -> dict[str, Any]:
         if choice.disable_parallel_tool_use:
             chat["parallel_tool_calls"] = False
     return chat
+
+
+def _add_turn(messages: list[dict[str, Any]], turn: dict[str, Any]) -> None:
+    """Consecutive user turns, and consecutive assistant turns, are one turn, as Anthropic combines
+    them (and as templates that want turns to alternate need them)."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != turn["role"] or turn["role"] not in ("user", "assistant"):
+        messages.append(turn)
+        return
+    last["content"] = "\n".join(filter(None, (last["content"], turn["content"]))) or None
+    if turn.get("tool_calls"):
+        last["tool_calls"] = last.get("tool_calls", []) + turn["tool_calls"]
 
 
 def _described(tool: ToolIn) -> dict[str, str]:
@@ -186,7 +205,7 @@ def _turns(message: MessageIn, i: int, called: set[str]) -> list[dict[str, Any]]
     turns: list[dict[str, Any]] = results
     if message.role == "assistant":
         turns.append({"role": "assistant", "content": "\n".join(texts) or None} | ({"tool_calls": calls} if calls else {}))
-    elif texts or not results:
+    elif texts or not results:  # a system message mid-conversation is the user's side's text
         turns.append({"role": "user", "content": "\n".join(texts)})
     return turns
 

@@ -42,6 +42,6 @@ def add_page(app: FastAPI) -> None:
     """`GET /` and `/static/...`, unkeyed: the page holds nothing secret, and asks for a key when the API wants one."""
     app.mount("/static", PageFiles(directory=STATIC), name="static")
 
-    @app.get("/")
+    @app.api_route("/", methods=["GET", "HEAD"])  # HEAD: clients (Claude Code) check that the server is there
     async def page() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)

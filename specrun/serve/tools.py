@@ -132,7 +132,7 @@ def call_grammar(functions: list[dict]) -> Grammar:
         }
         for i, function in enumerate(functions)
     ]
-    return grammar_from_json_schema({"anyOf": calls, "$defs": defs})
+    return grammar_from_json_schema({"anyOf": calls, "$defs": defs}, tool_arguments=True)
 
 
 def _rehomed(schema: Any, home: str) -> Any:

@@ -344,7 +344,7 @@ class Worker:
                 "messages" if request.chat else "prompt",
                 "context_length_exceeded",
             )
-        if request.max_tokens is not None and request.max_tokens > n_ctx:  # a reply that could never be that long
+        if request.max_tokens is not None and request.max_tokens > n_ctx and not request.up_to_context:  # never that long
             raise ApiError(
                 400,
                 f"max_tokens is {request.max_tokens}, but the context holds {n_ctx} tokens, the prompt's included: "
