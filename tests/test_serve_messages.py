@@ -15,6 +15,7 @@ from test_serve_tools import HERMES_TEMPLATE, WORD
 from tinymodels import write_tiny_llama
 
 from specrun.config import SessionConfig
+from specrun.serve import messages
 from specrun.serve.messages import parse_messages
 from specrun.serve.server import ServeOptions
 
@@ -182,3 +183,13 @@ def test_a_max_tokens_beyond_the_context_ends_the_reply_when_it_fills(client, se
     message = client.messages.create(model="any", max_tokens=64000, messages=ASK)
     assert message.stop_reason in ("end_turn", "max_tokens") and message.usage.output_tokens < 2048
     assert httpx.head(f"{server.url}/").status_code == 200  # Claude Code's first request
+
+
+def test_a_quiet_stream_gets_pings_between_its_events(server, monkeypatch):
+    """(The SDK drops pings, so the stream is read as it comes.)"""
+    monkeypatch.setattr(messages, "PING_S", 1e-4)  # quiet at once: every wait for the model pings
+    body = {"model": "any", "max_tokens": 24, "messages": ASK, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=60) as response:
+        kinds = [line.removeprefix("event: ") for line in response.iter_lines() if line.startswith("event: ")]
+    assert kinds.count("ping") > 1 and kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
+    assert [kind for kind in kinds if kind != "ping"][-2:] == ["message_delta", "message_stop"]

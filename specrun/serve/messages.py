@@ -11,6 +11,7 @@ envelope (`error_body`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -26,6 +27,8 @@ from specrun.serve.bodies import Strict, expecting
 from specrun.serve.jobs import Failed, Finished, Job, Started, Text, joined
 from specrun.serve.responses import Outcome
 from specrun.serve.tool_calls import CallPiece
+
+PING_S = 10.0  # a stream quiet this long (a long prefill) gets a ping, as Anthropic's own streams get them
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors)
 ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large"}
@@ -249,7 +252,7 @@ class MessagesShape:
         return {"stop_reason": reason or ("stop_sequence" if stop else "end_turn"), "stop_sequence": stop}
 
     async def events(self, job: Job, started: Started) -> AsyncIterator[str]:
-        """message_start, a ping, each content block (text deltas, or a tool_use's input as JSON
+        """message_start, a ping (and one each PING_S seconds without news), each content block (text deltas, or a tool_use's input as JSON
         deltas) between its start and stop, message_delta with the stop reason and usage,
         message_stop; an error event where the generation failed. Cancels the job when done."""
         blocks = _Blocks()
@@ -258,7 +261,12 @@ class MessagesShape:
             yield _event("message_start", {"type": "message_start", "message": head})
             yield _event("ping", {"type": "ping"})
             while True:
-                for report in joined([await job.next(), *job.ready()]):
+                try:
+                    first = await asyncio.wait_for(job.next(), PING_S)
+                except asyncio.TimeoutError:  # a long prefill (an agent's first turn): the client hears the server is there
+                    yield _event("ping", {"type": "ping"})
+                    continue
+                for report in joined([first, *job.ready()]):
                     if isinstance(report, (Text, CallPiece)):
                         for name, body in blocks.add(report):
                             yield _event(name, body)
