@@ -14,7 +14,7 @@ from specrun.cli.app import app, err_console
 from specrun.config import SessionConfig
 from specrun.drafts.store import DEFAULT_LIMIT
 from specrun.errors import SpecrunError
-from specrun.headers.read import read_local
+from specrun.headers.read import read_keys
 from specrun.hub.memory import ram_available_bytes
 from specrun.pair.cost import kv_cache_bytes
 from specrun.session import Session
@@ -131,7 +131,7 @@ def serve(
 def auto_parallel(config: SessionConfig, ctx_size: int) -> int:
     """Up to PARALLEL slots, as many as memory holds beside the weights, each with ctx_size tokens of
     KV cache (one where memory is unknown)."""
-    kv, free = kv_cache_bytes(read_local(config.target), ctx_size), ram_available_bytes()
+    kv, free = kv_cache_bytes(read_keys(config.target).meta, ctx_size), ram_available_bytes()
     if kv is None or free is None:
         return 1
     return max(1, min(PARALLEL, (free - config.target.stat().st_size) // kv))

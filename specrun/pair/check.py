@@ -117,7 +117,7 @@ class PairCheck:
     @property
     def memory_bytes(self) -> int | None:
         """Both files' weights, both f16 KV caches at n_ctx and the recurrent states (compute buffers extra)."""
-        caches = [kv_cache_bytes(m, self.n_ctx) for m in (self.target, self.draft)]
+        caches = [kv_cache_bytes(m.meta, self.n_ctx) for m in (self.target, self.draft)]
         states = self.state_memory_bytes
         if None in caches or states is None or not self.has_weights:
             return None

@@ -12,6 +12,7 @@ ratio, assuming a (k+1)-token verify costs one target step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from specrun.headers.arch import RECURRENT_ARCHS, layer_index, layer_split, recurrent_layers
 from specrun.headers.read import LOOKUP_TENSORS, ModelFacts, TensorInfo
@@ -96,24 +97,27 @@ def cost_ratio(target: ModelFacts, draft: ModelFacts) -> float:
     return decode_cost(draft).per_token_bytes / decode_cost(target).per_token_bytes
 
 
-def kv_cache_bytes(model: ModelFacts, n_ctx: int, mtp: bool = False) -> int | None:
+def kv_cache_bytes(meta: Mapping[str, Any], n_ctx: int, mtp: bool = False) -> int | None:
     """f16 K and V for n_ctx tokens in each layer that attends: the model's own layers, as its context
     keeps them (not those with a recurrent state instead, not its MTP layers), or with `mtp` its MTP
-    layers, which an MTP head's context keeps. None when the header lacks the attention shape."""
-    if model.arch in RECURRENT_ARCHS:
+    layers, which an MTP head's context keeps. `meta`: the GGUF's metadata (`ModelFacts.meta`, or
+    `read_keys`' for a quick look). None when it lacks the attention shape."""
+    arch = str(meta.get("general.architecture", "unknown"))
+    if arch in RECURRENT_ARCHS:
         return 0  # no layer attends: llama.cpp gives it a recurrent memory alone
-    n_layers = model.n_layers
-    n_embd = model.key("embedding_length")
-    n_head = model.key("attention.head_count")
+
+    def key(suffix: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{suffix}", default)
+
+    n_layers, n_embd, n_head = int(key("block_count", 0)), key("embedding_length"), key("attention.head_count")
     if not n_layers or not n_embd or not n_head:
         return None
-    n_head_kv = model.key("attention.head_count_kv", n_head)
-    heads = _per_layer(n_head_kv, n_layers)
+    heads = _per_layer(key("attention.head_count_kv", n_head), n_layers)
     head_dim = int(_scalar(n_embd)) // int(_scalar(n_head))
-    k_len = int(model.key("attention.key_length", head_dim))
-    v_len = int(model.key("attention.value_length", head_dim))
-    trunk = layer_split(model.meta)[0]
-    recurrent = set(recurrent_layers(model.meta) or ())
+    k_len = int(key("attention.key_length", head_dim))
+    v_len = int(key("attention.value_length", head_dim))
+    trunk = layer_split(meta)[0]
+    recurrent = set(recurrent_layers(meta) or ())
     layers = range(trunk, n_layers) if mtp else [i for i in range(trunk) if i not in recurrent]
     return sum(heads[i] * (k_len + v_len) for i in layers) * n_ctx * KV_BYTES_PER_VALUE
 

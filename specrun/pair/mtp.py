@@ -61,7 +61,7 @@ class MtpCheck:
     def memory_bytes(self) -> int | None:
         """The weights, the f16 KV caches of the model's layers and of its MTP layers' context at
         n_ctx, and the recurrent state's copies (compute buffers extra)."""
-        caches = kv_cache_bytes(self.target, self.n_ctx), kv_cache_bytes(self.target, self.n_ctx, mtp=True)
+        caches = kv_cache_bytes(self.target.meta, self.n_ctx), kv_cache_bytes(self.target.meta, self.n_ctx, mtp=True)
         states = self.state_memory_bytes
         if None in caches or states is None or self.cost_ratio is None:
             return None
