@@ -73,8 +73,13 @@ def test_gguf_template_is_used_and_a_trimmed_reply_keeps_what_the_model_saw(temp
     second = conversation.prompt("more", 16)
     assert second.tokens[: len(first.tokens) + len(reply)] == first.tokens + reply
     tail = "</s><|user|>more</s><|assistant|>"  # after "the cat": the trimmed whitespace is not repeated
-    assert second.text == first.text + " the cat \n" + tail
+    assert second.text == first.text + "the cat" + tail  # the rendering, which the next turn's is matched against
     assert second.tokens[len(first.tokens) + len(reply) :] == templated.tokenize(tail, add_special=False, parse_special=True)
+    # A third turn still extends the second: the whitespace the template trimmed does not break the match.
+    conversation.add_reply(second, reply_tokens(templated, " the dog "), " the dog ")
+    third = conversation.prompt("and then", 16)
+    assert third.tokens[: len(second.tokens)] == second.tokens
+    assert third.new_tokens == len(templated.tokenize("</s><|user|>and then</s><|assistant|>", add_special=False, parse_special=True))
 
 
 def test_a_format_that_rewrites_history_is_tokenized_afresh(model):

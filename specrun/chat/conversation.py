@@ -71,11 +71,11 @@ class Transcript:
         """Previous tokens plus the tokens of the newly rendered text only."""
         prompt, reply = self.text[: self._reply_start], self.text[self._reply_start :]
         # Templates often trim a reply's whitespace; the model did see it, so the tokens keep it.
+        # The text is the rendering's, though: the next turn's rendering is matched against it.
         for shown in dict.fromkeys((reply, reply.rstrip(), reply.strip(), reply.lstrip())):
             if rendered.startswith(prompt + shown):
-                tail = rendered[len(prompt) + len(shown) :]
-                new = self._continuation(tail)
-                return self.tokens + new, self.text + tail, len(new)
+                new = self._continuation(rendered[len(prompt) + len(shown) :])
+                return self.tokens + new, rendered, len(new)
         return None  # the format rewrote earlier turns
 
     def _continuation(self, text: str) -> list[int]:
