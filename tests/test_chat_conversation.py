@@ -79,7 +79,9 @@ def test_gguf_template_is_used_and_a_trimmed_reply_keeps_what_the_model_saw(temp
     conversation.add_reply(second, reply_tokens(templated, " the dog "), " the dog ")
     third = conversation.prompt("and then", 16)
     assert third.tokens[: len(second.tokens)] == second.tokens
-    assert third.new_tokens == len(templated.tokenize("</s><|user|>and then</s><|assistant|>", add_special=False, parse_special=True))
+    assert third.new_tokens == len(
+        templated.tokenize("</s><|user|>and then</s><|assistant|>", add_special=False, parse_special=True)
+    )
 
 
 def test_a_format_that_rewrites_history_is_tokenized_afresh(model):

@@ -5,6 +5,7 @@ The SDK sends no temperature (its 2026 releases take none): the server's own, gr
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import anthropic
@@ -15,8 +16,12 @@ from test_serve_tools import HERMES_TEMPLATE, WORD
 from tinymodels import write_tiny_llama
 
 from specrun.config import SessionConfig
+from specrun.core.events import Stats
 from specrun.serve import messages
-from specrun.serve.messages import parse_messages
+from specrun.serve.api import GenerationRequest
+from specrun.serve.jobs import Finished, Job, Started, Text
+from specrun.serve.messages import MessagesShape, parse_messages
+from specrun.serve.responses import Outcome
 from specrun.serve.server import ServeOptions
 
 KEY = "sekrit"
@@ -185,11 +190,30 @@ def test_a_max_tokens_beyond_the_context_ends_the_reply_when_it_fills(client, se
     assert httpx.head(f"{server.url}/").status_code == 200  # Claude Code's first request
 
 
-def test_a_quiet_stream_gets_pings_between_its_events(server, monkeypatch):
-    """(The SDK drops pings, so the stream is read as it comes.)"""
-    monkeypatch.setattr(messages, "PING_S", 1e-4)  # quiet at once: every wait for the model pings
-    body = {"model": "any", "max_tokens": 24, "messages": ASK, "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/messages", json=body, headers={"x-api-key": KEY}, timeout=60) as response:
-        kinds = [line.removeprefix("event: ") for line in response.iter_lines() if line.startswith("event: ")]
-    assert kinds.count("ping") > 1 and kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
-    assert [kind for kind in kinds if kind != "ping"][-2:] == ["message_delta", "message_stop"]
+def test_a_quiet_stream_gets_pings_between_its_events(monkeypatch):
+    """A job whose reports come slowly (a long prefill): pings fill the quiet, the events keep their order."""
+    monkeypatch.setattr(messages, "PING_S", 0.01)
+
+    async def stream() -> list[str]:
+        job = Job(GenerationRequest(messages=ASK), asyncio.get_running_loop())
+
+        async def model() -> None:
+            await asyncio.sleep(0.1)
+            job.report(Text("hi"))
+            await asyncio.sleep(0.1)
+            job.report(Finished(Outcome("hi", "stop", 3, Stats(tokens=1))))
+
+        reports = asyncio.ensure_future(model())
+        events = [event async for event in MessagesShape("m", job.request).events(job, Started(3))]
+        await reports
+        return [event.split("\n")[0].removeprefix("event: ") for event in events]
+
+    kinds = asyncio.run(stream())
+    assert kinds.count("ping") >= 4, kinds
+    assert [kind for kind in kinds if kind != "ping"] == ["message_start"] + [
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
