@@ -20,6 +20,7 @@ Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content":
 Formatter = Callable[..., lcf.ChatFormatterResponse]
 
 PLAIN = "plain"  # our name for the template-less transcript
+TEMPLATE = "gguf template"  # our name for the model's own tokenizer.chat_template
 # How a rendered conversation ends: with the cue for the assistant's reply, with nothing after the
 # last message, or inside the assistant's last message, which the reply continues (a prefill).
 Ending = Literal["reply", "none", "continue"]
@@ -134,5 +135,5 @@ def choose_format(model: Model, name: str | None) -> ChatFormat:
             bare = lcf.Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos, add_generation_prompt=False)
         except Exception as exc:  # a template jinja2 cannot parse
             raise SpecrunError(f"the model's chat template does not parse ({exc}): pick one with --chat-format") from None
-        return ChatFormat("gguf template", formatter, "the model's tokenizer.chat_template", bare)
+        return ChatFormat(TEMPLATE, formatter, "the model's tokenizer.chat_template", bare)
     return ChatFormat(PLAIN, plain_transcript, "no chat template in the model", functools.partial(plain_transcript, cue=False))

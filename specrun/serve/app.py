@@ -7,6 +7,7 @@ import ipaddress
 import re
 import socket
 import time
+from dataclasses import asdict
 from typing import Callable
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -16,6 +17,8 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 
+from specrun import __version__
+from specrun.backend import llama_cpp_version
 from specrun.serve import api, messages, responses_api, responses_request, tokens
 from specrun.serve import native as native_routes
 from specrun.serve.api import GenerationRequest
@@ -184,7 +187,7 @@ def llama_server_routes(worker: Worker, metrics: Metrics, model: str) -> APIRout
 
     @router.get("/props")
     async def props() -> dict:
-        return worker.props() | {"model_alias": model}
+        return server_props(worker) | {"model_alias": model}
 
     @router.get("/slots")
     async def slots() -> list[dict]:
@@ -200,6 +203,25 @@ def llama_server_routes(worker: Worker, metrics: Metrics, model: str) -> APIRout
         return {"prompt": await tokens.off_thread(worker, lambda _: worker.prompt_text(parsed))}
 
     return router
+
+
+def server_props(worker: Worker) -> dict:
+    """llama-server's /props: the server's generation defaults, slots and model, its template and
+    special tokens."""
+    session = worker.ready()
+    model = session.target_model
+    sampler = {name: value for name, value in asdict(worker.defaults).items() if name != "logit_bias"}
+    return {
+        "default_generation_settings": {"n_ctx": session.target.n_ctx, "params": sampler},
+        "total_slots": worker.slots,
+        "model_path": str(model.path),
+        "chat_template": model.chat_template or "",
+        "bos_token": model.token_bytes(model.bos, True).decode("utf-8", "replace") if model.bos >= 0 else "",
+        "eos_token": model.token_bytes(model.eos, True).decode("utf-8", "replace") if model.eos >= 0 else "",
+        "modalities": {"vision": False, "audio": False},
+        "build_info": f"specrun {__version__}, llama-cpp-python {llama_cpp_version()}",
+        "is_sleeping": False,
+    }
 
 
 def anthropic_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:

@@ -103,8 +103,9 @@ async def _next(job: Job, watch: asyncio.Future) -> object:
 
 
 async def _events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: text chunks, tool call chunks, the finishing chunk with timings, usage
-    if asked, [DONE]. A reply's text comes before its calls, so a batch of reports keeps that order.
+    """Server-sent events: reasoning chunks, text chunks, tool call chunks, the finishing chunk with
+    timings, usage if asked, [DONE]. A reply's reasoning comes before its text, and its text before
+    its calls, so a batch of reports keeps that order.
 
     Starlette stops this generator when the client disconnects; `finally` then cancels the job.
     """
@@ -113,7 +114,10 @@ async def _events(job: Job, shape: Shape, include_usage: bool) -> AsyncIterator[
             yield _sse(chunk)
         while True:
             reports = [await job.next(), *job.ready()]
-            texts = [r for r in reports if isinstance(r, Text)]
+            thought = "".join(r.text for r in reports if isinstance(r, Text) and r.reasoning)  # before the answer
+            if thought:
+                yield _sse(shape.thought_chunk(thought))
+            texts = [r for r in reports if isinstance(r, Text) and not r.reasoning]
             text = "".join(r.text for r in texts)
             if text:
                 scored = None if texts[0].logprobs is None else tuple(s for r in texts for s in r.logprobs or ())

@@ -28,6 +28,7 @@ class Text:
     pieces: tuple[SourcePiece, ...] = ()  # asked for (`specrun.pieces`): the text split by how it came
     stats: dict | None = None  # asked for: the reply's statistics so far
     logprobs: tuple[Scored, ...] | None = None  # asked for: the tokens this text completes
+    reasoning: bool = False  # the model's reasoning, not its answer (serve/reasoning.py)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ def joined(reports: list[Report]) -> list[Report]:
     together: list[Report] = []
     for report in reports:
         last = together[-1] if together else None
-        if isinstance(report, Text) and isinstance(last, Text):
-            together[-1] = Text(last.text + report.text)
+        if isinstance(report, Text) and isinstance(last, Text) and report.reasoning == last.reasoning:
+            together[-1] = Text(last.text + report.text, reasoning=report.reasoning)
         elif isinstance(report, CallPiece) and isinstance(last, CallPiece):
             together[-1:] = merged([last, report])
         else:

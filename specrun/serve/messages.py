@@ -233,7 +233,8 @@ class MessagesShape:
         self.stops = request.stops
 
     def response(self, outcome: Outcome) -> dict:
-        content: list[dict[str, Any]] = [{"type": "text", "text": outcome.text}] if outcome.text else []
+        thought = [{"type": "thinking", "thinking": outcome.reasoning, "signature": ""}] if outcome.reasoning else []
+        content: list[dict[str, Any]] = thought + ([{"type": "text", "text": outcome.text}] if outcome.text else [])
         content += [
             {"type": "tool_use", "id": call.id, "name": call.name, "input": json.loads(call.arguments)}
             for call in outcome.tool_calls
@@ -294,16 +295,17 @@ class _Blocks:
 
     def __init__(self) -> None:
         self.index = -1
-        self.open: str | None = None  # "text" or "tool_use"
+        self.open: str | None = None  # "thinking", "text" or "tool_use"
 
     def add(self, report: Text | CallPiece) -> list[tuple[str, dict]]:
         events: list[tuple[str, dict]] = []
         if isinstance(report, Text):
             if not report.text:
                 return events
-            if self.open != "text":
-                events += self._start({"type": "text", "text": ""})
-            return events + [self._delta({"type": "text_delta", "text": report.text})]
+            kind, delta = ("thinking", "thinking_delta") if report.reasoning else ("text", "text_delta")
+            if self.open != kind:
+                events += self._start({"type": kind, kind: ""} | ({"signature": ""} if report.reasoning else {}))
+            return events + [self._delta({"type": delta, kind: report.text})]
         if report.id is not None:  # a call's first piece: a block of its own
             events += self._start({"type": "tool_use", "id": report.id, "name": report.name, "input": {}})
         if report.arguments:

@@ -26,6 +26,7 @@ class Outcome:
     logprobs: tuple[Scored, ...] | None = None  # asked for: the kept tokens'
     stop: str | None = None  # the stop string that ended it, the request's or the chat template's
     tokens: tuple[int, ...] = ()  # the reply's token ids (its text's, as kept)
+    reasoning: str | None = None  # a reasoning model's thinking, apart from `text` (serve/reasoning.py)
 
 
 def usage(outcome: Outcome) -> dict:
@@ -119,6 +120,10 @@ class Shape:
         """A piece of a tool call (chat only)."""
         raise NotImplementedError
 
+    def thought_chunk(self, text: str) -> dict:
+        """A piece of a reasoning model's thinking (chat only)."""
+        raise NotImplementedError
+
     def opening_chunks(self) -> list[dict]:
         return []
 
@@ -137,6 +142,8 @@ class ChatShape(Shape):
 
     def whole(self, outcome: Outcome) -> dict:
         message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
+        if outcome.reasoning:
+            message["reasoning_content"] = outcome.reasoning  # as llama-server names it
         if outcome.tool_calls:
             message["tool_calls"] = [
                 {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
@@ -164,6 +171,10 @@ class ChatShape(Shape):
                 "function": {"name": piece.name, "arguments": piece.arguments},
             }
         choice = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}
+        return {**self._head(self.chunk_name), "choices": [choice]}
+
+    def thought_chunk(self, text: str) -> dict:
+        choice = {"index": 0, "delta": {"reasoning_content": text}, "logprobs": None, "finish_reason": None}
         return {**self._head(self.chunk_name), "choices": [choice]}
 
     def opening_chunks(self) -> list[dict]:

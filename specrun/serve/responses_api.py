@@ -26,6 +26,7 @@ class ResponsesShape:
     def __init__(self, model: str, parsed: ResponsesRequest, store: ResponseStore):
         self.id = f"resp_{uuid.uuid4().hex}"
         self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.parsed = parsed
@@ -33,7 +34,8 @@ class ResponsesShape:
         self.sequence = itertools.count()
 
     def response(self, outcome: Outcome) -> dict:
-        output = ([self._message(outcome.text)] if outcome.text else []) + [_call_item(call) for call in outcome.tool_calls]
+        output = [self._reasoning(outcome.reasoning)] if outcome.reasoning else []
+        output += ([self._message(outcome.text)] if outcome.text else []) + [_call_item(call) for call in outcome.tool_calls]
         body = self._body(outcome.finish_reason, output) | {"usage": _usage(outcome)}
         if self.parsed.store:
             reply = {"role": "assistant", "content": outcome.text}
@@ -62,6 +64,11 @@ class ResponsesShape:
             "usage": None,
             **self.parsed.echo,
         }
+
+    def _reasoning(self, text: str, status: str = "completed") -> dict:
+        """A reasoning item: the model's thinking (as llama-server gives it, in `content`)."""
+        content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+        return {"id": self.reasoning_id, "type": "reasoning", "status": status, "summary": [], "content": content}
 
     def _message(self, text: str, status: str = "completed") -> dict:
         content = [_text_part(text)] if status == "completed" else []
@@ -112,23 +119,27 @@ class ResponsesShape:
 
 
 class _Items:
-    """The output items of a streamed response: the one open (a message or a function call) and
-    those done."""
+    """The output items of a streamed response: the one open (reasoning, a message or a function
+    call) and those done."""
 
     def __init__(self, shape: ResponsesShape):
         self.shape = shape
         self.output: list[dict] = []  # the items done
         self.open: dict | None = None
-        self.text = ""  # the open message's so far
+        self.text = ""  # the open message's or reasoning item's so far
 
     def add(self, report: Text | CallPiece) -> list[tuple[str, dict]]:
         if isinstance(report, Text):
             if not report.text:
                 return []
-            opened = self.open is not None and self.open["type"] == "message"
-            events = [] if opened else self.close() + self._open_message(len(self.output))
+            kind = "reasoning" if report.reasoning else "message"
+            opened = self.open is not None and self.open["type"] == kind
+            events = [] if opened else self.close() + self._open(kind)
+            assert self.open is not None  # opened, or just now
             self.text += report.text
-            return events + [("response.output_text.delta", self._in_text(delta=report.text, logprobs=[]))]
+            if report.reasoning:
+                return events + [("response.reasoning_text.delta", self._in_text(self.open, delta=report.text))]
+            return events + [("response.output_text.delta", self._in_text(self.open, delta=report.text, logprobs=[]))]
         events = []
         if report.id is not None:  # a call's first piece: an item of its own
             events = self.close()
@@ -139,16 +150,18 @@ class _Items:
         delta = {"item_id": self.open["id"], "output_index": len(self.output), "delta": report.arguments}
         return events + ([("response.function_call_arguments.delta", delta)] if report.arguments else [])
 
-    def _open_message(self, index: int) -> list[tuple[str, dict]]:
-        self.open, self.text = self.shape._message("", "in_progress"), ""
-        part = _text_part("")
-        return [
-            ("response.output_item.added", {"output_index": index, "item": dict(self.open)}),
-            ("response.content_part.added", self._in_text(part=part)),
-        ]
+    def _open(self, kind: str) -> list[tuple[str, dict]]:
+        """A message's or a reasoning item's .added events."""
+        self.text = ""
+        item = self.open = (
+            self.shape._message("", "in_progress") if kind == "message" else self.shape._reasoning("", "in_progress")
+        )
+        added = [("response.output_item.added", {"output_index": len(self.output), "item": dict(item)})]
+        return added + ([("response.content_part.added", self._in_text(item, part=_text_part("")))] if kind == "message" else [])
 
-    def _in_text(self, **fields: Any) -> dict:
-        return {"item_id": self.shape.message_id, "output_index": len(self.output), "content_index": 0, **fields}
+    def _in_text(self, item: dict, **fields: Any) -> dict:
+        """An event's fields about the text of `item` (the open one, at the next output index)."""
+        return {"item_id": item["id"], "output_index": len(self.output), "content_index": 0, **fields}
 
     def close(self) -> list[tuple[str, dict]]:
         """The .done events of the open item, if any."""
@@ -159,9 +172,12 @@ class _Items:
         if item["type"] == "message":
             done = self.shape._message(self.text)
             events = [
-                ("response.output_text.done", self._in_text(text=self.text, logprobs=[])),
-                ("response.content_part.done", self._in_text(part=_text_part(self.text))),
+                ("response.output_text.done", self._in_text(item, text=self.text, logprobs=[])),
+                ("response.content_part.done", self._in_text(item, part=_text_part(self.text))),
             ]
+        elif item["type"] == "reasoning":
+            done = self.shape._reasoning(self.text)
+            events = [("response.reasoning_text.done", self._in_text(item, text=self.text))]
         else:
             done = item | {"status": "completed"}
             events = [

@@ -20,13 +20,11 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from specrun import __version__
-from specrun.backend import llama_cpp_version
 from specrun.chat.conversation import Transcript
-from specrun.chat.formats import Rendered, choose_format
+from specrun.chat.formats import TEMPLATE, Rendered, choose_format
 from specrun.chat.reply import Reply, ReplyStream
 from specrun.core.batch import Batch
 from specrun.core.engine import Generator
@@ -39,6 +37,7 @@ from specrun.serve.jobs import Failed, Finished, Job, Started
 from specrun.serve.logprobs import LogprobWatch
 from specrun.serve.metrics import Metrics
 from specrun.serve.native import infill_tokens
+from specrun.serve.reasoning import ReasoningReader, opens_thinking, thinks
 from specrun.serve.reporter import Reporter
 from specrun.serve.sources import SourceLabels
 from specrun.serve.tool_calls import CallReader
@@ -170,8 +169,9 @@ class Worker:
             self.session = self._open_session()
             self._chat_format = choose_format(self.session.target_model, self._chat_format_name)
             self._tool_style = tool_style(self._chat_format)
+            self._thinks = self._chat_format.name == TEMPLATE and thinks(self.session.target_model.chat_template)
             self._transcript = Transcript(self.session.target_model)
-            self._sampler = self.session.config.sampler  # the server's defaults; requests override them
+            self.defaults = self.session.config.sampler  # the server's defaults; requests override them
             if self.session.drafter is not None:
                 self.session.policy(self.session.config.k)  # auto measures verify costs now, not in the first request
         except BaseException as exc:  # noqa: BLE001 - reported to the command, which exits with it
@@ -252,7 +252,7 @@ class Worker:
         reader = CallReader(self._tool_style.form) if job.request.tools else None
         labels = SourceLabels(generator) if job.request.pieces else None
         scores = LogprobWatch(self._loaded.target_model.piece, generator.eog) if job.request.logprobs is not None else None
-        view = Reporter(job, self.metrics, reader, labels, scores)
+        view = Reporter(job, self.metrics, reader, labels, scores, self._thoughts(job.request, prompt))
         reply = ReplyStream(prompt.stops, view, started, cancelled=lambda: job.cancelled)
         on_token = reply.on_token if labels is None else labels.watching(reply.on_token)
         on_token = on_token if scores is None else scores.watching(on_token)
@@ -281,24 +281,6 @@ class Worker:
         """A chat request's prompt as the model would read it (llama-server's /apply-template).
         Off the model's thread, as `count_prompt_tokens`."""
         return self._rendered(request).text
-
-    def props(self) -> dict:
-        """llama-server's /props: the server's generation defaults, slots and model, its template and
-        special tokens. Read-only, off the model's thread."""
-        session = self.ready()
-        model = session.target_model
-        sampler = {name: value for name, value in asdict(self._sampler).items() if name != "logit_bias"}
-        return {
-            "default_generation_settings": {"n_ctx": session.target.n_ctx, "params": sampler},
-            "total_slots": self.slots,
-            "model_path": str(model.path),
-            "chat_template": model.chat_template or "",
-            "bos_token": model.token_bytes(model.bos, True).decode("utf-8", "replace") if model.bos >= 0 else "",
-            "eos_token": model.token_bytes(model.eos, True).decode("utf-8", "replace") if model.eos >= 0 else "",
-            "modalities": {"vision": False, "audio": False},
-            "build_info": f"specrun {__version__}, llama-cpp-python {llama_cpp_version()}",
-            "is_sleeping": False,
-        }
 
     def slot_states(self) -> list[dict]:
         """llama-server's /slots, read-only: each slot's context and whether a request runs on it."""
@@ -354,6 +336,13 @@ class Worker:
             )
         return prompt
 
+    def _thoughts(self, request: GenerationRequest, prompt: Prompt) -> ReasoningReader | None:
+        """A reader of the reply's reasoning, for a chat reply of a template that writes it (not
+        where the reply's text is reported as it came: its pieces, its log probabilities)."""
+        if not (request.chat and self._thinks) or request.pieces or request.logprobs is not None:
+            return None
+        return ReasoningReader(thinking=opens_thinking(prompt.text))
+
     def _token_ids(self, tokens: tuple[int, ...]) -> list[int]:
         """A prompt given as token ids, each checked against the vocabulary."""
         n_vocab = self._loaded.target_model.n_vocab
@@ -364,7 +353,7 @@ class Worker:
 
     def _generator(self, request: GenerationRequest, slot: int) -> Generator:
         try:
-            settings = replace(self._sampler, **request.sampling)
+            settings = replace(self.defaults, **request.sampling)
         except SettingError as exc:  # the API checked each field already: a backstop
             raise setting_error(exc) from None
         if request.seed is not None:
