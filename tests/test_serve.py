@@ -146,6 +146,26 @@ def test_a_request_extending_the_last_conversation_prefills_only_its_new_tokens(
     assert timings["prompt_n"] < second.usage.prompt_tokens - first.usage.prompt_tokens
 
 
+def test_conversations_interleaved_on_two_slots_each_reuse_their_own_cache(config):
+    """An agent's turn finds its earlier turns cached even when another conversation ran in between:
+    each goes to the slot that holds most of its prompt. The client sends back its own text for the
+    assistant's turns (an agent's recorded calls), not what the model wrote."""
+    running = RunningServer(replace(config, parallel=2, n_ctx=2 * N_CTX), ServeOptions(port=0))
+    try:
+        client = running.client()
+        talks = {
+            name: [{"role": "user", "content": f"{name} the cat sat on the mat and the dog was there and the cat"}]
+            for name in ("one", "two")
+        }
+        firsts = {name: client.chat.completions.create(model="any", messages=m, max_tokens=4) for name, m in talks.items()}
+        for name, messages in talks.items():
+            messages += [{"role": "assistant", "content": "let me look"}, {"role": "user", "content": "it was on the mat"}]
+            second = client.chat.completions.create(model="any", messages=messages, max_tokens=4)
+            assert second.model_extra["timings"]["cache_n"] >= firsts[name].usage.prompt_tokens, name
+    finally:
+        running.stop()
+
+
 def test_requests_pick_their_sampling_and_drafting(idle):
     client = idle.client()
     prompt = "hello world , the dog was there and the dog was"

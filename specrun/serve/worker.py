@@ -1,8 +1,8 @@
 """One model on one thread: up to `slots` requests run together, their rows in one target decode
 per step (a `Batch`); the rest wait, in arrival order, in a bounded queue.
 
-A waiting request takes the free slot whose cached prompt it shares most of (as llama-server
-picks slots), so a client's next turn prefills only what is new. The event loop submits a
+A waiting request takes the free slot that throws away least of what it holds
+(`Session.best_slot`), so a client's next turn prefills only what is new. The event loop submits a
 `Job` and awaits what the worker reports on it: `Started` (the prompt fits and the reply
 begins) or `Failed`, then `Text` pieces (and `CallPiece`s of the tools it calls, read from
 the reply by `CallReader`), then `Finished`. A job that is cancelled (its client went away,

@@ -314,7 +314,7 @@ class Session:
     ) -> list[Generation]:
         """Each prompt's continuation, as `generate` gives it, `parallel` at a time: the running
         streams' rows go through one target decode per step, and a prompt takes the next free
-        stream (the one whose cache shares most of it). `grammar`: one for all, or one per prompt.
+        stream (`best_slot`). `grammar`: one for all, or one per prompt.
         Returned in the prompts' order."""
         grammars = [grammar] * len(prompts) if grammar is None or isinstance(grammar, Grammar) else list(grammar)
         if len(grammars) != len(prompts):
@@ -348,9 +348,16 @@ class Session:
         return auto.costs
 
     def best_slot(self, tokens: Sequence[int], free: Sequence[int]) -> int:
-        """Of the free streams, the one whose cache shares the longest prefix with `tokens` (as
-        llama-server picks a slot), so the least is prefilled."""
-        return max(free, key=lambda slot: common_prefix(self.target.sequence(slot).tokens, tokens))
+        """Of the free streams, the one to run `tokens` on. Where streams lend one another the cells
+        of a prefix they share (a system prompt), that prefix costs nothing on any of them: the one
+        that throws away least of what it holds (another conversation's turns) is taken, the longest
+        shared prefix breaking ties. Otherwise the one sharing the longest prefix, as llama-server
+        picks a slot."""
+        held = {slot: self.target.sequence(slot).tokens for slot in free}
+        shared = {slot: common_prefix(held[slot], tokens) for slot in free}
+        if self.target.shares_prefixes:
+            return min(free, key=lambda slot: (len(held[slot]) - shared[slot], -shared[slot]))
+        return max(free, key=lambda slot: (shared[slot], shared[slot] - len(held[slot])))
 
     def _prepared(
         self,
