@@ -23,7 +23,7 @@ from specrun.serve import api, messages, responses_api, responses_request, token
 from specrun.serve import native as native_routes
 from specrun.serve.api import GenerationRequest
 from specrun.serve.api_errors import ApiError, body_error, setting_error
-from specrun.serve.generation import OpenAIAnswer, Prepared, generate
+from specrun.serve.generation import OpenAIAnswer, Prepared, generate, parse_counted, prepared
 from specrun.serve.messages import MessagesShape
 from specrun.serve.metrics import MEDIA_TYPE, Metrics
 from specrun.serve.native import NativeShape
@@ -146,11 +146,7 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
         }
 
     def answered(parse: Callable[[bytes], GenerationRequest], shape: type[Shape]) -> Callable[[bytes], Prepared]:
-        def prepare(raw: bytes) -> Prepared:
-            parsed = parse(raw)
-            return parsed, OpenAIAnswer(shape(model), parsed.include_usage)
-
-        return prepare
+        return prepared(parse, lambda parsed: OpenAIAnswer(shape(model), parsed.include_usage))
 
     @router.post("/v1/chat/completions")
     @router.post("/chat/completions")  # llama-server's unprefixed alias
@@ -170,11 +166,7 @@ def llama_server_routes(worker: Worker, metrics: Metrics, model: str) -> APIRout
     router = APIRouter()
 
     def native(parse: Callable[[bytes], GenerationRequest]) -> Callable[[bytes], Prepared]:
-        def prepare(raw: bytes) -> Prepared:
-            parsed = parse(raw)
-            return parsed, NativeShape(model, parsed)
-
-        return prepare
+        return prepared(parse, lambda parsed: NativeShape(model, parsed))
 
     @router.post("/completion")
     @router.post("/completions")  # as llama-server maps it: its native completion, not OpenAI's
@@ -195,11 +187,7 @@ def llama_server_routes(worker: Worker, metrics: Metrics, model: str) -> APIRout
 
     @router.post("/apply-template")
     async def apply_template(request: Request) -> dict:
-        try:
-            parsed = api.parse_chat(await request.body())
-        except (ApiError, ValidationError, SettingError):
-            metrics.reject("invalid")
-            raise
+        parsed = await parse_counted(request, api.parse_chat, metrics)
         return {"prompt": await tokens.off_thread(worker, lambda _: worker.prompt_text(parsed))}
 
     return router
@@ -230,19 +218,12 @@ def anthropic_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
 
     @router.post("/v1/messages")
     async def anthropic_messages(request: Request) -> Response:
-        def prepare(raw: bytes) -> Prepared:
-            parsed = messages.parse_messages(raw)
-            return parsed, MessagesShape(model, parsed)
-
+        prepare = prepared(messages.parse_messages, lambda parsed: MessagesShape(model, parsed))
         return await generate(request, prepare, worker, metrics)
 
     @router.post("/v1/messages/count_tokens")
     async def anthropic_count_tokens(request: Request) -> dict:
-        try:
-            parsed = messages.parse_count(await request.body())
-        except (ApiError, ValidationError, SettingError):
-            metrics.reject("invalid")
-            raise
+        parsed = await parse_counted(request, messages.parse_count, metrics)
         return {"input_tokens": await tokens.off_thread(worker, lambda _: worker.count_prompt_tokens(parsed))}
 
     return router

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Protocol
+from typing import AsyncIterator, Callable, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -55,15 +55,33 @@ class OpenAIAnswer:
 
 Prepared = tuple[GenerationRequest, Answer]
 """What a protocol's route makes of a body: the request the worker runs, and how it is answered."""
+Parsed = TypeVar("Parsed")
+
+
+def prepared(
+    parse: Callable[[bytes], GenerationRequest], answer: Callable[[GenerationRequest], Answer]
+) -> Callable[[bytes], Prepared]:
+    """A route's `prepare`: the parsed request, and the answer made for it."""
+
+    def prepare(raw: bytes) -> Prepared:
+        parsed = parse(raw)
+        return parsed, answer(parsed)
+
+    return prepare
+
+
+async def parse_counted(request: Request, parse: Callable[[bytes], Parsed], metrics: Metrics) -> Parsed:
+    """`parse` of the request's body; a body it refuses counts as rejected (invalid) before its error answers it."""
+    try:
+        return parse(await request.body())
+    except (ApiError, ValidationError, SettingError):
+        metrics.reject("invalid")
+        raise
 
 
 async def generate(request: Request, prepare: Callable[[bytes], Prepared], worker: Worker, metrics: Metrics) -> Response:
     """One generation request: parsed, queued on the worker, answered whole or as server-sent events."""
-    try:
-        parsed, answer = prepare(await request.body())
-    except (ApiError, ValidationError, SettingError):
-        metrics.reject("invalid")
-        raise
+    parsed, answer = await parse_counted(request, prepare, metrics)
     job = worker.submit(parsed, asyncio.get_running_loop())
     watch = asyncio.ensure_future(_disconnected(request))
     try:
