@@ -11,10 +11,11 @@ grammar draft can propose them for free.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
@@ -125,13 +126,7 @@ def _enforced(schema: Any, tool_arguments: bool) -> Any:
         loose = tool_arguments and (key in NARROWING or (key == "format" and value not in FORMATS) or _beyond(key, value))
         if key in ANNOTATIONS - {"$defs", "definitions"} or loose:
             continue
-        if key in SCHEMA_MAPS and isinstance(value, dict):
-            value = {name: _enforced(child, tool_arguments) for name, child in value.items()}
-        elif key in SCHEMA_LISTS and isinstance(value, list):
-            value = [_enforced(child, tool_arguments) for child in value]
-        elif key in ("items", "additionalProperties"):
-            value = _enforced(value, tool_arguments)
-        kept[key] = value
+        kept[key] = _with_children(key, value, lambda child, _: _enforced(child, tool_arguments))
     return kept
 
 
@@ -180,15 +175,20 @@ def check_schema(schema: Any, path: str, tool_arguments: bool = False) -> None:
             for kind in value if isinstance(value, list) else [value]:
                 if kind not in TYPES:
                     raise SchemaError(f"unknown JSON schema type {kind!r} at {path}", where)
-        _check_children(key, value, where, tool_arguments)
+        _with_children(key, value, functools.partial(_check_child, where=where, tool_arguments=tool_arguments))
 
 
-def _check_children(key: str, value: Any, where: str, tool_arguments: bool) -> None:
+def _check_child(child: Any, suffix: str, where: str, tool_arguments: bool) -> None:
+    check_schema(child, where + suffix, tool_arguments)
+
+
+def _with_children(key: str, value: Any, visit: Callable[[Any, str], Any]) -> Any:
+    """The value of keyword `key` with each schema in it replaced by visit(schema, its path from the
+    keyword): the one walk of a schema's children, for the check and for what the converter is given."""
     if key in SCHEMA_MAPS and isinstance(value, dict):
-        for name, child in value.items():
-            check_schema(child, f"{where}.{name}", tool_arguments)
-    elif key in SCHEMA_LISTS and isinstance(value, list):
-        for i, child in enumerate(value):
-            check_schema(child, f"{where}[{i}]", tool_arguments)
-    elif key in ("items", "additionalProperties") and isinstance(value, (dict, bool)):
-        check_schema(value, where, tool_arguments)
+        return {name: visit(child, f".{name}") for name, child in value.items()}
+    if key in SCHEMA_LISTS and isinstance(value, list):
+        return [visit(child, f"[{i}]") for i, child in enumerate(value)]
+    if key in ("items", "additionalProperties") and isinstance(value, (dict, bool)):
+        return visit(value, "")
+    return value
