@@ -134,6 +134,7 @@ class NativeShape:
 
     def _final(self, outcome: Outcome, content: str) -> dict:
         request, stats = self.request, outcome.stats
+        word = outcome.stop if outcome.stop in request.stops else None  # not the template's stop
         body = {
             "index": 0,
             "content": content,
@@ -145,8 +146,8 @@ class NativeShape:
             "generation_settings": self._settings(),
             "has_new_line": "\n" in (outcome.text or ""),
             "truncated": False,
-            "stop_type": "word" if outcome.stop in request.stops else STOP_TYPES.get(outcome.finish_reason, "none"),
-            "stopping_word": outcome.stop if outcome.stop in request.stops else "",
+            "stop_type": "word" if word else STOP_TYPES.get(outcome.finish_reason, "none"),
+            "stopping_word": word or "",
             "tokens_cached": outcome.prompt_tokens + stats.tokens,
             "timings": timings(outcome),
         }
