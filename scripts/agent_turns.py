@@ -39,7 +39,7 @@ from specrun.serve.server import ServeOptions  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 N_CTX = 16384
-FILES = ["specrun/core/policy.py", "specrun/drafts/lookup.py", "specrun/serve/jobs.py", "specrun/core/sequences.py"]
+FILES = ["specrun/core/policy.py", "specrun/drafts/lookup.py", "specrun/serve/jobs.py", "specrun/sequences.py"]
 
 
 def session(turns: int) -> list[list[dict]]:

@@ -78,7 +78,7 @@ def main() -> None:
         # The same last turn again, on emptied caches: the whole history is prefilled.
         last = runner.conversation.tokens
         session.target.truncate(0)
-        generator = session.generator(plain=True)
+        generator = session.engine(plain=True)
         started = time.perf_counter()
         generator.run(last, 1)
         ttft = time.perf_counter() - started

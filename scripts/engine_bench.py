@@ -32,7 +32,7 @@ HERE = Path(__file__).parent
 
 def run(session: Session, tokens: list[int], max_tokens: int, plain: bool, k) -> tuple[list[int], Stats]:
     session.target.truncate(0)  # the same cold start for every run
-    run = session.generator(plain=plain, policy=k).run(tokens, max_tokens)
+    run = session.engine(plain=plain, policy=k).run(tokens, max_tokens)
     return run.tokens, run.stats
 
 
@@ -44,7 +44,7 @@ def measure(model: Path, prompts: list[str], max_tokens: int, flash_attn: int, r
         "self": SessionConfig(target=model, draft=model, n_ctx=2048, flash_attn=flash_attn, repack=repack, threads=threads),
     }
     with Session(configs["lookup"]) as lookup, Session(configs["self"]) as self_draft:
-        costs_ms = [round(1000 * c, 1) for c in lookup.verify_costs()[1:]]
+        costs_ms = [round(1000 * c, 1) for c in lookup.policies.verify_costs()[1:]]
         for text in prompts:
             tokens = lookup.tokenize(text)
             plain_out, plain = run(lookup, tokens, max_tokens, True, 1)

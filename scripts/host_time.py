@@ -149,7 +149,7 @@ def four_streams(session: Session, clock: LlamaClock, tokens: int, run: Run) -> 
     results = []
     for slot in range(session.config.parallel):
         prompt = session.tokenize(f"{slot} {PROMPT}")
-        batch.add(session.generator(plain=run.plain, policy=run.k, slot=slot), prompt, tokens, on_done=results.append)
+        batch.add(session.engine(plain=run.plain, policy=run.k, slot=slot), prompt, tokens, on_done=results.append)
     started, (llama_at, decodes_at) = time.perf_counter(), clock.reading()
     while batch.streams:
         batch.step()

@@ -51,7 +51,7 @@ def per_token_batched(session: Session, prompts: list[list[int]], k: str | None)
         batch = session.batch()
         started = time.perf_counter()
         for slot, prompt in enumerate(prompts):
-            batch.add(session.generator(plain=k is None, policy=k, slot=slot), prompt, max_tokens)
+            batch.add(session.engine(plain=k is None, policy=k, slot=slot), prompt, max_tokens)
         while batch.streams:
             batch.step()
         return time.perf_counter() - started

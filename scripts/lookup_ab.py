@@ -37,11 +37,11 @@ from compare_llama_cpp import read_prompts
 from specrun.bench.prompts import load_builtin
 from specrun.config import SessionConfig
 from specrun.core import auto, policy
-from specrun.core.engine import Generator
+from specrun.core.drafting import without_decodes
+from specrun.core.engine import Engine
 from specrun.core.events import Stats, StepEvent
 from specrun.core.sampling import Sampler
 from specrun.drafts import lookup
-from specrun.drafts.base import without_decodes
 from specrun.hub.embedded import embedded_model_path
 from specrun.session import Session
 
@@ -108,7 +108,7 @@ def main() -> None:
         sources = collections.defaultdict(lambda: [0, 0])  # (name, k, group, source) -> drafted, accepted
         config = SessionConfig(target=embedded_model_path(), lookup=True, n_ctx=2048, threads=args.threads)
         with Session(config) as session:
-            costs = session.verify_costs()
+            costs = session.policies.verify_costs()
             kept = {(name, k): make_policy(modules[1], k, costs) for name, modules, k in runs if modules}
             for _ in range(args.rounds):
                 for i, (group, text) in enumerate(prompts):
@@ -119,9 +119,9 @@ def main() -> None:
                         sampler = Sampler.seeded(config.sampler)
                         if modules:
                             chosen = kept[(name, k)] if args.keep_policy else make_policy(modules[1], k, costs)
-                            generator = Generator(session.target, new_lookup(modules[0], session), sampler, chosen)
+                            generator = Engine(session.target, new_lookup(modules[0], session), sampler, chosen)
                         else:
-                            generator = Generator(session.target, None, sampler)
+                            generator = Engine(session.target, None, sampler)
 
                         def count(event: StepEvent, stats: Stats, where=(name, k, group)) -> None:
                             if event.drafted:

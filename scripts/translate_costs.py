@@ -83,8 +83,8 @@ def main() -> None:
     with Session(config) as session:
         for length in (int(n) for n in args.contexts.split(",")):
             history = history_of(session, length)
-            session.generator().run(history, 4)  # the draft's cache takes the prompt: its prefill is not timed below
-            stats = session.generator().run(history, args.tokens).stats
+            session.engine().run(history, 4)  # the draft's cache takes the prompt: its prefill is not timed below
+            stats = session.engine().run(history, args.tokens).stats
             translate = stats.translate_s / stats.drafted
             decode = (stats.draft_s - stats.translate_s) / stats.drafted
             per_step = stats.translate_s / stats.steps

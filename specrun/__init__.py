@@ -29,7 +29,7 @@ _LAZY = {
     "Chat": "specrun.api",
     "Session": "specrun.session",
     "SessionConfig": "specrun.config",
-    "Generation": "specrun.session",
+    "Generation": "specrun.core.events",
     "SamplerSettings": "specrun.core.sampling",
     "TokenEvent": "specrun.core.events",
     "StepEvent": "specrun.core.events",

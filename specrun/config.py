@@ -7,11 +7,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from specrun.core.policy import parse_k
 from specrun.core.sampling import SamplerSettings
 from specrun.drafts.translated import TRANSLATIONS, Mode
 from specrun.errors import SpecrunError
-from specrun.settings import SettingError, check
+from specrun.settings import SettingError, check, parse_k
 
 CHECKED_FIELDS = ("n_ctx", "threads", "n_ubatch", "n_gpu_layers", "draft_n_gpu_layers", "rpc_timeout", "store_tokens", "parallel")
 MIN_SLOT_CTX = 256  # the fewest tokens a stream's share of the context may hold
@@ -55,7 +54,8 @@ class SessionConfig:
             object.__setattr__(self, "draft", Path(self.draft))
         for name in ("rpc", "draft_rpc", "tensor_split", "sources"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        self.check_settings({f.name: getattr(self, f.name) for f in fields(self)})
+        object.__setattr__(self, "k", parse_k(self.k))  # "4" from a command line is the draft length 4
+        self.check_settings({f.name: getattr(self, f.name) for f in fields(self) if f.name != "k"})
 
     @staticmethod
     def check_settings(options: dict[str, Any]) -> None:

@@ -131,6 +131,24 @@ def check_bias_tokens(bias: Mapping[int, float], n_vocab: int) -> None:
         raise SettingError("logit_bias", f"keyed by the target's token ids, from 0 to {n_vocab - 1}", outside[0])
 
 
+K_ALLOWED = "an integer >= 1, 'auto' or 'llama.cpp'"
+
+
+def parse_k(value: int | str) -> int | str:
+    """A k: a draft length >= 1, 'auto', or 'llama.cpp' (its draft-max/p-min rule), as a number or text."""
+    if value in ("auto", "llama.cpp"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise SettingError("k", K_ALLOWED, value)
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise SettingError("k", K_ALLOWED, value)
+    return k
+
+
 def check(**values: Any) -> None:
     """Raise a SettingError for the first value its rule refuses; None means "not given"."""
     for name, value in values.items():

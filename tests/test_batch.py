@@ -20,13 +20,13 @@ from specrun.backend.mtp import _HeadContext
 from specrun.config import SessionConfig
 from specrun.core.auto import AutoK
 from specrun.core.batch import Batch
-from specrun.core.engine import Decode, Generator
+from specrun.core.drafting import Draft, without_decodes
+from specrun.core.engine import Engine, TargetDecode
 from specrun.core.events import Stats
 from specrun.core.policy import FixedK, StepRecord
 from specrun.core.sampling import Sampler, SamplerSettings
-from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Draft, without_decodes
 from specrun.drafts.lookup import PromptLookup
+from specrun.sequences import common_prefix
 from specrun.session import Session
 
 PROMPTS = [
@@ -68,7 +68,7 @@ def four_streams_stepped(config: SessionConfig) -> tuple[Batch, int]:
     with Session(config) as session:
         batch, steps = session.batch(), 0
         for slot, prompt in enumerate(PROMPTS[:4]):
-            batch.add(session.generator(slot=slot), session.tokenize(prompt), 24)
+            batch.add(session.engine(slot=slot), session.tokenize(prompt), 24)
         while batch.streams:
             batch.step()
             steps += 1
@@ -122,25 +122,25 @@ def test_a_stream_cancelled_while_its_draft_model_drafts_leaves_the_others_and_i
         alone = [session.generate(prompt, max_tokens=24).tokens for prompt in PROMPTS[:3]]
     with Session(replace(config, parallel=3, n_ctx=3 * 1024)) as session:
         batch, results = session.batch(), {}
-        generators = [session.generator(slot=slot) for slot in range(3)]
+        generators = [session.engine(slot=slot) for slot in range(3)]
         for slot, prompt in enumerate(PROMPTS[:3]):
             batch.add(
                 generators[slot], session.tokenize(prompt), 24, on_done=lambda run, slot=slot: results.__setitem__(slot, run)
             )
         for _ in range(3):
             batch.step()
-        assert all(stream.drafting is not None for stream in batch.streams)  # each waits on its draft's decode
+        assert all(stream.draft_decode is not None for stream in batch.streams)  # each waits on its draft's decode
         batch.cancel(generators[1])
         while batch.streams:
             batch.step()
-        again = session.generator(slot=1).run(session.tokenize(PROMPTS[1]), 24)
+        again = session.engine(slot=1).run(session.tokenize(PROMPTS[1]), 24)
     assert results[1].stop_reason == "interrupted" and len(results[1].tokens) < 24
     assert [results[0].tokens, results[2].tokens] == [alone[0], alone[2]]
     assert again.tokens == alone[1]
 
 
-def lookup_generator(context: Context, source: PromptLookup | None = None) -> Generator:
-    return Generator(context, source or PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4))
+def lookup_generator(context: Context, source: PromptLookup | None = None) -> Engine:
+    return Engine(context, source or PromptLookup(), Sampler.seeded(SamplerSettings()), FixedK(4))
 
 
 def alone(model: Model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -311,9 +311,7 @@ def four_at_once(session: Session, tokens: list[int], policy: AutoK | None) -> l
         return [(g.tokens, g.stats) for g in session.generate_many([tokens] * 4, max_tokens=3)]
     batch, done = Batch(session.target, lambda: policy.costs), []
     for slot in range(4):
-        batch.add(
-            session.generator(policy=policy, slot=slot), tokens, 3, on_done=lambda run: done.append((run.tokens, run.stats))
-        )
+        batch.add(session.engine(policy=policy, slot=slot), tokens, 3, on_done=lambda run: done.append((run.tokens, run.stats)))
     while batch.streams:
         batch.step()
     return done
@@ -338,7 +336,7 @@ def test_four_streams_sample_like_the_target(tiny, first_layer_draft, cut, monke
         sampler=settings,
     )
     cuts = Counter()
-    monkeypatch.setattr(Decode, "cut", lambda self, drafted, cut=Decode.cut: cuts.update([1]) or cut(self, drafted))
+    monkeypatch.setattr(TargetDecode, "cut", lambda self, drafted, cut=TargetDecode.cut: cuts.update([1]) or cut(self, drafted))
     sampled: Counter = Counter()
     drafted = accepted = 0
     with Session(config) as session:
@@ -362,11 +360,11 @@ def test_a_batch_verifies_the_draft_rows_that_pay_and_each_output_stays_its_own(
         context = Context(model, ContextOptions(n_ctx=4 * 512, sequences=4))
         batch, results, cut_widths, policy = Batch(context, lambda: FOURS), {}, [], OnCurve(FOURS)
         for i, prompt in enumerate(prompts):
-            generator = Generator(context.sequence(i), PromptLookup(), Sampler.seeded(SamplerSettings()), policy)
+            generator = Engine(context.sequence(i), PromptLookup(), Sampler.seeded(SamplerSettings()), policy)
             batch.add(generator, prompt, 24, on_done=lambda run, i=i: results.__setitem__(i, run.tokens))
         while batch.streams:
-            verifying = all(stream.generator.stats.prefills for stream in batch.streams)
-            asked = sum(len(stream.asks.tokens) for stream in batch.streams if stream.asks is not None)
+            verifying = all(stream.engine.stats.prefills for stream in batch.streams)
+            asked = sum(len(stream.target_decode.tokens) for stream in batch.streams if stream.target_decode is not None)
             batch.step()
             if verifying and batch.rows < asked:
                 cut_widths.append(batch.rows)
@@ -397,7 +395,7 @@ def test_a_draft_the_batch_verified_none_of_reaches_the_policy_as_declined(tiny)
         batch = Batch(context, lambda: policy.costs)
         for i, prompt in enumerate(PROMPTS[:4]):
             batch.add(
-                Generator(context.sequence(i), PromptLookup(), Sampler.seeded(SamplerSettings()), policy),
+                Engine(context.sequence(i), PromptLookup(), Sampler.seeded(SamplerSettings()), policy),
                 model.tokenize(prompt),
                 16,
             )
@@ -430,7 +428,7 @@ def test_a_model_draft_that_kept_no_token_is_no_decline(tiny):
     try:
         context = Context(model, ContextOptions(n_ctx=512))
         policy = RecordingOnCurve(FOURS)
-        Generator(context, KeepsNoGuess(), Sampler.seeded(SamplerSettings()), policy).run(model.tokenize(PROMPTS[0]), 4)
+        Engine(context, KeepsNoGuess(), Sampler.seeded(SamplerSettings()), policy).run(model.tokenize(PROMPTS[0]), 4)
     finally:
         model.close()
     first = policy.steps[0]  # auto's first grant to the source

@@ -71,7 +71,7 @@ def generated(session, variant, prompt, settings=GREEDY, seed=0):
     session.target.truncate(0)
     if source is not None:
         source.rollback([])
-    generator = session.generator(plain=source is None, policy=variant.k, sampler=replace(settings, seed=seed), drafter=source)
+    generator = session.engine(plain=source is None, policy=variant.k, sampler=replace(settings, seed=seed), drafter=source)
     return generator.run(prompt, 10).tokens
 
 

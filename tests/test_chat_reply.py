@@ -2,7 +2,7 @@
 
 from specrun.chat.formats import plain_transcript
 from specrun.chat.reply import StopScanner, stream_reply
-from specrun.core.engine import Generator
+from specrun.core.engine import Engine
 from specrun.core.events import Stats, StepEvent, TokenEvent
 
 EOG = 99
@@ -36,11 +36,11 @@ def test_released_text_keeps_each_characters_source():
 
 
 class ScriptedGenerator:
-    """Hands a fixed event script to the engine's consumer as Generator.steps does, asking for no
+    """Hands a fixed event script to the engine's consumer as Engine.steps does, asking for no
     decode; records being closed."""
 
     eog = frozenset({EOG})
-    run = Generator.run  # the engine's one driver and consumer, over this script
+    run = Engine.run  # the engine's one driver and consumer, over this script
 
     def __init__(self, pieces, interrupt_after=None):
         self.pieces = pieces  # (token, text, source)
@@ -49,7 +49,7 @@ class ScriptedGenerator:
         self.closed = False
 
     def steps(self, prompt, max_tokens, consumer):
-        yield from ()  # a coroutine like Generator.steps, with no decode to ask for
+        yield from ()  # a coroutine like Engine.steps, with no decode to ask for
         stats = self.stats = Stats(prompt_tokens=len(prompt))
         try:
             for i, (token, text, source) in enumerate(self.pieces):
@@ -66,7 +66,7 @@ class ScriptedGenerator:
                 stats.stop_reason = "eog" if self.pieces[-1][0] == EOG else "max_tokens"
         finally:
             self.closed = True
-        return consumer.result(stats)
+        return consumer.result(stats, lambda tokens: "".join(text for _, text, _ in self.pieces[: len(tokens)]))
 
 
 class RecordingView:

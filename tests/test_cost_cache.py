@@ -23,8 +23,8 @@ def measured(monkeypatch):
         calls.append(context)
         return [0.0] + [0.001 * w for w in range(1, WIDEST + 1)]
 
-    monkeypatch.setattr("specrun.session.measure_verify_costs", measure)
-    monkeypatch.setattr("specrun.session.verify_costs_hold", lambda context, costs: True)
+    monkeypatch.setattr("specrun.session.policies.measure_verify_costs", measure)
+    monkeypatch.setattr("specrun.session.policies.verify_costs_hold", lambda context, costs: True)
     return calls
 
 
@@ -60,25 +60,25 @@ def test_the_spot_check_passes_a_table_that_holds_and_fails_one_that_does_not(mo
 
 def test_a_kept_table_the_spot_check_rejects_is_measured_again(tiny, measured, monkeypatch):
     with Session(config(tiny, threads=1)) as session:
-        session.verify_costs()
-    monkeypatch.setattr("specrun.session.verify_costs_hold", lambda context, costs: False)
+        session.policies.verify_costs()
+    monkeypatch.setattr("specrun.session.policies.verify_costs_hold", lambda context, costs: False)
     with Session(config(tiny, threads=1)) as session:
-        session.verify_costs()
+        session.policies.verify_costs()
     assert len(measured) == 2
 
 
 def test_a_second_run_with_the_same_setup_measures_nothing(tiny, measured):
     with Session(config(tiny, threads=1)) as session:
-        first = list(session.verify_costs())
+        first = list(session.policies.verify_costs())
     with Session(config(tiny, threads=1)) as session:
-        assert session.verify_costs() == first
+        assert session.policies.verify_costs() == first
     assert len(measured) == 1
 
 
 def test_another_setup_is_measured_apart(tiny, measured):
     for threads in (1, 2, 1):
         with Session(config(tiny, threads=threads)) as session:
-            session.verify_costs()
+            session.policies.verify_costs()
     assert len(measured) == 2
 
 
@@ -95,16 +95,16 @@ def test_a_changed_model_file_is_measured_again_and_a_deleted_one_forgotten(tiny
     model = tmp_path / "model.gguf"
     model.write_bytes(tiny["target"].read_bytes())
     with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
-        session.verify_costs()
+        session.policies.verify_costs()
     model.write_bytes(model.read_bytes() + b"\0")  # same path, other file
     with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
-        session.verify_costs()
+        session.policies.verify_costs()
     assert len(measured) == 2
     with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
         session.policy("auto")  # closing writes back what auto refined
         model.unlink()  # gone while running: closing still works
     with Session(config(tiny)) as session:
-        session.verify_costs()
+        session.policies.verify_costs()
     kept = json.loads(verify_cost_cache.read_text())
     assert [entry["model"] for entry in kept.values()] == [str(tiny["target"].resolve())]
 
@@ -122,8 +122,8 @@ DAMAGED = [
 @pytest.mark.parametrize("content", DAMAGED)
 def test_a_damaged_file_means_measuring_again_and_a_whole_new_file(tiny, measured, verify_cost_cache, content):
     with Session(config(tiny, threads=1)) as session:
-        verify_cost_cache.write_text(content.replace("KEY", session.costs_key))
-        costs = session.verify_costs()
+        verify_cost_cache.write_text(content.replace("KEY", session.policies.costs_key))
+        costs = session.policies.verify_costs()
     assert len(measured) == 1
     assert len(costs) == WIDEST + 1 and list(json.loads(verify_cost_cache.read_text()).values())
     assert list(verify_cost_cache.parent.glob("*.partial")) == []

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from specrun.core.drafting import DraftRequest, drafted
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
-from specrun.drafts.base import DraftRequest, drafted
 from specrun.drafts.lookup import PromptLookup, blank_lines
 from specrun.errors import SpecrunError
 

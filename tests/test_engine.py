@@ -11,16 +11,17 @@ from tinymodels import write_tiny_llama
 
 from specrun.backend import Context, ContextOptions, Model
 from specrun.config import SessionConfig
-from specrun.core.engine import Generator
+from specrun.core.drafting import Draft, DraftRequest, drafted
+from specrun.core.engine import Engine
 from specrun.core.events import Done, StepEvent, TokenEvent
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
-from specrun.core.sequences import History, common_prefix
-from specrun.drafts.base import Chain, Draft, DraftRequest, drafted, model_part
-from specrun.drafts.feeding import MIN_WINDOW, FeedCost
+from specrun.drafts.chain import Chain, model_part
+from specrun.drafts.drafting_loop import MIN_WINDOW, FeedCost
 from specrun.drafts.lookup import PromptLookup
 from specrun.drafts.model import DraftModel
 from specrun.errors import SpecrunError
+from specrun.sequences import History, common_prefix
 from specrun.session import Session
 from specrun.settings import SettingError
 
@@ -144,13 +145,13 @@ def test_prompts_longer_than_the_batch_are_prefilled_and_drafted_in_chunks(tiny)
     try:
         options = ContextOptions(n_ctx=256, n_batch=8)
         target, draft = Context(target_model, options), Context(draft_model, options)
-        generator = Generator(
+        generator = Engine(
             target, Chain(PromptLookup(), DraftModel(draft, sample=False)), Sampler.seeded(SamplerSettings()), FixedK(4)
         )
         prompt = target_model.tokenize(PROMPT)
         assert len(prompt) > 3 * options.n_batch
         target_reads, draft_reads = record_reads(target), record_reads(draft)
-        events = list(generator.generate(prompt, 30))
+        events = list(generator.stream(prompt, 30))
         tokens = [e.token for e in events if isinstance(e, TokenEvent)]
         assert len(tokens) == 30 and events[-1].stats.drafted > 0
         with FreshContexts(tiny["target"], 256) as fresh:
@@ -208,7 +209,7 @@ def test_a_draft_far_behind_catches_up_on_its_first_token_and_a_window_where_the
 
 
 def test_a_first_feed_times_a_batch_and_one_token_and_feeds_all_where_that_shows_it_cheap(tiny, monkeypatch):
-    monkeypatch.setattr("specrun.drafts.feeding.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
+    monkeypatch.setattr("specrun.drafts.drafting_loop.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
     model = Model(tiny["draft"], role="draft")
     try:
         drafter = DraftModel(Context(model, ContextOptions(n_ctx=1024)), sample=False)
@@ -230,12 +231,12 @@ def test_greedy_output_is_the_targets_argmax_with_a_draft_reading_a_window(tiny,
     target_model, draft_model = Model(tiny["target"]), Model(tiny["same"], role="draft")
     try:
         target, draft = (Context(model, ContextOptions(n_ctx=512)) for model in (target_model, draft_model))
-        generator = Generator(
+        generator = Engine(
             target, DraftModel(draft, sample=False), Sampler.seeded(SamplerSettings()), FixedK(4), catch_up="window"
         )
         prompt = target_model.tokenize(" ".join([PROMPT] * 8))
         target_reads, draft_reads = record_reads(target), record_reads(draft)
-        events = list(generator.generate(prompt, 40))
+        events = list(generator.stream(prompt, 40))
         tokens = [e.token for e in events if isinstance(e, TokenEvent)]
         assert events[-1].stats.accepted > 0 and draft.tokens[0] == prompt[0] and len(draft.tokens) < len(prompt)
         with FreshContexts(tiny["target"], 512) as fresh:
@@ -343,10 +344,10 @@ def test_stops_at_end_of_generation_and_never_past_it(tiny):
     with Session(config) as session:
         reference = run(session, PROMPT, 30, plain=True)[0]
         stop_token = reference[5]
-        generator = Generator(
+        generator = Engine(
             session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(6), eog=frozenset({stop_token})
         )
-        events = list(generator.generate(session.tokenize(PROMPT), 30))
+        events = list(generator.stream(session.tokenize(PROMPT), 30))
     tokens = [e.token for e in events if isinstance(e, TokenEvent)]
     assert tokens == reference[: reference.index(stop_token) + 1]
     assert events[-1].stats.stop_reason == "eog"
@@ -355,19 +356,19 @@ def test_stops_at_end_of_generation_and_never_past_it(tiny):
 def test_auto_keeps_what_it_learned_across_generations(tiny):
     """A second prompt (chat turn, bench prompt) must not pay again to learn a draft is slow."""
     with Session(SessionConfig(target=tiny["target"], draft=tiny["draft"], k="auto", n_ctx=256)) as session:
-        first = session.generator()
-        list(first.generate(session.tokenize(PROMPT), 12))
+        first = session.engine()
+        list(first.stream(session.tokenize(PROMPT), 12))
         learned = first.policy.sources["draft"].steps
-        second = session.generator()
+        second = session.engine()
         assert second.policy is first.policy and learned > 0
-        assert session.generator(policy=4).policy is not first.policy
+        assert session.engine(policy=4).policy is not first.policy
 
 
 def test_plain_decoding_skips_the_verify_cost_measurement(tiny, monkeypatch):
     def measure(*args):
         raise AssertionError("plain decoding measured verify costs")
 
-    monkeypatch.setattr("specrun.session.measure_verify_costs", measure)
+    monkeypatch.setattr("specrun.session.policies.measure_verify_costs", measure)
     with Session(SessionConfig(target=tiny["target"], k="auto", n_ctx=256)) as session:
         tokens, _, _, _ = run(session, PROMPT, 5)
         assert len(tokens) == 5
@@ -402,7 +403,7 @@ class ReturnsItsDraft:
 
 def test_a_source_that_returns_its_draft_instead_of_yielding_is_told_how_to_mend_it(tiny):
     with Session(SessionConfig(target=tiny["target"], n_ctx=256)) as session:
-        generator = session.generator(drafter=ReturnsItsDraft(), policy=2)
+        generator = session.engine(drafter=ReturnsItsDraft(), policy=2)
         with pytest.raises(SpecrunError, match="@without_decodes"):
             generator.run(session.tokenize(PROMPT), 4)
 
@@ -413,8 +414,8 @@ def test_max_tokens_and_context_full(tiny):
         tokens, _, _, stats = run(session, PROMPT, 7)
         assert len(tokens) == 7 and stats.stop_reason == "max_tokens"
         # No end-of-generation token: random weights may pick </s> before the context fills.
-        generator = Generator(session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(8), eog=frozenset())
-        events = list(generator.generate(session.tokenize(PROMPT), 500))
+        generator = Engine(session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(8), eog=frozenset())
+        events = list(generator.stream(session.tokenize(PROMPT), 500))
         assert events[-1].stats.stop_reason == "context_full"
         n_ctx = session.target.n_ctx  # llama.cpp rounds the size up
         assert events[-1].stats.tokens == n_ctx - prompt_len + 1  # every slot used; the last token needs none
@@ -552,7 +553,7 @@ def test_a_logit_bias_past_the_targets_vocabulary_is_refused_naming_the_token(ti
     with Session(SessionConfig(target=tiny["target"], n_ctx=256)) as session:
         n_vocab = session.target.model.n_vocab
         with pytest.raises(SettingError, match=f"from 0 to {n_vocab - 1}, but is {n_vocab}$"):
-            session.generator(sampler=SamplerSettings(logit_bias={5: 1.0, n_vocab: 1.0}))
+            session.engine(sampler=SamplerSettings(logit_bias={5: 1.0, n_vocab: 1.0}))
 
 
 @pytest.mark.parametrize("drafting", ["plain", "lookup", "draft"])

@@ -47,16 +47,16 @@ from tinymodels import write_tiny_llama
 
 from specrun.backend import Context, ContextOptions, Model
 from specrun.config import SessionConfig
-from specrun.core.engine import Generator
+from specrun.core.engine import Engine
 from specrun.core.events import StepEvent, TokenEvent
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Adjustments, Distribution, Sampler, SamplerSettings, filtered
-from specrun.drafts.base import Chain
-from specrun.drafts.bridge import VocabBridge
-from specrun.drafts.feeding import Picker
+from specrun.drafts.chain import Chain
+from specrun.drafts.drafting_loop import Picker
 from specrun.drafts.lookup import PromptLookup
 from specrun.drafts.model import DraftModel
 from specrun.drafts.translated import TranslatingDraft
+from specrun.drafts.vocab_bridge import VocabBridge
 from specrun.session import Session
 
 SETTINGS = SamplerSettings(temperature=1.0)  # llama.cpp's default filters: top-k 40, top-p 0.95, min-p 0.05
@@ -99,7 +99,7 @@ class Rig:
         self.target, self.draft, self.other = (Context(model, options) for model in self.models)
         self.bridge = VocabBridge(self.models[0], self.models[2])
 
-    def generator(self, drafting: str, settings: SamplerSettings, seed: int) -> Generator:
+    def engine(self, drafting: str, settings: SamplerSettings, seed: int) -> Engine:
         sample = drafting not in GUESSING  # the models' drafts sampled (the p/q rule), or their argmax guessed
         model = DraftModel(self.draft, sample=sample)
         drafter = {"plain": None, "lookup": PromptLookup(), "draft": model, "lookup+greedy-draft": Chain(PromptLookup(), model)}
@@ -107,7 +107,7 @@ class Rig:
             self.other.truncate(0)  # a fresh drafter per generation: its cache starts empty
             mode = "tokens" if drafting == "translated-tokens" else "text"
             drafter[drafting] = TranslatingDraft(self.other, self.bridge, sample=sample, mode=mode)
-        return Generator(self.target, drafter[drafting], Sampler.seeded(replace(settings, seed=seed)), FixedK(K))
+        return Engine(self.target, drafter[drafting], Sampler.seeded(replace(settings, seed=seed)), FixedK(K))
 
     def close(self):
         for model in self.models:
@@ -122,7 +122,7 @@ def rig(peaked):
 
 
 def greedy(rig: Rig, prompt: list[int], n: int) -> list[int]:
-    return [e.token for e in rig.generator("plain", SamplerSettings(), 0).generate(prompt, n) if isinstance(e, TokenEvent)]
+    return [e.token for e in rig.engine("plain", SamplerSettings(), 0).stream(prompt, n) if isinstance(e, TokenEvent)]
 
 
 @pytest.fixture(scope="module")
@@ -153,11 +153,11 @@ class Runs:
         return sum(n for depth, n in self.depths.items() if depth >= row) / len(self.tokens)
 
 
-def sample(make_generator: Callable[[int], Generator], prompt: list[int], seeds: range, n: int = TOKENS) -> Runs:
+def sample(make_generator: Callable[[int], Engine], prompt: list[int], seeds: range, n: int = TOKENS) -> Runs:
     runs = Runs()
     for seed in seeds:
         generator = make_generator(seed)
-        events = list(generator.generate(prompt, n))
+        events = list(generator.stream(prompt, n))
         runs.tokens[seed] = tuple(e.token for e in events if isinstance(e, TokenEvent))
         steps = [e for e in events if isinstance(e, StepEvent) and e.drafted]
         runs.depths[steps[0].accepted if steps else -1] += 1
@@ -169,7 +169,7 @@ def assert_deep_and_exact(session, exact: Exact, settings: SamplerSettings) -> N
     """A trained drafter's or MTP head's sampled drafts over SEEDS seeds: kept part of the time,
     reaching rows 2 and 3 of the step that drafts in at least a third and a fifth of the seeds,
     and every row distributed as the target's for its history."""
-    runs = sample(lambda seed: session.generator(sampler=replace(settings, seed=seed)), exact.prompt, range(SEEDS))
+    runs = sample(lambda seed: session.engine(sampler=replace(settings, seed=seed)), exact.prompt, range(SEEDS))
     assert 0.05 < runs.accepted / runs.drafted < 0.95, (runs.accepted, runs.drafted)
     assert runs.reached(2) >= 1 / 3 and runs.reached(3) >= 1 / 5, runs.depths
     assert exact.p_value(runs, settings) > MIN_P
@@ -260,7 +260,7 @@ def plain(rig, prompt, rules) -> Callable[[str], Runs]:
 
     def under(rule: str) -> Runs:
         if rule not in runs:
-            runs[rule] = sample(lambda seed: rig.generator("plain", rules[rule], seed), prompt, range(SEEDS))
+            runs[rule] = sample(lambda seed: rig.engine("plain", rules[rule], seed), prompt, range(SEEDS))
         return runs[rule]
 
     return under
@@ -281,7 +281,7 @@ def test_every_verified_row_follows_the_targets_distribution(rig, prompt, exact,
     steps after it: every token against the fresh context's distribution for its history. A
     drafter that guesses samples and matches: one draw per emitted token, as plain decoding, so
     each seed gives plain decoding's very tokens."""
-    runs = sample(lambda seed: rig.generator(drafting, rules[rule], seed), prompt, range(SEEDS))
+    runs = sample(lambda seed: rig.engine(drafting, rules[rule], seed), prompt, range(SEEDS))
     assert 0.05 < runs.accepted / runs.drafted < 0.95, (runs.accepted, runs.drafted)  # both accept and reject are taken
     assert runs.reached(2) >= 1 / 3 and runs.reached(3) >= 1 / 5, runs.depths
     assert exact.p_value(runs, rules[rule]) > MIN_P
@@ -293,7 +293,7 @@ def test_every_verified_row_follows_the_targets_distribution(rig, prompt, exact,
 def test_an_error_in_the_rows_after_kept_drafts_fails_the_check(rig, prompt, exact, rules, rule, monkeypatch):
     """Each rule's check fails where the verified rows after row 0 get it wrong: the penalties'
     window without the drafted tokens, or the rule left out of those rows."""
-    correct = Generator._target_dist
+    correct = Engine._target_dist
 
     def wrong(self, logits, history, drafted, i):
         if rule == "penalties":
@@ -307,20 +307,20 @@ def test_an_error_in_the_rows_after_kept_drafts_fails_the_check(rig, prompt, exa
         finally:
             self.sampler = sampler
 
-    monkeypatch.setattr(Generator, "_target_dist", wrong)
-    runs = sample(lambda seed: rig.generator("draft", rules[rule], seed), prompt, range(SEEDS))
+    monkeypatch.setattr(Engine, "_target_dist", wrong)
+    runs = sample(lambda seed: rig.engine("draft", rules[rule], seed), prompt, range(SEEDS))
     assert exact.p_value(runs, rules[rule]) < MIN_P
 
 
 def test_the_chi_square_check_sees_a_small_distortion(rig, prompt, exact):
     """The same number of seeds sampled at temperature 0.8 instead of 1 must fail the check."""
-    sharpened = sample(lambda seed: rig.generator("plain", replace(SETTINGS, temperature=0.8), seed), prompt, range(SEEDS))
+    sharpened = sample(lambda seed: rig.engine("plain", replace(SETTINGS, temperature=0.8), seed), prompt, range(SEEDS))
     assert exact.p_value(sharpened, SETTINGS) < MIN_P
 
 
 def seeded(session: Session, plain: bool = False):
     """A generator per seed over the session, as its sampler with that seed."""
-    return lambda seed: session.generator(plain=plain, sampler=replace(session.config.sampler, seed=seed))
+    return lambda seed: session.engine(plain=plain, sampler=replace(session.config.sampler, seed=seed))
 
 
 def first_tokens(make_generator, prompt: list[int], seeds: range, n: int = 2):
@@ -331,7 +331,7 @@ def first_tokens(make_generator, prompt: list[int], seeds: range, n: int = 2):
     for seed in seeds:
         generator = make_generator(seed)
         max_tokens = n + (generator.drafter is not None)
-        tokens = [e.token for e in generator.generate(prompt, max_tokens) if isinstance(e, TokenEvent)]
+        tokens = [e.token for e in generator.stream(prompt, max_tokens) if isinstance(e, TokenEvent)]
         outcomes[seed] = tuple(tokens[:n])
         drafted, accepted = drafted + generator.stats.drafted, accepted + generator.stats.accepted
     return outcomes, drafted, accepted

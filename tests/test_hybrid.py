@@ -17,11 +17,11 @@ from specrun.backend import Context, ContextOptions, Model, ModelOptions
 from specrun.backend.mtp import MtpHead
 from specrun.cli.serve import describe
 from specrun.config import SessionConfig
-from specrun.core.engine import Generator
+from specrun.core.drafting import Draft, without_decodes
+from specrun.core.engine import Engine
 from specrun.core.events import TokenEvent
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
-from specrun.drafts.base import Draft, without_decodes
 from specrun.drafts.mtp import MtpDraft
 from specrun.session import Session
 
@@ -57,7 +57,7 @@ def config(hybrid, drafting: str, k: int | str = 3, **settings) -> SessionConfig
 
 
 def generate(session: Session, prompt: list[int], n: int, plain: bool = False) -> tuple[list[int], object]:
-    run = session.generator(plain=plain).run(prompt, n)
+    run = session.engine(plain=plain).run(prompt, n)
     return run.tokens, run.stats
 
 
@@ -111,7 +111,7 @@ def test_a_step_never_verifies_more_drafted_tokens_than_the_target_rolls_back(hy
     model = Model(hybrid["target"])
     try:
         target = Context(model, ContextOptions(n_ctx=256, rollback=4))
-        run = Generator(target, Guessing(), Sampler.seeded(SamplerSettings()), FixedK(32)).run(model.tokenize(PROMPT), 40)
+        run = Engine(target, Guessing(), Sampler.seeded(SamplerSettings()), FixedK(32)).run(model.tokenize(PROMPT), 40)
     finally:
         model.close()
     assert run.stats.drafted > 0 and len(run.stats.drafted_by_position) == 4
@@ -249,7 +249,7 @@ def mtp_run(path, n_batch: int, prompt: str, n: int) -> tuple[list[int], list[in
         target = Context(model, ContextOptions(n_ctx=256, n_batch=n_batch, n_threads=2, rollback=2))
         drafter = MtpDraft(target)
         drafter.follow(True)
-        generator = Generator(target, drafter, Sampler.seeded(SamplerSettings(temperature=0)), FixedK(2))
+        generator = Engine(target, drafter, Sampler.seeded(SamplerSettings(temperature=0)), FixedK(2))
         tokens = model.tokenize(prompt)
         run = generator.run(tokens[: len(tokens) // 4 * 4], n)  # the last rows that follow it fill a batch of four
         return run.tokens, run.stats.accepted_by_position

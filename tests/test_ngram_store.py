@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from specrun.config import SessionConfig
+from specrun.core.drafting import DraftRequest, drafted
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
-from specrun.drafts.base import DraftRequest, drafted
 from specrun.drafts.store import NgramStore
 from specrun.drafts.store_lookup import StoreLookup
 from specrun.errors import SpecrunError
@@ -85,7 +85,7 @@ def generate(session, prompt, max_tokens):
         if event.accepted:
             sources.append(event.draft_source)
 
-    run = session.generator(policy=4).run(prompt, max_tokens, on_step=on_step)
+    run = session.engine(policy=4).run(prompt, max_tokens, on_step=on_step)
     return run.tokens, sources, run.stats
 
 

@@ -8,9 +8,10 @@ from specrun.config import SessionConfig
 from specrun.core.auto import AutoK, SourceTrack, rows_to_verify
 from specrun.core.costs import measure_verify_costs, time_decodes
 from specrun.core.events import TokenEvent
-from specrun.core.policy import PRIOR, Budget, FixedK, PMinPolicy, StepRecord, parse_k
+from specrun.core.policy import PRIOR, Budget, FixedK, PMinPolicy, StepRecord
 from specrun.errors import SpecrunError
 from specrun.session import Session
+from specrun.settings import parse_k
 
 FLAT = [0.0] + [0.010] * 18  # a GPU-like target: verifying 17 rows costs what 1 does
 STEEP = [0.0] + [0.010 * w for w in range(1, 19)]  # every row costs a full decode
@@ -225,7 +226,7 @@ def test_policies_keep_greedy_output_exact(tiny, drafting, k, monkeypatch):
     whole prompt under auto too: a tiny model's batch is hardly cheaper per token than one
     token, so its catch-up window would be the least one, without the copy 90 tokens back.
     """
-    monkeypatch.setattr("specrun.drafts.feeding.MIN_WINDOW", 256)
+    monkeypatch.setattr("specrun.drafts.drafting_loop.MIN_WINDOW", 256)
     monkeypatch.setattr("specrun.core.costs.time_decodes", lambda context, widths, repeats: dict.fromkeys(widths, 1.0))
     config = SessionConfig(
         target=tiny["confident"],
@@ -235,7 +236,7 @@ def test_policies_keep_greedy_output_exact(tiny, drafting, k, monkeypatch):
         n_ctx=256,
     )
     with Session(config) as session:
-        session.verify_costs()  # measured before the logits recorder is attached
+        session.policies.verify_costs()  # measured before the logits recorder is attached
         own = session.target_model.detokenize(
             [e.token for e in session.stream(PROMPT, 40, plain=True) if isinstance(e, TokenEvent)]
         )

@@ -4,7 +4,7 @@ the server's request fields and the library alike.
 The settings' types and ranges are tested elsewhere; a mapping that swapped two of them (--typical
 feeding top_n_sigma, a request's dynatemp_exponent feeding dynatemp_range) would pass those. Here
 each setting gets a value no other field has, through the real command line (`run_app`, up to the
-`resolve` every command calls) and the real server (HTTP, up to the `Session.generator` the worker
+`resolve` every command calls) and the real server (HTTP, up to the `Session.engine` the worker
 calls), so a swap between any two fields fails. Then, on the tiny model, a value that changes the
 output changes it the same way through `specrun generate --json`, `/v1/completions` and
 `Session.generate`, with the same seed.
@@ -139,7 +139,7 @@ def test_every_cli_option_at_once_lands_each_in_its_field(resolved, command):
 
 @pytest.fixture(scope="module")
 def asked() -> list[SamplerSettings]:
-    """The sampler settings the server's worker asks `Session.generator` for, a generation each."""
+    """The sampler settings the server's worker asks `Session.engine` for, a generation each."""
     return []
 
 
@@ -150,13 +150,13 @@ def server(tiny, asked):
 
     def open_session() -> Session:
         session = Session(config)
-        generator = session.generator
+        make_engine = session.engine
 
         def recording(**kwargs):
             asked.append(kwargs["sampler"])
-            return generator(**kwargs)
+            return make_engine(**kwargs)
 
-        session.generator = recording
+        session.engine = recording
         return session
 
     running = RunningServer(config, ServeOptions(port=0), open_session=open_session)

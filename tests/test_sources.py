@@ -11,10 +11,10 @@ import pytest
 
 import specrun
 from specrun.cli import run_app
+from specrun.core.drafting import Draft, DraftRequest, drafted, without_decodes
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts import registry
-from specrun.drafts.base import Draft, DraftRequest, drafted, without_decodes
 from specrun.drafts.suffix import SuffixCopy, longest_match
 
 COUNTING = "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,"

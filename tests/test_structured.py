@@ -17,14 +17,15 @@ from test_exactness import MIN_P, SETTINGS, first_tokens
 from specrun.backend import Context, ContextOptions, Model
 from specrun.backend.grammar import GrammarState
 from specrun.config import SessionConfig
-from specrun.core.engine import Generator
+from specrun.core.drafting import Draft, DraftRequest, drafted, without_decodes
+from specrun.core.engine import Engine
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler
-from specrun.drafts.base import Chain, Draft, DraftRequest, drafted, without_decodes
+from specrun.drafts.chain import Chain
 from specrun.drafts.grammar import GrammarDraft, GrammarFirst
 from specrun.drafts.lookup import PromptLookup
 from specrun.drafts.model import DraftModel
-from specrun.drafts.text import exact_tokens
+from specrun.drafts.word_tokens import exact_tokens
 from specrun.errors import SpecrunError
 from specrun.grammar.constraint import Constraint
 from specrun.grammar.gbnf import GbnfState, GrammarSyntaxError
@@ -127,8 +128,8 @@ def test_greedy_constrained_output_is_the_masked_argmax_path(tiny, drafting):
     )
     with Session(config) as session:
         prompt = session.tokenize(PROMPT)
-        run = session.generator(grammar=grammar).run(prompt, 48)
-        plain = session.generator(plain=True, grammar=grammar).run(prompt, 48)
+        run = session.engine(grammar=grammar).run(prompt, 48)
+        plain = session.engine(plain=True, grammar=grammar).run(prompt, 48)
     masked_argmax_path(tiny["target"], prompt, run.tokens, grammar)
     assert run.stats.accepted_by_source["grammar"] > 0 and run.stats.steps < len(
         run.tokens
@@ -231,7 +232,7 @@ def test_a_grammar_the_reader_cannot_follow_still_holds_the_output(tiny):
     # A right-recursive rule llama.cpp takes; the reader is given up on, drafting stops, masking goes on.
     grammar = grammar_from_gbnf('root ::= "[" item "]"\nitem ::= [a-z] | [a-z] item\n')
     with Session(SessionConfig(target=tiny["target"], lookup=True, k=4, n_ctx=512)) as session:
-        run = session.generator(grammar=grammar).run(session.tokenize(PROMPT), 24)
+        run = session.engine(grammar=grammar).run(session.tokenize(PROMPT), 24)
         text = session.detokenize(run.tokens)
     assert text.startswith("[") and set(text[1:].rstrip("]")) <= set("abcdefghijklmnopqrstuvwxyz")
 
@@ -244,7 +245,7 @@ class ConstrainedRig:
         options = ContextOptions(n_ctx=128, n_batch=8, n_ubatch=1, n_threads=1)
         self.target, self.draft = (Context(model, options) for model in self.models)
 
-    def generator(self, drafting: str, grammar, seed: int) -> Generator:
+    def engine(self, drafting: str, grammar, seed: int) -> Engine:
         constraint = Constraint(self.models[0], grammar)
         forced = GrammarDraft(constraint, self.models[0])
         drafter = {
@@ -253,7 +254,7 @@ class ConstrainedRig:
             "model": GrammarFirst(forced, DraftModel(self.draft, sample=True)),
         }[drafting]
         sampler = Sampler.seeded(SETTINGS.__class__(**{**SETTINGS.__dict__, "seed": seed}))
-        return Generator(self.target, drafter, sampler, FixedK(2), constraint=constraint)
+        return Engine(self.target, drafter, sampler, FixedK(2), constraint=constraint)
 
     def close(self):
         for model in self.models:
@@ -269,8 +270,8 @@ def test_constrained_sampling_with_drafts_is_distributed_as_constrained_plain_sa
     rig = ConstrainedRig(tiny["target"], write_first_layer(tiny))
     try:
         prompt = rig.models[0].tokenize(PROMPT)
-        plain, _, _ = first_tokens(lambda seed: rig.generator("plain", grammar, seed), prompt, range(1200), n=7)
-        drafted, n_drafted, accepted = first_tokens(lambda seed: rig.generator(drafting, grammar, seed), prompt, range(1200), n=7)
+        plain, _, _ = first_tokens(lambda seed: rig.engine("plain", grammar, seed), prompt, range(1200), n=7)
+        drafted, n_drafted, accepted = first_tokens(lambda seed: rig.engine(drafting, grammar, seed), prompt, range(1200), n=7)
     finally:
         rig.close()
     assert n_drafted > 0 and accepted > 0

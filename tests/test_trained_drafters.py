@@ -81,9 +81,9 @@ def config(files, drafter: str = "eagle3", **settings) -> SessionConfig:
 def test_greedy_output_is_plain_decodings(files, kind, settings):
     with Session(config(files, kind, **settings)) as session:
         prompt = session.tokenize(PROMPT)
-        plain = session.generator(plain=True).run(prompt, 48)
-        run = session.generator().run(prompt, 48)
-        assert session.source_names[-1] == kind
+        plain = session.engine(plain=True).run(prompt, 48)
+        run = session.engine().run(prompt, 48)
+        assert session.drafters.names[-1] == kind
     assert run.tokens == plain.tokens
     assert run.stats.drafted > run.stats.accepted > 0 or settings.get("k") == "auto"
 
@@ -94,8 +94,8 @@ def test_a_hybrid_target_rolls_back_what_a_block_drafter_drafted(files, kind):
     rejected drafts roll back from snapshots, and greedy text is plain decoding's."""
     with Session(config(files, f"qwen35-{kind}")) as session:
         prompt = session.tokenize(PROMPT)
-        plain, run = session.generator(plain=True).run(prompt, 32), session.generator().run(prompt, 32)
-        assert session.source_names == [kind]
+        plain, run = session.engine(plain=True).run(prompt, 32), session.engine().run(prompt, 32)
+        assert session.drafters.names == [kind]
     assert run.tokens == plain.tokens and run.stats.drafted > run.stats.accepted
 
 
@@ -103,7 +103,7 @@ def test_a_hybrid_target_rolls_back_what_a_block_drafter_drafted(files, kind):
 def test_a_drawn_drafter_drafts_and_changes_nothing(files, drafter):
     with Session(config(files, drafter)) as session:
         prompt = session.tokenize(PROMPT)
-        plain, run = session.generator(plain=True).run(prompt, 24), session.generator().run(prompt, 24)
+        plain, run = session.engine(plain=True).run(prompt, 24), session.engine().run(prompt, 24)
     assert run.tokens == plain.tokens and run.stats.drafted > 0
 
 
@@ -122,7 +122,7 @@ def drafter_exact(request, files):
     drafter = SAMPLING[request.param]
     with Session(config(files, drafter)) as session:
         prompt = session.tokenize(PROMPT)
-        path = session.generator(plain=True).run(prompt, TOKENS).tokens
+        path = session.engine(plain=True).run(prompt, TOKENS).tokens
         exact = Exact(files[target_of(drafter)], prompt, n_ctx=512, n_ubatch=0)
         yield session, exact, sampler_rules(exact, path)
         exact.close()

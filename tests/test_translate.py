@@ -12,13 +12,13 @@ from test_engine import PROMPT, assert_greedy_exact
 
 from specrun.backend import Context, ContextOptions, Model
 from specrun.config import SessionConfig
-from specrun.core.engine import Generator
+from specrun.core.drafting import DraftRequest, drafted
+from specrun.core.engine import Engine
 from specrun.core.policy import FixedK
 from specrun.core.sampling import Sampler, SamplerSettings
-from specrun.drafts.base import DraftRequest, drafted
-from specrun.drafts.bridge import SPECIAL, VocabBridge
-from specrun.drafts.feeding import MIN_WINDOW, FeedCost
+from specrun.drafts.drafting_loop import MIN_WINDOW, FeedCost
 from specrun.drafts.translated import TranslatingDraft
+from specrun.drafts.vocab_bridge import SPECIAL, VocabBridge
 from specrun.errors import IncompatibleError, SpecrunError
 from specrun.session import Session
 
@@ -75,7 +75,7 @@ def test_the_cache_holds_the_accepted_text_in_the_drafts_own_tokens(tiny, models
     with Session(config) as session:
         reads = record_reads(session.drafter.context)
         history = session.tokenize(PROMPT)
-        run = session.generator().run(history, 40)
+        run = session.engine().run(history, 40)
         # The generator's last rollback dropped the last guess; the next proposal catches up on the rest.
         assert target_text(target, history + run.tokens).startswith(cached_text(session.drafter))
         drafted(session.drafter, history + run.tokens, DraftRequest(1, FixedK(1), GREEDY))
@@ -188,7 +188,7 @@ def test_a_draft_far_behind_reads_its_start_token_and_a_window_where_the_policy_
 
 
 def test_a_first_feed_that_shows_feeding_cheap_feeds_a_translated_draft_all_of_it(translating, monkeypatch):
-    monkeypatch.setattr("specrun.drafts.feeding.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
+    monkeypatch.setattr("specrun.drafts.drafting_loop.CATCH_UP_DRAFTS", 10**9)  # any batch is cheap enough for all of it
     target, drafter = translating
     history = target.tokenize(" ".join([PROMPT] * 8))
     drafted(drafter, history, DraftRequest(4, FixedK(4), GREEDY, "window"))
@@ -202,7 +202,7 @@ def test_greedy_output_is_the_targets_argmax_with_a_translated_draft_reading_a_w
     with Session(config) as session:
         prompt = session.tokenize(" ".join([PROMPT] * 8))
         target_reads, draft_reads = record_reads(session.target), record_reads(session.drafter.context)
-        run = Generator(session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(4), catch_up="window").run(
+        run = Engine(session.target, session.drafter, Sampler.seeded(SamplerSettings()), FixedK(4), catch_up="window").run(
             prompt, 40
         )
         assert run.stats.drafted > 0 and len(session.drafter.context.tokens) < len(prompt)

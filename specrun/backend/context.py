@@ -27,8 +27,8 @@ from specrun.backend.library import drafter_calls, llama, llama_ext
 from specrun.backend.model import Closed, Model
 from specrun.backend.threads import ThreadPool
 from specrun.backend.views import BatchViews, FloatViews, layer_inputs
-from specrun.core.sequences import History, common_prefix
 from specrun.errors import SpecrunError
+from specrun.sequences import History, common_prefix
 
 Listener = Callable[[Sequence[int], int, np.ndarray], None]
 """Told of every decode of a sequence: its tokens, the first's position, its rows (valid during the call)."""

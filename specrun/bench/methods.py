@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrun.core.policy import parse_k
+from specrun.core.drafting import DraftSource
 from specrun.drafts import registry
-from specrun.drafts.base import DraftSource, chained, model_part
+from specrun.drafts.chain import chained, model_part
 from specrun.errors import SpecrunError
 from specrun.session import Session
+from specrun.settings import parse_k
 
 PLAIN = "plain"
 DRAFT = "draft"  # the draft --draft names: a GGUF, or a source that drafts as a model (--draft mtp)
@@ -35,12 +36,15 @@ def drafter(session: Session, method: str, slot: int = 0) -> DraftSource | None:
     if method == PLAIN:
         return None
     return chained(
-        [_draft(session, slot) if name == DRAFT else session.source(name, slot) for name in CHAINS.get(method, (method,))]
+        [
+            _draft(session, slot) if name == DRAFT else session.drafters.source(name, slot)
+            for name in CHAINS.get(method, (method,))
+        ]
     )
 
 
 def _draft(session: Session, slot: int) -> DraftSource:
-    model = model_part(session.drafter_for(slot))  # alone, or chained with lookup and store
+    model = model_part(session.drafters.chain(slot))  # alone, or chained with lookup and store
     if model is None:
         raise SpecrunError("the draft method needs a draft model: pass --draft PATH")
     return model

@@ -12,7 +12,7 @@ from typing import Sequence
 from rich.table import Table
 
 from specrun.bench.methods import PLAIN, Variant, drafter
-from specrun.core.events import RunResult, TokenEvent
+from specrun.core.events import Generation, TokenEvent
 from specrun.core.sampling import SamplerSettings
 from specrun.grammar.schemas import Grammar
 from specrun.session import Session
@@ -54,20 +54,20 @@ def _serve(
     max_tokens: int,
     grammars: Sequence[Grammar | None],
 ) -> Served:
-    slots = list(range(session.config.parallel))
-    for slot in slots:
+    for slot in range(session.config.parallel):
         session.target.sequence(slot).truncate(0)
     if variant.k:
         session.policy(variant.k)  # auto measures verify costs before the clock starts, as a server does at start-up
-    served, batch, waiting = Served(variant), session.batch(), list(range(len(prompts)))
+    served, slots, waiting = Served(variant), session.slots(), list(range(len(prompts)))
     started = time.perf_counter()
-    while waiting or batch.streams:
-        while waiting and slots:
-            index, slot = waiting.pop(0), slots.pop(0)
+    while waiting or slots.busy:
+        while waiting and slots.free:
+            index = waiting.pop(0)
+            slot = slots.slot_for(prompts[index])  # as serve picks a request's slot
             source = drafter(session, variant.method, slot)
             if source is not None:
                 source.rollback([])
-            generator = session.generator(
+            engine = session.engine(
                 plain=source is None, policy=variant.k, sampler=settings, drafter=source, grammar=grammars[index], slot=slot
             )
 
@@ -76,14 +76,13 @@ def _serve(
                     served.outputs[index] = []
                     served.first_token_s.append(time.perf_counter() - started)
 
-            def done(run: RunResult, index: int = index, slot: int = slot) -> None:
+            def done(run: Generation, index: int = index) -> None:
                 served.outputs[index] = run.tokens
                 served.tokens += len(run.tokens)
                 served.done_s.append(time.perf_counter() - started)
-                slots.append(slot)
 
-            batch.add(generator, prompts[index], max_tokens, on_token=first, on_done=done)
-        batch.step()
+            slots.start(slot, index, engine, prompts[index], max_tokens, on_token=first, on_done=done)
+        slots.step()
     served.seconds = time.perf_counter() - started
     return served
 

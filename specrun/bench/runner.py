@@ -104,8 +104,8 @@ def run_variant(
         source.rollback([])
     # Same seed for every method, so at temperature > 0 all start from the same stream;
     # auto measures verify costs once per session.
-    generator = session.generator(
+    engine = session.engine(
         plain=source is None, policy=variant.k, sampler=replace(settings, seed=seed), drafter=source, grammar=grammar
     )
-    run = generator.run(prompt, max_tokens)
+    run = engine.run(prompt, max_tokens)
     return run.tokens, run.stats

@@ -33,16 +33,16 @@ class PlainRate:
 
         The first decode of a context also sets up llama.cpp's compute graph, so it is left out.
         """
-        generator = session.generator(plain=True, sampler=replace(session.config.sampler, seed=0))
+        engine = session.engine(plain=True, sampler=replace(session.config.sampler, seed=0))
         marks: list[tuple[float, int, float]] = []  # (clock, tokens, verify_s) at the first and the latest token
 
         def on_token(event: TokenEvent) -> StopReason | None:
-            s = generator.stats
+            s = engine.stats
             marks[1:] = [(time.perf_counter(), s.tokens, s.verify_s)]
             first, last = marks[0], marks[-1]
             return "max_tokens" if last[1] >= 4 and last[0] - first[0] > budget_s else None  # timed enough
 
-        generator.run(session.tokenize(CALIBRATION_TEXT), max_tokens, on_token)
+        engine.run(session.tokenize(CALIBRATION_TEXT), max_tokens, on_token)
         if len(marks) < 2:
             return cls(0.0, 0.0, 0)
         (first_clock, first_tokens, first_verify), (last_clock, last_tokens, last_verify) = marks
@@ -52,7 +52,7 @@ class PlainRate:
         return cls(decode_s, overhead_s, tokens)
 
     def reset_step_clock(self) -> None:
-        """Call before each reply: the generator's counters start again from zero."""
+        """Call before each reply: the engine's counters start again from zero."""
         self._last_verify_s = 0.0
 
     def observe(self, event: StepEvent, stats: Stats) -> None:

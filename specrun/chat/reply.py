@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from specrun.core.engine import Generator
-from specrun.core.events import Stats, StepEvent, StopReason, TokenEvent, TokenSource
+from specrun.core.engine import Engine
+from specrun.core.events import Generation, Stats, StepEvent, StopReason, TokenEvent, TokenSource
 
 Piece = tuple[str, TokenSource]  # (text, where its tokens came from)
 
@@ -24,13 +24,13 @@ class ReplyView(Protocol):
         """After each draft/verify round, with the reply's running counters."""
 
 
-@dataclass
-class Reply:
-    tokens: list[int]  # kept tokens: no stop string, no end-of-generation token
-    text: str  # kept text (may run past `tokens` when a stop string began inside a token)
+@dataclass(frozen=True)
+class Reply(Generation):
+    """A chat reply or a server's answer: the generation as far as it is kept. Its `tokens` hold
+    no stop string and no end-of-generation token; its `text` may run past `tokens` when a stop
+    string began inside a token."""
+
     pieces: list[Piece]  # the kept text, split by where each token came from
-    stats: Stats
-    stop_reason: StopReason
     ttft_s: float | None  # from the turn's start to the first token
     stop: str | None = None  # the stop string that ended it (stop_reason "stop_string")
 
@@ -91,7 +91,7 @@ def split_by_source(text: str, sources: list[TokenSource]) -> list[Piece]:
 class ReplyStream:
     """A reply as its generation's events come: the stop strings scanned, the view fed, and an
     end where `cancelled` says (Ctrl-C, a server's client gone), within the step in flight.
-    `on_token` and `on_step` are the generation's callbacks (`Generator.run`, `Batch.add`);
+    `on_token` and `on_step` are the generation's callbacks (`Engine.run`, `Batch.add`);
     `reply` makes the Reply once it ended."""
 
     def __init__(self, stops: Sequence[str], view: ReplyView, started: float, cancelled: Callable[[], bool] = lambda: False):
@@ -120,11 +120,11 @@ class ReplyStream:
         kept = _kept_tokens(self.emitted, len(self.scanner.kept_text), eog)
         text = self.scanner.kept_text
         pieces = split_by_source(text, self.scanner.sources[: len(text)])
-        return Reply(kept, text, pieces, stats, stop_reason, self.ttft, self.scanner.stop)
+        return Reply(kept, text, stats, stop_reason, pieces, self.ttft, self.scanner.stop)
 
 
 def stream_reply(
-    generator: Generator,
+    engine: Engine,
     prompt: list[int],
     max_tokens: int,
     stops: Sequence[str],
@@ -139,10 +139,10 @@ def stream_reply(
     """
     stream = ReplyStream(stops, view, started, cancelled)
     try:
-        stop_reason: StopReason = generator.run(prompt, max_tokens, stream.on_token, stream.on_step).stop_reason
-    except KeyboardInterrupt:  # run() has closed the generator: the caches hold what was emitted
+        stop_reason: StopReason = engine.run(prompt, max_tokens, stream.on_token, stream.on_step).stop_reason
+    except KeyboardInterrupt:  # run() has closed the engine: the caches hold what was emitted
         stop_reason = "interrupted"
-    return stream.reply(generator.stats, stop_reason, generator.eog)
+    return stream.reply(engine.stats, stop_reason, engine.eog)
 
 
 def _kept_tokens(emitted: list[tuple[int, int]], kept_chars: int, eog: frozenset[int]) -> list[int]:

@@ -13,11 +13,10 @@ from specrun.chat.conversation import Conversation, Turn
 from specrun.chat.formats import ChatFormat
 from specrun.chat.reply import Reply, ReplyView, SessionStats, stream_reply
 from specrun.core.events import Stats, StepEvent
-from specrun.core.policy import parse_k
 from specrun.errors import SpecrunError
 from specrun.files import check_writable, write_text_atomic
 from specrun.session import Session
-from specrun.settings import SettingError, check
+from specrun.settings import SettingError, check, parse_k
 
 
 def check_reply_tokens(max_tokens: int, n_ctx: int) -> None:
@@ -66,9 +65,9 @@ class ChatRunner:
         started = time.perf_counter() if started is None else started
         if self.plain_rate:
             self.plain_rate.reset_step_clock()
-        generator = self.session.generator(policy=self.policy, sampler=self.sampler)
+        engine = self.session.engine(policy=self.policy, sampler=self.sampler)
         reply = stream_reply(
-            generator, turn.tokens, self.max_tokens, turn.stops, _Tap(view, self._observe_step), started, cancelled
+            engine, turn.tokens, self.max_tokens, turn.stops, _Tap(view, self._observe_step), started, cancelled
         )
         if turn.dropped:
             del self.replies[: turn.dropped]

@@ -75,7 +75,9 @@ def generate(
     with Session(model.session_config(lookup, k)) as session:
         if session.drafter is None:  # --draft mtp drafts without a draft model
             err_console.print("[dim]no --draft or --lookup: plain decoding[/]")
-        result = _continue(session, session.tokenize(text), max_tokens, grammar, stream=not as_json, compare_plain=compare_plain)
+        result = _continue(
+            session, session.prompt_tokens(text), max_tokens, grammar, stream=not as_json, compare_plain=compare_plain
+        )
     if as_json:
         print(json.dumps(result))
     else:
@@ -86,17 +88,13 @@ def _continue(
     session: Session, tokens: list[int], max_tokens: int, grammar: Grammar | None, *, stream: bool, compare_plain: bool
 ) -> dict[str, Any]:
     """Generate once (streaming the text to stdout when `stream`), and plainly too if asked: the JSON result."""
-    spec = session.generator(grammar=grammar).run(tokens, max_tokens, _echo if stream else None)
+    spec = session.engine(grammar=grammar).run(tokens, max_tokens, _echo if stream else None)
     if stream:
         sys.stdout.write("\n")
-    result: dict[str, Any] = {"text": session.detokenize(spec.tokens), "tokens": spec.tokens, "stats": spec.stats.to_dict()}
+    result: dict[str, Any] = spec.to_dict()
     if compare_plain:
-        plain = session.generator(plain=True, grammar=grammar).run(tokens, max_tokens)
-        result["plain"] = {
-            "text": session.detokenize(plain.tokens),
-            "tokens_per_s": plain.stats.tokens_per_s,
-            "stats": plain.stats.to_dict(),
-        }
+        plain = session.engine(plain=True, grammar=grammar).run(tokens, max_tokens)
+        result["plain"] = {**plain.to_dict(), "tokens_per_s": plain.stats.tokens_per_s}
         result["speedup"] = spec.stats.tokens_per_s / plain.stats.tokens_per_s if plain.stats.tokens_per_s else 0.0
         result["matches_plain"] = plain.tokens == spec.tokens
     return result
@@ -112,17 +110,7 @@ def generate_batch(
         fmt = choose_format(session.target_model, None)
         results = session.generate_many([render(p, fmt) for p in prompts], max_tokens, grammar=grammars)
     for index, (source, result) in enumerate(zip(prompts, results)):
-        print(
-            json.dumps(
-                {
-                    "index": index,
-                    "source": source.source,
-                    "text": result.text,
-                    "tokens": result.tokens,
-                    "stats": result.stats.to_dict(),
-                }
-            )
-        )
+        print(json.dumps({"index": index, "source": source.source, **result.to_dict()}))
 
 
 def read_grammar(json_schema: Path | None, grammar_file: Path | None) -> Grammar | None:

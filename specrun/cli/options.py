@@ -18,7 +18,6 @@ from specrun.api import resolve
 from specrun.backend import rpc
 from specrun.cli.app import err_console
 from specrun.config import SessionConfig
-from specrun.core.policy import parse_k
 from specrun.core.sampling import SamplerSettings
 from specrun.drafts import registry
 from specrun.errors import SpecrunError
@@ -309,7 +308,7 @@ class ModelOptions:
             offline=self.offline,
             on_resolve=_report_model,
             lookup=lookup,
-            k=parse_k(k),
+            k=k,
             sampler=self.sampler(),
             rpc=rpc.parse_endpoints(self.rpc, "--rpc"),
             draft_rpc=draft_endpoints,

@@ -1,7 +1,7 @@
 """Several generations at once: each on its own sequence of one target context, every stream's
 rows verified in one decode per step.
 
-A stream is a `Generator`'s `steps` coroutine: it drafts, asks for a `Decode`, and is sent its
+A stream is an `Engine`'s `steps` coroutine: it drafts, asks for a `TargetDecode`, and is sent its
 rows back. `Batch.step` collects what every running stream asks, decodes it all at once, and
 resumes each with its rows; each then accepts, rejects, rolls its own sequence back and drafts
 again, sizing its draft for the rows the other streams will put in the next decode. Streams
@@ -13,7 +13,7 @@ verified. A new prompt is prefilled in chunks that share decodes with the runnin
 rows, so they do not stall behind a long prompt. A prompt that shares most of itself with one still being prefilled
 (requests with one system prompt, arriving together) waits for that prefill and then shares its
 cells (`Context.reuse_prefix`) instead of computing them again. Streams join and leave between
-steps; each hands its events to its own `Consumer`, as `Generator.run`'s stream does.
+steps; each hands its events to its own `Consumer`, as `Engine.run`'s stream does.
 """
 
 from __future__ import annotations
@@ -24,31 +24,31 @@ from typing import Callable, Sequence
 
 from specrun.backend import Context
 from specrun.core.auto import rows_to_verify
-from specrun.core.engine import Decode, Generator, Steps, Verified
-from specrun.core.events import Consumer, OnStep, OnToken, RunResult, Stats, StopReason
-from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Decoded, DraftDecode
+from specrun.core.drafting import DraftDecode, DraftRows
+from specrun.core.engine import Engine, Steps, TargetDecode, TargetRows
+from specrun.core.events import Consumer, Generation, OnStep, OnToken, Stats, StopReason
+from specrun.sequences import common_prefix
 
-OnDone = Callable[[RunResult], None]
+OnDone = Callable[[Generation], None]
 
 
 @dataclass
 class _Stream:
-    generator: Generator
+    engine: Engine
     steps: Steps
     consumer: Consumer
     on_done: OnDone | None
     prompt: Sequence[int]
-    after: _Stream | None = None  # the stream whose prefill it waits for before it starts
-    asks: Decode | None = None  # what it waits for
-    drafting: DraftDecode | None = None  # the draft decode it waits for, before it asks
-    fed: int = 0  # of a long prefill's tokens, those decoded already
+    waits_for: _Stream | None = None  # the stream whose prefill it waits for before it starts
+    target_decode: TargetDecode | None = None  # the decode of the target it waits for
+    draft_decode: DraftDecode | None = None  # the draft decode it waits for, before it asks for the target's
+    sent: int = 0  # of its target decode's tokens, those sent to a decode already (a long prefill goes in chunks)
     rows: int = 0  # its rows in the last decode, or what it asks for now
 
     @property
     def prefilled(self) -> bool:
         """Whether its prompt is in the cache: what it asks for, if anything, is no prompt's rows."""
-        return self.asks is None or not self.asks.prompt
+        return self.target_decode is None or not self.target_decode.prompt
 
 
 class Batch:
@@ -68,32 +68,32 @@ class Batch:
 
     def add(
         self,
-        generator: Generator,
+        engine: Engine,
         prompt: Sequence[int],
         max_tokens: int,
         on_token: OnToken | None = None,
         on_step: OnStep | None = None,
         on_done: OnDone | None = None,
     ) -> None:
-        """Start a generation on `generator`'s sequence; callbacks as `Generator.run`'s, and
+        """Start a generation on `engine`'s sequence; callbacks as `Engine.run`'s, and
         `on_done` with its result. It joins the next decode."""
         consumer = Consumer(on_token, on_step)
-        steps = generator.steps(prompt, max_tokens, consumer, lambda: self._other_rows(stream))
-        stream = _Stream(generator, steps, consumer, on_done, prompt)
-        stream.after = self._prefill_to_wait_for(stream)
+        steps = engine.steps(prompt, max_tokens, consumer, lambda: self._other_rows(stream))
+        stream = _Stream(engine, steps, consumer, on_done, prompt)
+        stream.waits_for = self._prefill_to_wait_for(stream)
         self.streams.append(stream)
-        if stream.after is None:
+        if stream.waits_for is None:
             self._advance(stream, None)
 
-    def cancel(self, generator: Generator, reason: StopReason = "interrupted") -> None:
+    def cancel(self, engine: Engine, reason: StopReason = "interrupted") -> None:
         """End a generation between steps (its client went away): it rolls back and reports its result."""
         for stream in list(self.streams):
-            if stream.generator is generator:
+            if stream.engine is engine:
                 stream.steps.close()  # it rolls its sequence back in its finally
-                # One cancelled while it waited never started: its generator's stats are the last generation's.
-                stats = Stats(prompt_tokens=len(stream.prompt)) if stream.after is not None else generator.stats
+                # One cancelled while it waited never started: its engine's stats are the last generation's.
+                stats = Stats(prompt_tokens=len(stream.prompt)) if stream.waits_for is not None else engine.stats
                 stats.stop_reason = reason
-                self._finish(stream, stream.consumer.result(stats))
+                self._finish(stream, stream.consumer.result(stats, engine.target.model.detokenize))
 
     def step(self) -> None:
         """One decode for every running stream; each then takes its rows and asks again."""
@@ -107,17 +107,19 @@ class Batch:
         logits = self.target.decode_many(parts)
         seconds = time.perf_counter() - started
         self.rows, self.decodes = sum(len(tokens) for _, tokens, _ in parts), self.decodes + 1
-        width = Verified.width_of([s.asks for s in waiting if s.asks is not None])
+        width = TargetRows.width_of([s.target_decode for s in waiting if s.target_decode is not None])
         # (stream, its rows' logits) of each stream whose whole ask was decoded
-        done = [(s, rows) for s, rows in zip(waiting, logits) if s.asks is not None and s.fed == len(s.asks.tokens)]
+        done = [
+            (s, rows) for s, rows in zip(waiting, logits) if s.target_decode is not None and s.sent == len(s.target_decode.tokens)
+        ]
         for stream, rows in done:
             stream.rows = len(rows)
-            self._advance(stream, Verified(rows, seconds, width))
+            self._advance(stream, TargetRows(rows, seconds, width))
 
     def _draft(self) -> None:
         """Run the draft decodes the streams ask for, every stream's next position in one decode
         per draft cache, until each has drafted and asks for the target's."""
-        while drafting := [(s, s.drafting) for s in self.streams if s.drafting is not None]:
+        while drafting := [(s, s.draft_decode) for s in self.streams if s.draft_decode is not None]:
             for group in self._packed(drafting):
                 for (stream, _), decoded in zip(group, self._draft_decode(group)):
                     self._advance(stream, decoded)
@@ -141,7 +143,7 @@ class Batch:
                 group.append((stream, decode))
         return groups
 
-    def _draft_decode(self, group: list[tuple[_Stream, DraftDecode]]) -> list[Decoded]:
+    def _draft_decode(self, group: list[tuple[_Stream, DraftDecode]]) -> list[DraftRows]:
         """What each of the draft decodes got, from one decode of their cache."""
         self.draft_decodes += 1
         if len(group) == 1:  # the plain eval, which also feeds one larger than a batch in turn
@@ -149,78 +151,84 @@ class Batch:
         started = time.perf_counter()
         rows = group[0][1].context.decode_many([(decode.context, decode.tokens, decode.rows) for _, decode in group])
         seconds, decodes = time.perf_counter() - started, [decode for _, decode in group]
-        return [Decoded.of(logits, seconds, decodes) for logits in rows]
+        return [DraftRows.of(logits, seconds, decodes) for logits in rows]
 
     def _other_rows(self, stream: _Stream) -> int:
         """The rows the other streams will hold in the next decode, as `stream` sees them while it
         drafts: what those that asked already asked, and for those still drafting, their rows of
         the last decode (each stream drafts about as much from one step to the next)."""
-        return sum(other.rows for other in self.streams if other is not stream and other.after is None)
+        return sum(other.rows for other in self.streams if other is not stream and other.waits_for is None)
 
     def _prefill_to_wait_for(self, stream: _Stream) -> _Stream | None:
         """A started stream still to be prefilled whose prompt shares more than half of this one's
         beyond what the cache holds already; None when none does, or this stream cannot share."""
-        target = stream.generator.target
+        target = stream.engine.target
         if not target.shares_prefixes:
             return None
         held = target.prefix_held(stream.prompt)
-        prefilling = [s for s in self.streams if s.after is None and not s.prefilled]
+        prefilling = [s for s in self.streams if s.waits_for is None and not s.prefilled]
         gains = [(common_prefix(s.prompt, stream.prompt) - held, s) for s in prefilling]
         gain, other = max(gains, key=lambda pair: pair[0], default=(0, None))
         return other if gain > len(stream.prompt) // 2 else None
 
     def _start_waiting(self) -> None:
         for stream in list(self.streams):
-            if stream.after is not None and (stream.after not in self.streams or stream.after.prefilled):
-                stream.after = None
+            if stream.waits_for is not None and (stream.waits_for not in self.streams or stream.waits_for.prefilled):
+                stream.waits_for = None
                 self._advance(stream, None)
 
     def _cut_drafts(self) -> None:
         """Cut the running streams' drafts to the rows worth their cost in this decode; not beside
         a prompt's rows, which change what a row costs (only rows with logits pass the output head)."""
-        asks = [(s, s.asks) for s in self.streams if s.asks is not None]
+        asks = [(s, s.target_decode) for s in self.streams if s.target_decode is not None]
         if self.verify_costs is None or not any(a.chances for _, a in asks) or not all(s.prefilled for s, _ in asks):
             return
         fixed = sum(len(a.tokens) - len(a.chances) for _, a in asks)
         for (stream, ask), drafted in zip(asks, rows_to_verify(self.verify_costs(), fixed, [a.chances for _, a in asks])):
             if drafted < len(ask.chances):
-                stream.asks = ask.cut(drafted)
+                stream.target_decode = ask.cut(drafted)
 
     def _parts(self) -> tuple[list[tuple[Context, Sequence[int], int]], list[_Stream]]:
         """The next decode: the running streams' verifies, whole, then joining streams' prompts,
         in chunks while others run (all at once when nothing else does)."""
-        running = [s for s in self.streams if s.asks is not None and s.prefilled]
-        joining = [s for s in self.streams if s.asks is not None and not s.prefilled]
+        running = [s for s in self.streams if s.target_decode is not None and s.prefilled]
+        joining = [s for s in self.streams if s.target_decode is not None and not s.prefilled]
         room = self.target.n_batch
         parts, waiting = [], []
         for stream in running + joining:
-            assert stream.asks is not None
-            left = len(stream.asks.tokens) - stream.fed
+            assert stream.target_decode is not None
+            left = len(stream.target_decode.tokens) - stream.sent
             take = min(left, room, self.prefill_chunk if running and stream in joining else room)
             if take < (left if stream in running else 1):
                 continue  # a verify goes whole or waits for the next decode
-            tokens = stream.asks.tokens[stream.fed : stream.fed + take]
-            stream.fed += take
-            parts.append((stream.generator.target, tokens, stream.asks.rows if stream.fed == len(stream.asks.tokens) else 0))
+            tokens = stream.target_decode.tokens[stream.sent : stream.sent + take]
+            stream.sent += take
+            parts.append(
+                (
+                    stream.engine.target,
+                    tokens,
+                    stream.target_decode.rows if stream.sent == len(stream.target_decode.tokens) else 0,
+                )
+            )
             waiting.append(stream)
             room -= take
         return parts, waiting
 
-    def _advance(self, stream: _Stream, reply: Verified | Decoded | None) -> None:
+    def _advance(self, stream: _Stream, reply: TargetRows | DraftRows | None) -> None:
         """Resume the stream with its rows (of the target's decode or its draft's) until it asks
         for the next decode of either, or ends."""
-        stream.asks, stream.drafting, stream.fed = None, None, 0
+        stream.target_decode, stream.draft_decode, stream.sent = None, None, 0
         try:
             ask = stream.steps.send(reply) if reply is not None else next(stream.steps)
         except StopIteration as done:
             return self._finish(stream, done.value)
         if isinstance(ask, DraftDecode):
-            stream.drafting = ask
+            stream.draft_decode = ask
         else:
-            stream.asks = ask
+            stream.target_decode = ask
             stream.rows = min(len(ask.tokens), self.prefill_chunk) if ask.prompt else len(ask.tokens)
 
-    def _finish(self, stream: _Stream, result: RunResult) -> None:
+    def _finish(self, stream: _Stream, result: Generation) -> None:
         self.streams.remove(stream)
         if stream.on_done:
             stream.on_done(result)

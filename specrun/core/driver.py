@@ -1,8 +1,8 @@
 """The one driver of a generation's coroutine, for one stream: each decode it asks for, run alone.
 
-A generation (`Generator.steps`), and a draft source's `propose` inside it, are coroutines
+A generation (`Engine.steps`), and a draft source's `propose` inside it, are coroutines
 that yield the decodes they need and are sent what each gave. Every decode they ask for
-(`engine.Decode` of the target, `drafts.base.DraftDecode` of a draft's cache) knows how to run
+(`engine.TargetDecode` of the target, `drafting.DraftDecode` of a draft's cache) knows how to run
 alone; a `Batch` runs several streams' at once instead.
 """
 

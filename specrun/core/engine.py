@@ -1,8 +1,8 @@
 """The speculative core: draft, verify in one target decode, accept/reject, roll back.
 
-`Generator.steps` is a generation as a coroutine: it yields the decodes it needs and hands
+`Engine.steps` is a generation as a coroutine: it yields the decodes it needs and hands
 a `StepEvent` per round and a `TokenEvent` per token to its `Consumer`; rates are derived in
-`Stats`. `Generator.run` drives it for one stream (`drive`), a `Batch` for several at once.
+`Stats`. `Engine.run` drives it for one stream (`drive`), a `Batch` for several at once.
 Plain decoding is the same loop without a drafter, so every speed-up is measured against the
 same code path.
 """
@@ -19,14 +19,15 @@ from typing import Generator as PyGenerator
 import numpy as np
 
 from specrun.backend import Context
+from specrun.core.drafting import CatchUp, Draft, DraftDecode, DraftRequest, DraftRows, DraftSource, Proposal
 from specrun.core.driver import drive
 from specrun.core.events import (
     Consumer,
     Done,
     Event,
+    Generation,
     OnStep,
     OnToken,
-    RunResult,
     Stats,
     StepEvent,
     StopReason,
@@ -43,10 +44,8 @@ from specrun.core.sampling import (
     log_probs,
     verify,
 )
-from specrun.core.sequences import History
-from specrun.drafts.base import CatchUp, Decoded, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
 from specrun.errors import SpecrunError
-from specrun.settings import check, check_bias_tokens
+from specrun.sequences import History
 
 
 class OutputConstraint(Protocol):
@@ -66,7 +65,7 @@ class OutputConstraint(Protocol):
         ...
 
 
-class Verified(NamedTuple):
+class TargetRows(NamedTuple):
     """What a target decode gave a stream: its rows' logits, and the decode's seconds and width
     (rows of every stream in it; None where it held a prompt's rows: its time is no verify's)."""
 
@@ -75,7 +74,7 @@ class Verified(NamedTuple):
     width: int | None
 
     @staticmethod
-    def width_of(asks: Sequence[Decode]) -> int | None:
+    def width_of(asks: Sequence[TargetDecode]) -> int | None:
         """The width of a decode of `asks` (every stream's): its rows, or None if it held a prompt's."""
         total = 0
         for ask in asks:
@@ -86,7 +85,7 @@ class Verified(NamedTuple):
         return total
 
 
-class Decode(NamedTuple):
+class TargetDecode(NamedTuple):
     """A stream's part of the next target decode: tokens onto `context` (its sequence of the target's
     cache) after those it holds, logits for the last `rows`; for a verify whose draft may be cut,
     each draft row's expected tokens (`DraftPolicy.chances`): a batch may decode fewer of them, and
@@ -98,7 +97,7 @@ class Decode(NamedTuple):
     chances: Sequence[float] = ()
     prompt: bool = False
 
-    def cut(self, drafted: int) -> Decode:
+    def cut(self, drafted: int) -> TargetDecode:
         """The verify with only its first `drafted` draft tokens."""
         return self._replace(tokens=self.tokens[: drafted + 1], rows=drafted + 1, chances=self.chances[:drafted])
 
@@ -107,20 +106,20 @@ class Decode(NamedTuple):
         """The rows it puts in a decode, or None for a prompt's."""
         return None if self.prompt else len(self.tokens)
 
-    def alone(self) -> Verified:
+    def alone(self) -> TargetRows:
         """Run as a decode of its own (one stream)."""
         started = time.perf_counter()
         logits = self.context.eval(self.tokens, self.rows)
-        return Verified(logits, time.perf_counter() - started, self.width)
+        return TargetRows(logits, time.perf_counter() - started, self.width)
 
 
 EventStream = PyGenerator[Event, None, None]
-Steps = PyGenerator["Decode | DraftDecode", "Verified | Decoded", RunResult]
+Steps = PyGenerator["TargetDecode | DraftDecode", "TargetRows | DraftRows", Generation]
 NO_DRAFT = Draft()
 DEFAULT_K = 8
 
 
-class Generator:
+class Engine:
     """Speculative (or, without a drafter, plain) generation on one target context."""
 
     def __init__(
@@ -152,8 +151,6 @@ class Generator:
         self.constraint = constraint
         self.catch_up = catch_up
         self.logprobs = logprobs
-        check_bias_tokens(sampler.settings.logit_bias, target.model.n_vocab)
-        check(logprobs=logprobs)
         # a row's argmax is all a check needs
         self._argmax_only = sampler.settings.deterministic and constraint is None and sampler.adjustments is None
         self.stats = Stats()  # the running (or last) generation's counters
@@ -161,7 +158,7 @@ class Generator:
 
     def run(
         self, prompt: Sequence[int], max_tokens: int, on_token: OnToken | None = None, on_step: OnStep | None = None
-    ) -> RunResult:
+    ) -> Generation:
         """The generation of up to `max_tokens` after `prompt`, each decode alone (one stream).
 
         `on_token` and `on_step` see each event as it comes; one that returns a stop reason
@@ -170,9 +167,9 @@ class Generator:
         """
         return drive(self.steps(prompt, max_tokens, Consumer(on_token, on_step)))
 
-    def generate(self, prompt: Sequence[int], max_tokens: int) -> EventStream:
+    def stream(self, prompt: Sequence[int], max_tokens: int) -> EventStream:
         """`run`'s generation as a stream of its events, handed out after each decode, and last a
-        `Done` with the stats. Closing the stream early closes the generation."""
+        `Done` with the `Generation`. Closing the stream early closes the generation."""
         events: list[Event] = []
         steps = self.steps(prompt, max_tokens, Consumer(events.append, lambda event, stats: events.append(event)))
         try:
@@ -183,40 +180,42 @@ class Generator:
                 ask = steps.send(ask.alone())
         except StopIteration as done:
             yield from events
-            yield Done(done.value.stats)
+            yield Done(done.value)
         finally:
             steps.close()
 
     def steps(
         self, prompt: Sequence[int], max_tokens: int, consumer: Consumer | None = None, other_rows: Callable[[], int] = lambda: 0
     ) -> Steps:
-        """The generation as a coroutine: it yields a `Decode` where it needs the target, to be sent
-        the `Verified` rows back, and a `DraftDecode` where its draft needs a model's, to be sent what
-        it `Decoded`; it hands each event to `consumer` and returns the `RunResult`. `drive` runs it
+        """The generation as a coroutine: it yields a `TargetDecode` where it needs the target, to be sent
+        its `TargetRows` back, and a `DraftDecode` where its draft needs a model's, to be sent
+        its `DraftRows`; it hands each event to `consumer` and returns the `Generation`. `drive` runs it
         for one stream; a `Batch` decodes several streams' at once, `other_rows` saying how many
         rows the other streams will put in the target's decode when a stream sizes its draft.
 
-        The prefill decodes the whole prompt, so the first token comes with it (as llama.cpp's
+        `prompt` is at least one token and fewer than the context holds, as the session's edge
+        (`Session.prompt_tokens`, serve's request) checked it. The prefill decodes the whole
+        prompt, so the first token comes with it (as llama.cpp's
         tools do); drafting starts from that token. The target cache ends holding all but the last token.
         """
         consumer = consumer or Consumer()
-        history = self._checked_prompt(prompt)
-        # Also kept on the generator: a generation closed early (Ctrl-C, a cancelled stream) returns no result.
+        history = History(prompt)
+        # Also kept on the engine: a generation closed early (Ctrl-C, a cancelled stream) returns no result.
         self.stats = stats = Stats(
             prompt_tokens=len(history), counters=dict.fromkeys(self.drafter.counters if self.drafter else (), 0.0)
         )
         started = time.perf_counter()
         cached = self.target.reuse_prefix(history[:-1])  # the last is decoded for its logits
-        prefill = yield Decode(self.target, history[cached:], 1, prompt=True)
+        prefill = yield TargetDecode(self.target, history[cached:], 1, prompt=True)
         stats.prefilled_tokens, stats.prefills, stats.prefill_s = len(history) - cached, 1, time.perf_counter() - started
         started = time.perf_counter()
         text = codecs.getincrementaldecoder("utf-8")("replace")
         try:
             if not self._stop_reason(stats, max_tokens):  # the first token, from the prefill's last row: no step
                 checked_at = time.perf_counter()
-                _, emitted = self._accepted(NO_DRAFT, prefill.logits, history)
+                _, emitted = self._accept(NO_DRAFT, prefill.logits, history)
                 stats.check_s += time.perf_counter() - checked_at
-                self._emitted(emitted, prefill.logits, history, text, stats, consumer)
+                self._emit(emitted, prefill.logits, history, text, stats, consumer)
             # A recurrent target can drop again only as many drafted tokens as it keeps snapshots for.
             longest = min(self.policy.max_k, self.target.rollback_limit)
             while not (stop := self._stop_reason(stats, max_tokens)):
@@ -224,7 +223,7 @@ class Generator:
                 event, emitted, logits = yield from self._step(history, limit, other_rows, stats)
                 stats.stop_reason = consumer.step(event, stats) or ""
                 if not stats.stop_reason:
-                    self._emitted(emitted, logits, history, text, stats, consumer)
+                    self._emit(emitted, logits, history, text, stats, consumer)
             stats.stop_reason = stop
         finally:
             # Whatever happened (including an abandoned generation), caches hold only history;
@@ -232,7 +231,7 @@ class Generator:
             if not self.target.closed:
                 self._rollback(history)
             stats.generate_s = time.perf_counter() - started
-        return consumer.result(stats)
+        return consumer.result(stats, self.target.model.detokenize)
 
     def _stop_reason(self, stats: Stats, max_tokens: int) -> StopReason | None:
         if stats.stop_reason:
@@ -241,19 +240,11 @@ class Generator:
             return "max_tokens"
         return "context_full" if self.target.free_slots < 1 else None  # the last token needs a slot
 
-    def _checked_prompt(self, prompt: Sequence[int]) -> History:
-        if not prompt:
-            raise SpecrunError("the prompt is empty: give some text to continue")
-        if len(prompt) >= self.target.n_ctx:
-            raise SpecrunError(
-                f"the prompt has {len(prompt)} tokens but the context holds {self.target.n_ctx}: "
-                "shorten the prompt or raise --ctx-size"
-            )
-        return History(prompt)
-
     def _step(
         self, history: list[int], limit: int, other_rows: Callable[[], int], stats: Stats
-    ) -> PyGenerator[Decode | DraftDecode, Verified | Decoded, tuple[StepEvent, list[tuple[int, TokenSource]], np.ndarray]]:
+    ) -> PyGenerator[
+        TargetDecode | DraftDecode, TargetRows | DraftRows, tuple[StepEvent, list[tuple[int, TokenSource]], np.ndarray]
+    ]:
         """One round: draft, verify the last token and the draft in one decode, keep the agreed
         prefix; counted in `stats` and shown to the policy. Its event, the tokens it emits, and
         the verified rows (the i-th emitted token's is row i)."""
@@ -262,11 +253,11 @@ class Generator:
         draft = (yield from self._proposed(history, limit, other_rows())) if drafting else NO_DRAFT
         drafted_at = time.perf_counter()
         chances = self.policy.chances(draft.budget, len(draft.tokens), draft.confidences) if draft.budget else ()
-        verified = yield Decode(self.target, [history[-1], *draft.tokens], len(draft.tokens) + 1, chances)
-        assert isinstance(verified, Verified), "a Decode is answered with its Verified rows"
+        verified = yield TargetDecode(self.target, [history[-1], *draft.tokens], len(draft.tokens) + 1, chances)
+        assert isinstance(verified, TargetRows), "a TargetDecode is answered with its TargetRows"
         draft = self._verified_part(draft, len(verified.logits) - 1)
         checked_at = time.perf_counter()
-        accepted, emitted = self._accepted(draft, verified.logits, history)
+        accepted, emitted = self._accept(draft, verified.logits, history)
         draft_s, check_s, drafted = drafted_at - started, time.perf_counter() - checked_at, len(draft.tokens)
         stats.count_step(drafted, accepted, draft.source, draft_s, verified.seconds, check_s, draft.counters)
         if self.policy.learns:
@@ -285,7 +276,7 @@ class Generator:
             )
         return StepEvent(drafted, accepted, draft.source), emitted, verified.logits
 
-    def _accepted(self, draft: Draft, logits: np.ndarray, history: list[int]) -> tuple[int, list[tuple[int, TokenSource]]]:
+    def _accept(self, draft: Draft, logits: np.ndarray, history: list[int]) -> tuple[int, list[tuple[int, TokenSource]]]:
         """How many of the draft's tokens the target's rows keep, and the tokens to emit: those and
         the target's own next one (none after an accepted end of generation)."""
         if self._argmax_only and draft.dists is None:
@@ -310,7 +301,7 @@ class Generator:
         dist = filtered(row, self.sampler.settings, self._scratch)
         return self.constraint.restrict(dist, row, self.sampler.settings, i) if self.constraint else dist
 
-    def _emitted(
+    def _emit(
         self,
         emitted: list[tuple[int, TokenSource]],
         logits: np.ndarray,
@@ -334,7 +325,7 @@ class Generator:
         if emitted[-1][0] in self.eog:
             stats.stop_reason = "eog"
 
-    def _proposed(self, history: list[int], limit: int, other_rows: int) -> Drafting:
+    def _proposed(self, history: list[int], limit: int, other_rows: int) -> Proposal:
         """The drafter's draft, checked against the contract and cut to what can be verified."""
         assert self.drafter is not None
         drafting = self.drafter.propose(history, DraftRequest(limit, self.policy, self.sampler, self.catch_up, other_rows))

@@ -33,7 +33,7 @@ class TokenEvent(NamedTuple):
     token: int
     text: str  # decoded text this token completes (may be "" inside a UTF-8 sequence)
     source: TokenSource
-    logprobs: TokenLogprobs | None = None  # asked for (Generator's `logprobs`)
+    logprobs: TokenLogprobs | None = None  # asked for (Engine's `logprobs`)
 
 
 class StepEvent(NamedTuple):
@@ -162,20 +162,32 @@ def _add_by_position(mine: list[int], theirs: list[int]) -> None:
 
 
 @dataclass(frozen=True)
-class Done:
-    stats: Stats
+class Generation:
+    """What every generation gives at its end, however it ran (`Engine.run`, `Session.generate`,
+    a batch's stream, the last event of a stream): the one result the front ends report."""
 
+    tokens: list[int]  # the generated token ids, an end-of-generation token included when one ended it
+    text: str  # the tokens' text, decoded all at once (a character split across tokens comes out whole)
+    stats: Stats  # counters and timings
+    stop_reason: StopReason  # 'eog' (the model ended), 'max_tokens', 'context_full', 'stop_string', 'interrupted'
 
-Event = Union[TokenEvent, StepEvent, Done]
+    def to_dict(self) -> dict:
+        """As `--json` and `bench` write it."""
+        return {"text": self.text, "tokens": self.tokens, "stats": self.stats.to_dict()}
 
 
 @dataclass(frozen=True)
-class RunResult:
-    """A generation driven to its end by `Generator.run`."""
+class Done:
+    """The last event of a stream: the generation's result."""
 
-    tokens: list[int]  # every emitted token, an end-of-generation token included
-    stats: Stats
-    stop_reason: StopReason
+    generation: Generation
+
+    @property
+    def stats(self) -> Stats:
+        return self.generation.stats
+
+
+Event = Union[TokenEvent, StepEvent, Done]
 
 
 OnToken = Callable[[TokenEvent], "StopReason | None"]
@@ -198,7 +210,7 @@ class Consumer:
     def step(self, event: StepEvent, stats: Stats) -> StopReason | None:
         return self.on_step(event, stats) if self.on_step else None
 
-    def result(self, stats: Stats) -> RunResult:
+    def result(self, stats: Stats, detokenize: Callable[[list[int]], str]) -> Generation:
         """The generation's result; every generation that ended says why (`stats.stop_reason`)."""
         assert stats.stop_reason, "a finished generation says why it ended"
-        return RunResult(self.tokens, stats, stats.stop_reason)
+        return Generation(self.tokens, detokenize(self.tokens), stats, stats.stop_reason)

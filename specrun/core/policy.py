@@ -19,14 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol, Sequence
 
-from specrun.settings import SettingError, check
+from specrun.settings import K_ALLOWED, SettingError, check
 
 LLAMA_CPP_DRAFT_MAX = 16  # llama.cpp's --draft-max default, for --k llama.cpp
 # Under --k auto a recurrent or hybrid target keeps snapshots to roll back this many drafted
 # tokens: each is one more copy of its recurrent state (`specrun pair check` reports their memory).
 AUTO_ROLLBACK = 16
 PRIOR = 0.7  # acceptance per position assumed of a draft source before any is measured
-K_ALLOWED = "an integer >= 1, 'auto' or 'llama.cpp'"
 
 Decision = Literal["grant", "first", "probe", "decline", "none"]
 """How a budget came about, for auto's bookkeeping once the step is verified: a grant on what was
@@ -38,21 +37,6 @@ def rollback_tokens(k: int | str) -> int:
     """How many drafted tokens a recurrent or hybrid target keeps snapshots for under a k: the
     longest draft it grants."""
     return k if isinstance(k, int) else LLAMA_CPP_DRAFT_MAX if k == "llama.cpp" else AUTO_ROLLBACK
-
-
-def parse_k(value: int | str) -> int | str:
-    """A k: a draft length >= 1, 'auto', or 'llama.cpp' (its draft-max/p-min rule), as a number or text."""
-    if value in ("auto", "llama.cpp"):
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise SettingError("k", K_ALLOWED, value)
-    try:
-        k = int(value)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise SettingError("k", K_ALLOWED, value)
-    return k
 
 
 class Budget(NamedTuple):

@@ -24,11 +24,11 @@ import numpy as np
 
 from specrun.backend import Context, Model
 from specrun.backend.block import BlockHead
-from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Draft, DraftDecode, Drafting, DraftRequest
-from specrun.drafts.feeding import Picker, decoded_rows, guessed
+from specrun.core.drafting import Draft, DraftDecode, DraftRequest, Proposal
+from specrun.drafts.drafting_loop import Picker, decoded_rows, guessed
 from specrun.drafts.registry import SourceSite, load_trained_drafter, register
 from specrun.headers.arch import TrainedDrafter
+from specrun.sequences import common_prefix
 
 
 class DFlashDraft:
@@ -66,7 +66,7 @@ class DFlashDraft:
         if pos0 <= len(self.head.tokens):  # else it missed text: it drafts nothing until it follows again
             self.head.follow(tokens, pos0, features)
 
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Proposal:
         budget = request.offer(self.names[0], min(request.limit, self.most), block=True)
         if budget.k < 1:
             return Draft.under(budget)

@@ -19,10 +19,10 @@ import numpy as np
 
 from specrun.backend import Context, Model
 from specrun.backend.mtp import MtpHead
-from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Decodes, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
-from specrun.drafts.feeding import Picker, guessed
+from specrun.core.drafting import Draft, DraftDecode, DraftRequest, DraftSource, NeedsDecodes, Proposal
+from specrun.drafts.drafting_loop import Picker, guessed
 from specrun.drafts.registry import SourceSite, load_trained_drafter, register
+from specrun.sequences import common_prefix
 
 
 class Eagle3Draft:
@@ -88,7 +88,7 @@ class Eagle3Draft:
             tokens, pos0 = tokens[1:], 1
         self.head.process(tokens, pos0 - 1, self.fused[pos0 - 1 : pos0 - 1 + len(tokens)])
 
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Proposal:
         budget = request.offer(self.names[0], request.limit)
         if budget.k < 1:
             return Draft.under(budget)
@@ -103,7 +103,7 @@ class Eagle3Draft:
         self.head.truncate(pos - 1)  # its own drafting rows go: the verify decode brings the target's
         return guess.draft(budget, sample, request.policy.wants_confidence)
 
-    def _next_row(self, token: int) -> Decodes[np.ndarray]:
+    def _next_row(self, token: int) -> NeedsDecodes[np.ndarray]:
         decoded = yield DraftDecode(self.head, [token])
         self.head.reads = self.head.row  # the next drafting row reads the drafter's own output
         return decoded.logits[-1]

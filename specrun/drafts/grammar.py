@@ -13,8 +13,9 @@ from dataclasses import replace
 from typing import Sequence
 
 from specrun.backend import Model
-from specrun.drafts.base import Draft, Drafting, DraftRequest, DraftSource, copying_part, without_decodes
-from specrun.drafts.text import exact_tokens
+from specrun.core.drafting import Draft, DraftRequest, DraftSource, Proposal, without_decodes
+from specrun.drafts.chain import copying_part
+from specrun.drafts.word_tokens import exact_tokens
 from specrun.grammar.constraint import Constraint
 
 
@@ -71,7 +72,7 @@ class GrammarFirst:
         # A model would spend a decode on each forced token it rewrote: it waits for the free text.
         self.copies = copying_part(other)
 
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Proposal:
         forced = yield from self.forced.propose(history, request)
         if not forced.tokens:
             other = yield from self.other.propose(history, request)

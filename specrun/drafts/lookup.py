@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from specrun.core.drafting import Draft, DraftRequest, DraftSource, without_decodes
 from specrun.core.policy import PRIOR
-from specrun.drafts.base import Draft, DraftRequest, DraftSource, without_decodes
 from specrun.drafts.registry import SourceSite, register
 from specrun.errors import SpecrunError
 

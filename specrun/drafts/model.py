@@ -13,13 +13,13 @@ import numpy as np
 
 from specrun.backend import Context, ModelOptions
 from specrun.backend.compat import check_vocab
-from specrun.core.sequences import History
-from specrun.drafts.base import Decodes, Draft, Drafting, DraftRequest, DraftSource
-from specrun.drafts.bridge import VocabBridge
-from specrun.drafts.feeding import FeedCost, Picker, catch_up_seconds, guessed
+from specrun.core.drafting import Draft, DraftRequest, DraftSource, NeedsDecodes, Proposal
+from specrun.drafts.drafting_loop import FeedCost, Picker, catch_up_seconds, guessed
 from specrun.drafts.registry import SourceSite, register
 from specrun.drafts.translated import TranslatingDraft
+from specrun.drafts.vocab_bridge import VocabBridge
 from specrun.errors import SpecrunError
+from specrun.sequences import History
 
 
 class DraftModel:
@@ -44,7 +44,7 @@ class DraftModel:
         self.start = 0  # where in the history the cache's window begins, after its first token (0: all of it)
         self._window: tuple[History, int, History] | None = None  # (history, start, what `_windowed` made of it)
 
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Proposal:
         budget = request.offer(self.names[0], min(request.limit, self.context.free_slots - 1))
         if budget.k < 1:
             return Draft.under(budget)
@@ -58,10 +58,10 @@ class DraftModel:
         guess = yield from guessed(logits[-1], budget, request, self.picker, sample, self._next_row, text=history)
         return guess.draft(budget, sample, request.policy.wants_confidence, catch_up_s)
 
-    def _next_row(self, token: int) -> Decodes[np.ndarray]:
+    def _next_row(self, token: int) -> NeedsDecodes[np.ndarray]:
         return (yield from self.feed.eval(self.context, [token]))[-1]
 
-    def _catch_up(self, history: Sequence[int], window: int | None) -> Decodes[tuple[int, np.ndarray]]:
+    def _catch_up(self, history: Sequence[int], window: int | None) -> NeedsDecodes[tuple[int, np.ndarray]]:
         """Feed the cache what it lacks of its view of `history` (its cached prefix reused; after
         a fully accepted draft, just that); how many tokens that was, and the last one's logits."""
         view = self._view(history, window)

@@ -18,13 +18,13 @@ import numpy as np
 
 from specrun.backend import Context, Model, ModelOptions
 from specrun.backend.mtp import MtpHead
-from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Decodes, Draft, DraftDecode, Drafting, DraftRequest, DraftSource
-from specrun.drafts.feeding import Picker, guessed
+from specrun.core.drafting import Draft, DraftDecode, DraftRequest, DraftSource, NeedsDecodes, Proposal
+from specrun.drafts.drafting_loop import Picker, guessed
 from specrun.drafts.registry import SourceSite, register
 from specrun.errors import SpecrunError
 from specrun.headers.arch import DRAFTER, SEPARATE_DRAFTERS, header_traits
 from specrun.headers.read import read_keys
+from specrun.sequences import common_prefix
 
 
 class MtpDraft:
@@ -61,7 +61,7 @@ class MtpDraft:
         self.hidden[pos0 + 1 : pos0 + 1 + len(tokens)] = hidden
         self.head.process(tokens, pos0, self.hidden[pos0 : pos0 + len(tokens)])
 
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Proposal:
         budget = request.offer(self.names[0], request.limit)
         if budget.k < 1:
             return Draft.under(budget)
@@ -77,7 +77,7 @@ class MtpDraft:
         self.head.truncate(pos)  # its own drafting rows go: the verify decode brings the target's
         return guess.draft(budget, sample, request.policy.wants_confidence)
 
-    def _next_row(self, token: int) -> Decodes[np.ndarray]:
+    def _next_row(self, token: int) -> NeedsDecodes[np.ndarray]:
         decoded = yield DraftDecode(self.head, [token])
         self.head.reads = self.head.row  # the next drafting row reads the head's own
         return decoded.logits[-1]

@@ -1,4 +1,5 @@
-"""Draft sources by name: the one list the library, the CLI (`--source`), bench and the server read.
+"""Draft sources by name: the one list the library, the CLI (`--source`), bench and the server read,
+and what a source's builder is given (`SourceSite`, loading through a `Loader`).
 
 A source of one's own is its module with one `register` call, imported in drafts/__init__.py.
 Its builder gets a `SourceSite` (the stream it drafts for and what the session shares), never
@@ -8,83 +9,32 @@ load (MTP layers), following the target's decodes, a check on every model a sess
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
-from specrun.backend import Context, ContextOptions, Model, ModelOptions, ThreadPool
+from specrun.backend import Context, Model, ModelOptions
 from specrun.errors import SpecrunError
 from specrun.headers.arch import TRAINED_DRAFTERS, TrainedDrafter, drafter_misfit, trained_drafter
 from specrun.headers.read import read_keys
-from specrun.settings import BATCH
 
 if TYPE_CHECKING:
     from specrun.config import SessionConfig
-    from specrun.drafts.base import DraftSource
+    from specrun.core.drafting import DraftSource
     from specrun.drafts.store import NgramStore
 
 Made = TypeVar("Made")
 
 
-class Closable(Protocol):
-    def close(self) -> None: ...
+class Loader(Protocol):
+    """What a builder loads through (the session's `Resources`): models and caches with the
+    session's settings, freed when it closes, and what the streams share, made once."""
 
+    def load_model(self, path: Path, role: str, options: ModelOptions) -> Model: ...
 
-class Resources:
-    """Models and caches a session loads, freed in reverse order when it closes; and what a kind of
-    source shares between the session's streams (a draft model's cache), made once."""
+    def open_context(self, model: Model, n_ctx: int | None = None, rollback: int = 0) -> Context: ...
 
-    def __init__(self, config: SessionConfig):
-        self.config = config
-        self._owned: list[Closable] = []
-        self._made: dict[str, Any] = {}
-        self.threads = ThreadPool(config.threads)  # every context's: a session decodes on one thread, in turn
-
-    def load_model(self, path: Path, role: str, options: ModelOptions) -> Model:
-        """`path` loaded with the session's placement settings and `options`' own, refused by any
-        kind's check of models (an MTP drafter cannot run as a model of its own)."""
-        c = self.config
-        options = replace(options, repack=c.repack, rpc_timeout=c.rpc_timeout)
-        model = self.own(Model(path, options, role))
-        for kind in _KINDS.values():
-            if kind.check_model is not None:
-                kind.check_model(model)
-        return model
-
-    def open_context(self, model: Model, n_ctx: int | None = None, rollback: int = 0) -> Context:
-        """A cache of `model` with the session's settings, a sequence a stream (`n_ctx` tokens in all, default the session's)."""
-        c = self.config
-        options = ContextOptions(
-            n_ctx=c.n_ctx if n_ctx is None else n_ctx,
-            n_batch=BATCH,
-            n_ubatch=c.n_ubatch,
-            n_threads=c.threads,
-            flash_attn=c.flash_attn,
-            rollback=rollback,
-            sequences=c.parallel,
-        )
-        return self.own(Context(model, options, self.threads))
-
-    def once(self, key: str, make: Callable[[], Made]) -> Made:
-        """What `make` makes, made on the first call with `key` only: shared by every stream."""
-        if key not in self._made:
-            self._made[key] = make()
-        return self._made[key]
-
-    def own(self, resource: Made) -> Made:
-        """Free `resource` (anything with close()) when the session closes."""
-        self._owned.append(resource)  # type: ignore[arg-type]
-        return resource
-
-    def close(self) -> None:
-        for resource in reversed(self._owned):
-            resource.close()
-        self._owned.clear()
-        self._made.clear()
-
-    @property
-    def closed(self) -> bool:
-        return not self._owned
+    def once(self, key: str, make: Callable[[], Made]) -> Made: ...
 
 
 @dataclass(frozen=True)
@@ -95,7 +45,7 @@ class SourceSite:
     target: Context  # the stream's sequence of the target's cache; target.model is the target model
     config: SessionConfig  # the session's settings (the draft model's path, sampling, n-gram sizes, ...)
     store: NgramStore | None  # the session's store of earlier requests, when it keeps one
-    resources: Resources  # loads models and caches, and what the streams share
+    resources: Loader  # loads models and caches, and what the streams share
 
 
 Builder = Callable[[SourceSite], "DraftSource"]
@@ -128,6 +78,11 @@ def register(
     """Make `name` a draft source sessions can be asked for: `specrun.load(..., sources=[name])`,
     `--source NAME`, `bench --methods NAME`."""
     _KINDS[name] = Kind(build, target_options, follow, check_model, named_by_draft)
+
+
+def model_checks() -> list[Callable[[Model], None]]:
+    """The checks registered kinds run on every model a session loads (each raises to refuse one)."""
+    return [kind.check_model for kind in _KINDS.values() if kind.check_model is not None]
 
 
 def names() -> list[str]:

@@ -13,8 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from specrun.core.sequences import common_prefix
 from specrun.errors import SpecrunError
+from specrun.sequences import common_prefix
 
 END = -1  # written after each sequence, so no match runs from one request into the next
 DEFAULT_LIMIT = 65536  # tokens: 256 KiB, searched in tens of microseconds a step

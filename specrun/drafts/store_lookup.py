@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specrun.drafts.base import Draft, DraftRequest, DraftSource, without_decodes
+from specrun.core.drafting import Draft, DraftRequest, DraftSource, without_decodes
 from specrun.drafts.registry import SourceSite, register
 from specrun.drafts.store import NgramStore
 from specrun.errors import SpecrunError

@@ -13,9 +13,9 @@ from typing import Sequence
 
 import numpy as np
 
-from specrun.core.sequences import History, common_prefix
-from specrun.drafts.base import Draft, DraftRequest, DraftSource, without_decodes
+from specrun.core.drafting import Draft, DraftRequest, DraftSource, without_decodes
 from specrun.drafts.registry import SourceSite, register
+from specrun.sequences import History, common_prefix
 
 
 class SuffixCopy:

@@ -33,13 +33,13 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 
 from specrun.backend import Context
+from specrun.core.drafting import Draft, DraftRequest, DraftSource, NeedsDecodes, Proposal
 from specrun.core.policy import Budget
 from specrun.core.sampling import Distribution
-from specrun.core.sequences import common_prefix
-from specrun.drafts.base import Decodes, Draft, Drafting, DraftRequest, DraftSource
-from specrun.drafts.bridge import SPECIAL, TextStream, VocabBridge
-from specrun.drafts.feeding import FeedCost, Guess, Picker, catch_up_seconds, guessed
-from specrun.drafts.text import whole_characters
+from specrun.drafts.drafting_loop import FeedCost, Guess, Picker, catch_up_seconds, guessed
+from specrun.drafts.vocab_bridge import SPECIAL, TextStream, VocabBridge
+from specrun.drafts.word_tokens import whole_characters
+from specrun.sequences import common_prefix
 
 LOOKBEHIND = 4  # draft tokens re-encoded before the boundary, so merges across it come out as the draft's own
 Mode = Literal["text", "tokens"]
@@ -177,7 +177,7 @@ class TranslatingDraft:
                 break  # an incomplete character at the end of the text, or a byte the draft cannot spell
         return tokens, ends
 
-    def _decode(self, tokens: list[int], ends: list[int], from_stream: bool) -> Decodes[np.ndarray]:
+    def _decode(self, tokens: list[int], ends: list[int], from_stream: bool) -> NeedsDecodes[np.ndarray]:
         """Decode `tokens` onto the cache; without any, the cache's last token again, for its logits.
         `from_stream`: they are the stream's (else a guess, checked against the stream next step)."""
         if not tokens:
@@ -190,7 +190,7 @@ class TranslatingDraft:
         return logits
 
     # --- drafting ----------------------------------------------------------------------
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Proposal:
         budget = request.offer(self.names[0], min(request.limit, self.context.free_slots - 2))
         if budget.k < 1:
             return Draft.under(budget)
@@ -223,7 +223,7 @@ class TranslatingDraft:
             tokens[: request.limit], budget, dists=dists, confidences=confidences, counters=counters, catch_up_s=catch_up_s
         )
 
-    def _guess(self, logits: np.ndarray, budget: Budget, request: DraftRequest) -> Decodes[Guess]:
+    def _guess(self, logits: np.ndarray, budget: Budget, request: DraftRequest) -> NeedsDecodes[Guess]:
         """Up to budget.k draft tokens from the cache's end, each decoded onto it but the last;
         it ends at the draft's end of generation or a token the target cannot take."""
         sample = self.sample and not request.sampler.settings.greedy
@@ -243,7 +243,7 @@ class TranslatingDraft:
             )
         )
 
-    def _next_row(self, token: int) -> Decodes[np.ndarray]:
+    def _next_row(self, token: int) -> NeedsDecodes[np.ndarray]:
         end = self.ends[-1] + len(self.bridge.draft_units(token))
         return self._masked((yield from self._decode([token], [end], from_stream=False))[-1])
 

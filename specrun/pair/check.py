@@ -8,7 +8,7 @@ from typing import Any
 
 from specrun import settings
 from specrun.backend.compat import CompatReport, check_vocab
-from specrun.core.policy import AUTO_ROLLBACK, parse_k, rollback_tokens
+from specrun.core.policy import AUTO_ROLLBACK, rollback_tokens
 from specrun.headers.arch import DRAFTER, Traits, drafter_misfit, header_traits, state_bytes
 from specrun.headers.read import ModelFacts
 from specrun.hub.memory import MemoryBudget, memory_budget
@@ -22,6 +22,7 @@ from specrun.pair.cost import (
 )
 from specrun.pair.sources import locate
 from specrun.pair.translated import TranslatedPair, translated_pair
+from specrun.settings import parse_k
 
 DEFAULT_CTX = 4096
 

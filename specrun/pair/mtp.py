@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specrun import settings
-from specrun.core.policy import AUTO_ROLLBACK, parse_k, rollback_tokens
+from specrun.core.policy import AUTO_ROLLBACK, rollback_tokens
 from specrun.errors import SpecrunError
 from specrun.headers.arch import DRAFTER, HEADS, SEPARATE, SEPARATE_DRAFTERS, state_bytes
 from specrun.headers.read import ModelFacts
@@ -22,6 +22,7 @@ from specrun.hub.memory import MemoryBudget, memory_budget
 from specrun.pair.check import DEFAULT_CTX, model_json, snapshot_copies, traits_of
 from specrun.pair.cost import MODEL_ASSUMPTIONS, best_k, decode_cost, kv_cache_bytes, mtp_cost, verdict
 from specrun.pair.sources import Known, locate
+from specrun.settings import parse_k
 
 MTP_SPEC = "mtp"  # what --draft takes for the target's own MTP layers
 UNMEASURED = (

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specrun.backend import Model, ModelOptions
-from specrun.drafts.bridge import Overlap, VocabBridge
-from specrun.drafts.text import exact_tokens
+from specrun.drafts.vocab_bridge import Overlap, VocabBridge
+from specrun.drafts.word_tokens import exact_tokens
 
 SAMPLE = (
     "The history of the city begins with a small settlement on the river, where traders met to exchange "

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from specrun.chat.formats import Ending
-from specrun.core.policy import SpeculativeSettings, parse_k
+from specrun.core.policy import SpeculativeSettings
 from specrun.errors import SpecrunError
 from specrun.grammar.schemas import Grammar, SchemaError, grammar_from_gbnf, grammar_from_json_schema, json_object_grammar
 from specrun.serve.api_errors import ApiError, invalid_value, setting_error
 from specrun.serve.bodies import Body, ChatBody, CompletionBody
 from specrun.serve.tools import ToolRequest, call_grammar, function_parameters
-from specrun.settings import SettingError, check, check_logit_bias, shown
+from specrun.settings import SettingError, check, check_logit_bias, parse_k, shown
 
 # Request fields passed on to SamplerSettings, named as there: OpenAI's, and llama-server's own.
 SAMPLING = {

@@ -78,7 +78,7 @@ def create_app(
         return JSONResponse(
             {
                 "status": "ok",
-                "slots_idle": worker.slots - len(worker.running),
+                "slots_idle": worker.n_slots - len(worker.running),
                 "slots_processing": len(worker.running),
                 "requests_waiting": worker.waiting,
             }
@@ -130,7 +130,7 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
     async def prometheus() -> Response:
         store = worker.session.store if worker.session is not None else None
         text = metrics.render(
-            running=len(worker.running), waiting=worker.waiting, slots=worker.slots, store_tokens=len(store) if store else 0
+            running=len(worker.running), waiting=worker.waiting, slots=worker.n_slots, store_tokens=len(store) if store else 0
         )
         return Response(text, media_type=MEDIA_TYPE)
 
@@ -140,7 +140,7 @@ def api_routes(worker: Worker, metrics: Metrics, model: str) -> APIRouter:
         session = worker.ready()
         draft = session.config.draft
         return {
-            "draft": {"sources": session.source_names, "model": draft.name if draft else None},
+            "draft": {"sources": session.drafters.names, "model": draft.name if draft else None},
             "k": str(session.config.k) if session.drafter is not None else "plain",
             "context_tokens": session.target.n_ctx,
         }
@@ -201,7 +201,7 @@ def server_props(worker: Worker) -> dict:
     sampler = {name: value for name, value in asdict(worker.defaults).items() if name != "logit_bias"}
     return {
         "default_generation_settings": {"n_ctx": session.target.n_ctx, "params": sampler},
-        "total_slots": worker.slots,
+        "total_slots": worker.n_slots,
         "model_path": str(model.path),
         "chat_template": model.chat_template or "",
         "bos_token": model.token_bytes(model.bos, True).decode("utf-8", "replace") if model.bos >= 0 else "",

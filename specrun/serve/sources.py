@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Sequence
 
-from specrun.core.engine import Generator
+from specrun.core.engine import Engine
 from specrun.core.events import OnToken, Stats, StepEvent, StopReason, TokenEvent, TokenSource
 
 
@@ -37,9 +37,9 @@ class SourceLabels:
     """How each character of a reply came, kept as the engine emits its tokens, so that the text
     the stop scanner releases later (and in other pieces) is split the same way."""
 
-    def __init__(self, generator: Generator):
-        self.generator = generator
-        self.k = generator.policy.label if generator.drafter is not None else "plain"
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.k = engine.policy.label if engine.drafter is not None else "plain"
         self._labels: list[tuple[TokenSource, str | None]] = []  # one per character of the text so far
         self._released = 0
         self._step: StepEvent | None = None  # the latest step: a step's event comes before its tokens
@@ -72,7 +72,7 @@ class SourceLabels:
 
     def stats(self, final: Stats | None = None) -> dict:
         """The reply's statistics so far, or `final` ones once it ended."""
-        s = final or self.generator.stats
+        s = final or self.engine.stats
         return {
             "tokens": s.tokens,
             "tokens_per_s": s.tokens_per_s if final else self._running_rate(s),

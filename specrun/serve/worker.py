@@ -2,7 +2,7 @@
 per step (a `Batch`); the rest wait, in arrival order, in a bounded queue.
 
 A waiting request takes the free slot that throws away least of what it holds
-(`Session.best_slot`), so a client's next turn prefills only what is new. The event loop submits a
+(`Slots.slot_for`), so a client's next turn prefills only what is new. The event loop submits a
 `Job` and awaits what the worker reports on it: `Started` (the prompt fits and the reply
 begins) or `Failed`, then `Text` pieces (and `CallPiece`s of the tools it calls, read from
 the reply by `CallReader`), then `Finished`. A job that is cancelled (its client went away,
@@ -26,9 +26,8 @@ from typing import Callable
 from specrun.chat.conversation import Transcript
 from specrun.chat.formats import TEMPLATE, Rendered, choose_format
 from specrun.chat.reply import Reply, ReplyStream
-from specrun.core.batch import Batch
-from specrun.core.engine import Generator
-from specrun.core.events import RunResult
+from specrun.core.engine import Engine
+from specrun.core.events import Generation
 from specrun.core.policy import SpeculativeRule
 from specrun.errors import RpcLost, SpecrunError
 from specrun.serve.api import GenerationRequest
@@ -43,6 +42,7 @@ from specrun.serve.sources import SourceLabels
 from specrun.serve.tool_calls import CallReader
 from specrun.serve.tools import prompt_messages, tool_grammar, tool_style
 from specrun.session import Session
+from specrun.session.slots import Slots
 from specrun.settings import SettingError
 
 
@@ -81,15 +81,19 @@ class Worker:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self.tokenizers = ThreadPoolExecutor(thread_name_prefix="specrun-tokenize")  # /tokenize, beside generations
         self._submit_lock = threading.Lock()
-        self.slots = slots
-        self.running: dict[int, Job] = {}  # slot -> the job on it
-        self._batch: Batch | None = None
+        self.n_slots = slots
+        self._slots: Slots[Job] | None = None  # once the model has loaded
         self._request_s = 0.0  # recent requests' time on the model, for Retry-After
         self._thread = threading.Thread(target=self._run, name="specrun-model", daemon=True)
 
     # --- the event loop's side ----------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def running(self) -> dict[int, Job]:
+        """slot -> the job running on it."""
+        return self._slots.busy if self._slots is not None else {}
 
     @property
     def waiting(self) -> int:
@@ -183,7 +187,7 @@ class Worker:
         if self.state == "loading":
             self.state = "ready"
             self._on_ready(self.session)
-        self._batch = self.session.batch()
+        self._slots = self.session.slots()
         try:
             while self._admit():
                 self._step()
@@ -194,7 +198,7 @@ class Worker:
     def _admit(self) -> bool:
         """Start waiting jobs on free slots; wait for one while nothing runs. False once stopped
         with nothing left running."""
-        while len(self.running) < self.slots:
+        while len(self.running) < self.n_slots:
             try:
                 job = self._jobs.get(block=not self.running)
             except queue.Empty:
@@ -207,10 +211,10 @@ class Worker:
 
     def _step(self) -> None:
         """One decode for every running request; a failure ends them all."""
-        batch = self._batch
-        assert batch is not None
-        self._guarded(lambda *jobs: batch.step(), *self.running.values())
-        self.metrics.decoded(batch.rows)
+        slots = self._slots
+        assert slots is not None
+        self._guarded(lambda *jobs: slots.step(), *self.running.values())
+        self.metrics.decoded(slots.batch.rows)
 
     def _guarded(self, work: Callable[..., None], *jobs: Job) -> None:
         """work(*jobs); where it fails, every job it was for, and every running one, fails with it
@@ -227,8 +231,8 @@ class Worker:
                 error = ApiError(500, f"internal error: {exc}", code="internal_error", kind="server_error")
             for job in {*jobs, *self.running.values()}:
                 job.report(Failed(error))
-            self.running.clear()
-            self._batch = self._loaded.batch()
+            assert self._slots is not None
+            self._slots.reset()
 
     def _start(self, job: Job) -> None:
         """Put the job's generation on the free slot that has most of its prompt cached."""
@@ -238,11 +242,11 @@ class Worker:
             )
             return
         started = time.perf_counter()
-        free = [slot for slot in range(self.slots) if slot not in self.running]
+        assert self._slots is not None
         try:
             prompt = self._prompt(job.request)
-            slot = self._loaded.best_slot(prompt.tokens, free)
-            generator = self._generator(job.request, slot)
+            slot = self._slots.slot_for(prompt.tokens)
+            engine = self._engine(job.request, slot)
         except ApiError as error:
             self.metrics.reject("invalid")
             job.report(Failed(error))
@@ -250,20 +254,17 @@ class Worker:
         job.report(Started(len(prompt.tokens)))
         max_tokens = job.request.max_tokens or self.max_tokens or self._loaded.target.n_ctx
         reader = CallReader(self._tool_style.form) if job.request.tools else None
-        labels = SourceLabels(generator) if job.request.pieces else None
-        scores = LogprobWatch(self._loaded.target_model.piece, generator.eog) if job.request.logprobs is not None else None
+        labels = SourceLabels(engine) if job.request.pieces else None
+        scores = LogprobWatch(self._loaded.target_model.piece, engine.eog) if job.request.logprobs is not None else None
         view = Reporter(job, self.metrics, reader, labels, scores, self._thoughts(job.request, prompt))
         reply = ReplyStream(prompt.stops, view, started, cancelled=lambda: job.cancelled)
         on_token = reply.on_token if labels is None else labels.watching(reply.on_token)
         on_token = on_token if scores is None else scores.watching(on_token)
-        self.running[slot] = job
 
-        def finished(run: RunResult) -> None:
-            del self.running[slot]
-            self._finish(job, prompt, view, reply.reply(run.stats, run.stop_reason, generator.eog), started)
+        def finished(run: Generation) -> None:
+            self._finish(job, prompt, view, reply.reply(run.stats, run.stop_reason, engine.eog), started)
 
-        assert self._batch is not None
-        self._batch.add(generator, prompt.tokens, max_tokens, on_token, reply.on_step, finished)
+        self._slots.start(slot, job, engine, prompt.tokens, max_tokens, on_token, reply.on_step, finished)
 
     def _finish(self, job: Job, prompt: Prompt, view: Reporter, reply: Reply, started: float) -> None:
         view.finish()
@@ -285,7 +286,7 @@ class Worker:
     def slot_states(self) -> list[dict]:
         """llama-server's /slots, read-only: each slot's context and whether a request runs on it."""
         n_ctx = self.ready().target.n_ctx
-        return [{"id": slot, "n_ctx": n_ctx, "is_processing": slot in self.running} for slot in range(self.slots)]
+        return [{"id": slot, "n_ctx": n_ctx, "is_processing": slot in self.running} for slot in range(self.n_slots)]
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """The tokens a chat request's prompt comes to, as it would run: its template and tools.
@@ -351,7 +352,7 @@ class Worker:
             raise invalid_value("prompt", f"token id {wrong} is not in the vocabulary, whose ids run from 0 to {n_vocab - 1}.")
         return list(tokens)
 
-    def _generator(self, request: GenerationRequest, slot: int) -> Generator:
+    def _engine(self, request: GenerationRequest, slot: int) -> Engine:
         try:
             settings = replace(self.defaults, **request.sampling)
         except SettingError as exc:  # the API checked each field already: a backstop
@@ -366,7 +367,7 @@ class Worker:
         policy = SpeculativeRule(request.speculative) if request.speculative else request.k
         grammar = tool_grammar(self._tool_style.form, request.tools) if request.tools else request.grammar
         try:
-            return self._loaded.generator(
+            return self._loaded.engine(
                 policy=policy,
                 sampler=settings,
                 grammar=grammar,

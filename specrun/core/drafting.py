@@ -1,4 +1,4 @@
-"""The contract every draft source keeps, and the chain that asks several in turn.
+"""The contract every draft source keeps, as the engine that drives it states it.
 
 A source guesses the next tokens of a generation. The engine asks it with a `DraftRequest`
 each step, verifies what it proposes in one target decode and, after every step, tells it
@@ -8,8 +8,8 @@ the history to roll back to. The whole contract is `DraftSource`:
 - `counters`: the `Stats.counters` its drafts add to (`Draft.counters`), zero from the start.
 - `parts`: the sources a chain asks, in order; a single source has none.
 - `runs_model`: whether drafting decodes a model (time per token) or only copies (free).
-- `propose(history, request)`, a coroutine (`Drafting`): it yields each decode its model needs
-  (`DraftDecode`), is sent what it `Decoded`, and returns its `Draft`. The caller runs the
+- `propose(history, request)`, a coroutine (`Proposal`): it yields each decode its model needs
+  (`DraftDecode`), is sent that decode's `DraftRows`, and returns its `Draft`. The caller runs the
   decodes: one stream's alone (`drafted`), a batch's together, one decode per draft cache for
   every stream drafting the next position. A source that decodes nothing writes its propose
   as a function returning the draft and marks it `@without_decodes`.
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Concatenate, Generator, Literal, Mapping, NamedTuple, ParamSpec, Protocol, Sequence, TypeVar
 
 import numpy as np
@@ -101,8 +101,8 @@ class Draft:
         return cls(list(tokens[: budget.k]), budget, **measured)
 
 
-class Decoded(NamedTuple):
-    """What a `DraftDecode` is sent back: its last rows' logits (valid until that cache's next
+class DraftRows(NamedTuple):
+    """What a `DraftDecode` is answered with: its last rows' logits (valid until that cache's next
     decode), and the seconds and tokens of the decode that held it (in a batch, other streams'
     tokens too)."""
 
@@ -111,7 +111,7 @@ class Decoded(NamedTuple):
     tokens: int
 
     @classmethod
-    def of(cls, logits: np.ndarray, seconds: float, decodes: Sequence[DraftDecode]) -> Decoded:
+    def of(cls, logits: np.ndarray, seconds: float, decodes: Sequence[DraftDecode]) -> DraftRows:
         """A source's row of one decode of `decodes` (every stream's) that took `seconds`."""
         return cls(logits, seconds, sum(len(decode.tokens) for decode in decodes))
 
@@ -142,29 +142,29 @@ class DraftDecode(NamedTuple):
     tokens: Sequence[int]
     rows: int = 1
 
-    def alone(self) -> Decoded:
+    def alone(self) -> DraftRows:
         """Run as a decode of its own (one stream)."""
         started = time.perf_counter()
         logits = self.context.eval(self.tokens, self.rows)
-        return Decoded(logits, time.perf_counter() - started, len(self.tokens))
+        return DraftRows(logits, time.perf_counter() - started, len(self.tokens))
 
 
 Result = TypeVar("Result")
-Decodes = Generator[DraftDecode, Decoded, Result]
-"""A coroutine that yields the draft decodes it needs, is sent each one's `Decoded`, and returns its result."""
-Drafting = Decodes[Draft]
+NeedsDecodes = Generator[DraftDecode, DraftRows, Result]
+"""A coroutine that yields the draft decodes it needs, is sent each one's `DraftRows`, and returns its result."""
+Proposal = NeedsDecodes[Draft]
 """A source's `propose`."""
 
 Source = TypeVar("Source")
 Args = ParamSpec("Args")
 
 
-def without_decodes(propose: Callable[Concatenate[Source, Args], Draft]) -> Callable[Concatenate[Source, Args], Drafting]:
+def without_decodes(propose: Callable[Concatenate[Source, Args], Draft]) -> Callable[Concatenate[Source, Args], Proposal]:
     """The `propose` of a source that decodes nothing (a copy, a grammar's forced text), written
     as a function that returns its draft, as the contract's coroutine."""
 
     @functools.wraps(propose)
-    def drafting(source: Source, *args: Args.args, **kwargs: Args.kwargs) -> Drafting:
+    def drafting(source: Source, *args: Args.args, **kwargs: Args.kwargs) -> Proposal:
         yield from ()
         return propose(source, *args, **kwargs)
 
@@ -199,7 +199,7 @@ class DraftSource(Protocol):
         """Whether drafting decodes a model (time per token) or only copies (free)."""
         ...
 
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
+    def propose(self, history: Sequence[int], request: DraftRequest) -> Proposal:
         """Up to `request.limit` tokens guessed to follow `history` (which ends with the last
         emitted token), as many as the policy grants; the decodes that takes yielded to the caller."""
         ...
@@ -207,54 +207,3 @@ class DraftSource(Protocol):
     def rollback(self, history: Sequence[int]) -> None:
         """Forget any state (cached drafts) that is not part of `history`; [] empties it."""
         ...
-
-
-class Chain:
-    """Draft sources in order (context lookup, the cross-request store, a model): the first that
-    drafts, drafts; the budgets the policy declined to those asked before it travel with it."""
-
-    counters: tuple[str, ...]
-
-    def __init__(self, *parts: DraftSource):
-        self.parts = parts
-        self.names = tuple(dict.fromkeys(name for part in parts for name in part.names))
-        self.counters = tuple(dict.fromkeys(name for part in parts for name in part.counters))
-        self.runs_model = any(part.runs_model for part in parts)
-
-    def propose(self, history: Sequence[int], request: DraftRequest) -> Drafting:
-        declined: tuple[Budget, ...] = ()
-        draft = Draft()
-        for part in self.parts:
-            draft = yield from part.propose(history, request)
-            draft = replace(draft, declined=declined + draft.declined)
-            if draft.tokens:
-                break
-            declined = draft.declined
-        return draft
-
-    def rollback(self, history: Sequence[int]) -> None:
-        for part in self.parts:
-            part.rollback(history)
-
-
-def chained(sources: Sequence[DraftSource]) -> DraftSource | None:
-    """One source for `sources`: none, the one, or a chain of them in order."""
-    if len(sources) < 2:
-        return sources[0] if sources else None
-    return Chain(*sources)
-
-
-def leaves(source: DraftSource) -> list[DraftSource]:
-    """The single sources inside `source`, in the order they are asked."""
-    return [leaf for part in source.parts for leaf in leaves(part)] if source.parts else [source]
-
-
-def copying_part(source: DraftSource) -> DraftSource | None:
-    """The part of `source` that drafts without a model (lookup, the store), whose drafts cost
-    no decodes; None when every part of it runs a model."""
-    return chained([leaf for leaf in leaves(source) if not leaf.runs_model])
-
-
-def model_part(source: DraftSource | None) -> DraftSource | None:
-    """The part of `source` that drafts with a model of its own (alone, or chained with copies)."""
-    return next((leaf for leaf in leaves(source) if leaf.runs_model), None) if source is not None else None

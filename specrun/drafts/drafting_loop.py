@@ -15,9 +15,9 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from specrun.backend import Context
+from specrun.core.drafting import CatchUp, Draft, DraftDecode, DraftRequest, NeedsDecodes
 from specrun.core.policy import Budget, ema
 from specrun.core.sampling import Distribution, Sampler, filtered
-from specrun.drafts.base import CatchUp, Decodes, Draft, DraftDecode, DraftRequest
 
 CATCH_UP_DRAFTS = 16  # a bounded catch-up feeds what drafting this many tokens one by one costs
 MIN_WINDOW = 32  # the least context a bounded catch-up leaves a draft, and all it feeds before that is measured
@@ -38,7 +38,7 @@ class FeedCost:
     def measured(self) -> bool:
         return bool(self.one_s and self.batched_s)
 
-    def eval(self, context: Context, tokens: Sequence[int]) -> Decodes[np.ndarray]:
+    def eval(self, context: Context, tokens: Sequence[int]) -> NeedsDecodes[np.ndarray]:
         """Feed `tokens` (a decode yielded to the caller), timing it; until both costs are known, a
         batch goes in as all but its last token and then that one alone, which times each at no
         extra cost. A decode that held other streams' tokens too is charged its tokens' share."""
@@ -116,8 +116,8 @@ class Guess:
         return Draft(self.tokens, budget, dists=self.dists if sampled else None, confidences=confidences, catch_up_s=catch_up_s)
 
 
-NextRow = Callable[[int], Decodes[np.ndarray]]
-"""Decodes a drafted token onto the source's cache: the logits row for the token after it."""
+NextRow = Callable[[int], NeedsDecodes[np.ndarray]]
+"""NeedsDecodes a drafted token onto the source's cache: the logits row for the token after it."""
 
 
 def decoded_rows(rows: Iterable[np.ndarray]) -> NextRow:
@@ -125,7 +125,7 @@ def decoded_rows(rows: Iterable[np.ndarray]) -> NextRow:
     next row is the block's next, and asks for no decode."""
     following = iter(rows)
 
-    def next_row(token: int) -> Decodes[np.ndarray]:
+    def next_row(token: int) -> NeedsDecodes[np.ndarray]:
         yield from ()
         return next(following)
 
@@ -143,7 +143,7 @@ def guessed(
     ends: Callable[[int], bool] | None = None,
     text: Sequence[int] = (),
     targets_vocabulary: bool = True,
-) -> Decodes[Guess]:
+) -> NeedsDecodes[Guess]:
     """Up to `budget.k` tokens drafted one at a time from `row` (the logits after `text`, in the
     source's vocabulary): each picked under the sampler's logit bias (where the source's
     vocabulary is the target's) and repetition penalties, as the target's rows are, so that more

@@ -10,9 +10,9 @@ from typing import Sequence
 import numpy as np
 
 from specrun.backend import Model
-from specrun.core.sequences import History, common_prefix
-from specrun.drafts.text import by_words, utf8_runs
+from specrun.drafts.word_tokens import by_words, utf8_runs
 from specrun.errors import IncompatibleError
+from specrun.sequences import History, common_prefix
 
 SPECIAL = 256  # stream values from here on are the draft's special tokens (SPECIAL + id); below, text bytes
 MIN_SHARED = 0.1  # refused below this share of the smaller vocabulary's text tokens shared with the other
