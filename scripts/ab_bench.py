@@ -4,7 +4,8 @@ Each round runs `python -m specrun bench --json` in each checkout's folder, so e
 own code on the same model, prompts and threads; alternating the two spreads the machine's
 drift over both. Prints, per method and k, each checkout's speed-up over its own plain
 decoding (total tokens / total time over the rounds) and the ratio of their tok/s, plain
-included, and how many prompts gave the same greedy text in both.
+included, and how many prompts gave the same greedy text in both (not with `--parallel N`,
+whose runs report only each method's totals).
 
     git worktree add /tmp/before REV
     python scripts/ab_bench.py /tmp/before . --rounds 2 [-- any bench arguments]
@@ -33,7 +34,11 @@ def totals(documents: list[dict]) -> dict[str, tuple[int, float]]:
     """Per result key (plain included): generated tokens and seconds over every prompt and round."""
     summed: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
     for document in documents:
-        for prompt in document["prompts"]:
+        for run in document.get("runs", []):  # --parallel N: each method's pass over all prompts
+            key = "plain" if run["method"] == "plain" else f"{run['method']}_k{run['k']}"
+            summed[key][0] += run["tokens"]
+            summed[key][1] += run["seconds"]
+        for prompt in document.get("prompts", []):
             for key, row in {"plain": prompt["plain"], **prompt["results"]}.items():
                 summed[key][0] += row["tokens"]
                 summed[key][1] += row["tokens"] / row["tokens_per_s"] if row["tokens_per_s"] else 0.0
@@ -75,8 +80,9 @@ def main() -> None:
             f"{key:18} {rate_a / (a['plain'][0] / a['plain'][1]):10.2f} {rate_b / (b['plain'][0] / b['plain'][1]):10.2f} "
             f"{rate_b / rate_a:10.3f}"
         )
-    matched, prompts = same_text(runs[args.a], runs[args.b])
-    print(f"prompts where every method wrote plain decoding's text in both: {matched} of {prompts}")
+    if "prompts" in runs[args.a][-1]:
+        matched, prompts = same_text(runs[args.a], runs[args.b])
+        print(f"prompts where every method wrote plain decoding's text in both: {matched} of {prompts}")
 
 
 if __name__ == "__main__":

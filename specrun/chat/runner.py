@@ -66,9 +66,7 @@ class ChatRunner:
         if self.plain_rate:
             self.plain_rate.reset_step_clock()
         engine = self.session.engine(policy=self.policy, sampler=self.sampler)
-        reply = stream_reply(
-            engine, turn.tokens, self.max_tokens, turn.stops, _Tap(view, self._observe_step), started, cancelled
-        )
+        reply = stream_reply(engine, turn.tokens, self.max_tokens, turn.stops, _Tap(view, self._observe_step), started, cancelled)
         if turn.dropped:
             del self.replies[: turn.dropped]
         self.conversation.add_reply(turn, reply.tokens, reply.text)
