@@ -5,7 +5,9 @@ Starts llama-server (built from the llama.cpp that llama-cpp-python vendors,
 fill-in-the-middle tokens (tests/tinymodels.py, `fim=True`), sends both the same /infill and
 /completion requests (text and token ids, greedy, cache off; llama-server with specrun's batch of
 512 rows, which sets how much of a long file an infill prompt keeps), and prints, per request, whether
-the prompt's token count (`tokens_evaluated`), the reply's text and its stop type are the same.
+the prompt's token count (`tokens_evaluated`), the reply's text and its stop type are the same;
+then, for a streamed /completion with `return_progress`, whether the `prompt_progress` chunks
+(total, cache, processed) are.
 
     python scripts/compare_routes.py [--llama-bin DIR] [--tokens 24]
 """
@@ -17,8 +19,10 @@ import specrun.backend  # noqa: F401  (libllama loads before numpy: backend.libr
 # isort: split
 
 import argparse
+import json
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 from compare_llama_cpp import build_tools
@@ -73,9 +77,22 @@ def main() -> None:
                     f"| {path} | {a['tokens_evaluated']} / {b['tokens_evaluated']} | {a['content'] == b['content']} "
                     f"| {a['stop_type']} / {b['stop_type']} |"
                 )
+            body = {"prompt": CODE, "n_predict": 4, "stream": True, "return_progress": True, "cache_prompt": False}
+            a, b = progress(f"{ours.url}/completion", body), progress(f"{theirs}/completion", body)
+            same += a == b
+            print(f"| /completion, streamed, return_progress: (total, cache, processed) | {a} / {b} | {a == b} | |")
     finally:
         ours.stop()
-    print(f"{same} of {len(REQUESTS)} requests answered alike")
+    print(f"{same} of {len(REQUESTS) + 1} requests answered alike")
+
+
+def progress(url: str, body: dict) -> list[tuple[int, int, int]]:
+    """(total, cache, processed) of each `prompt_progress` chunk of a streamed request."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        lines = response.read().decode().splitlines()
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    return [(p["total"], p["cache"], p["processed"]) for chunk in chunks if (p := chunk.get("prompt_progress"))]
 
 
 if __name__ == "__main__":

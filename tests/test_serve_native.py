@@ -1,5 +1,5 @@
 """llama-server's own routes on `specrun serve`, called as its clients call them: the native
-/completion (text or token ids, n_predict, n_probs, return_tokens, streamed chunks), /infill
+/completion (text or token ids, n_predict, n_probs, return_tokens, streamed chunks, return_progress), /infill
 with the model's fill-in-the-middle tokens, and the unprefixed aliases."""
 
 from __future__ import annotations
@@ -82,6 +82,20 @@ def test_a_stream_is_chunks_ending_with_stop_and_no_done(server):
     assert "".join(c["content"] for c in chunks) == whole["content"] and chunks[-1]["stop_type"] == "limit"
 
 
+def test_a_stream_with_return_progress_reports_the_prompt_first(server):
+    """A chunk at the start (what the slot held), one when the prompt is processed, then the text;
+    the same prompt again is held by its slot but for the last token, which is decoded again."""
+    body = {"prompt": PROMPT + " ran", "n_predict": 4, "stream": True, "return_progress": True}
+    for turn in range(2):
+        with httpx.stream("POST", f"{server.url}/completion", json=body) as response:
+            chunks = [json.loads(line.removeprefix("data: ")) for line in response.iter_lines() if line]
+        progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+        total = chunks[-1]["tokens_evaluated"]
+        assert [p["processed"] for p in progress] == [progress[0]["cache"], total] and progress[0]["total"] == total
+        assert all(c["content"] == "" for c in chunks[:2]) and chunks[-1]["stop"] is True
+        assert progress[0]["cache"] == (total - 1 if turn else progress[0]["cache"]) and progress[1]["time_ms"] >= 0
+
+
 def test_the_infill_prompt_is_llama_servers(fim_model):
     """Repo-level: the repository line, each extra file after a file separator, the current file's,
     then BOS, the prefix and the middle's start, the suffix, the middle token."""
@@ -122,6 +136,7 @@ def test_infill_fills_the_middle_and_refuses_a_model_without_fim_tokens(server, 
         ("/completion", {"prompt": {"x": 1}}, "Invalid type for 'prompt'"),
         ("/completion", {"prompt": PROMPT, "n_probs": 99}, "n_probs"),
         ("/completion", {"prompt": PROMPT, "return_tokens": True, "stream": True}, "return_tokens"),
+        ("/completion", {"prompt": PROMPT, "return_progress": True}, "return_progress"),
         ("/infill", {"input_suffix": "x"}, "Missing required parameter: 'input_prefix'"),
         ("/infill", {"input_prefix": "a", "input_suffix": "b", "input_extra": [{"filename": "f"}]}, "input_extra[0].text"),
     ],

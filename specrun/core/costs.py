@@ -8,7 +8,7 @@ run refined is kept across runs outside the core (specrun/session/cost_cache.py)
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Generator, Sequence
 
 import numpy as np
 
@@ -31,12 +31,27 @@ def measure_verify_costs(context, repeats: int = 2) -> list[float]:
     twice the widest while a row still gets WIDER_ROW_GAIN cheaper, up to the batch size
     (where verifying is nearly free per row, as on a GPU, drafts may grow to n_batch - 1).
     """
+    steps = measuring_verify_costs(context, repeats, all_at_once=True)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def measuring_verify_costs(context, repeats: int = 2, all_at_once: bool = False) -> Generator[None, None, list[float]]:
+    """`measure_verify_costs` as a coroutine that yields after each width it timed (unless
+    `all_at_once`), so that a server answers requests between them, and returns the table."""
     most = min(context.n_batch, context.free_slots - 1)
     widths = [w for w in (*range(1, EVERY_WIDTH_TO + 1), *WIDE_WIDTHS) if w <= most]
-    timed = time_decodes(context, widths, repeats)
+    timed: dict[int, float] = {}
+    for group in [widths] if all_at_once else [[width] for width in widths]:
+        timed |= time_decodes(context, group, repeats)
+        yield
     width = widths[-1]
     while width * 2 <= most:
         wider = time_decodes(context, [width * 2], repeats)[width * 2]
+        yield
         gain = 1 - (wider / (width * 2)) / (timed[width] / width)
         if gain <= 0:
             break  # a row costs more at the wider width: drafts stay within the narrower one

@@ -90,6 +90,7 @@ class GenerationRequest:
     pieces: bool = False  # `specrun.pieces`: stream chunks carry their text split by how it came (serve/sources.py)
     logprobs: int | None = None  # each token's log-probability and this many alternatives (None: not asked)
     return_tokens: bool = False  # llama-server's: the reply's token ids too
+    return_progress: bool = False  # llama-server's: a stream reports the prompt's processing
 
     @property
     def chat(self) -> bool:

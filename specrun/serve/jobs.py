@@ -20,6 +20,7 @@ from specrun.serve.tool_calls import CallPiece, merged
 @dataclass(frozen=True)
 class Started:
     prompt_tokens: int
+    cached: int = 0  # of them, those the slot's cache holds already: not decoded again
 
 
 @dataclass(frozen=True)

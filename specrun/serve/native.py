@@ -13,6 +13,7 @@ edited and its neighbours. The answer is llama-server's: `content`, `tokens`, `s
 from __future__ import annotations
 
 import json
+import time
 from typing import Annotated, Any, AsyncIterator, Sequence
 
 from pydantic import Field
@@ -40,6 +41,7 @@ class NativeBody(Body):
     n_probs: int | None = None  # each token's probability and this many alternatives
     cache_prompt: bool | None = None  # accepted: a slot's cached prompt is always reused
     return_tokens: bool | None = None  # the reply's token ids in `tokens`
+    return_progress: bool | None = None  # a stream's chunks report the prompt's processing
 
 
 class ExtraFile(Strict):
@@ -83,7 +85,15 @@ def _checked(body: NativeBody, **what: Any) -> GenerationRequest:
         raise setting_error(error, "n_probs") from None
     if body.return_tokens and body.stream:
         raise invalid_value("return_tokens", "the reply's token ids come with the whole reply: leave out stream.")
-    return api.checked_request(body, logprobs=body.n_probs or None, return_tokens=bool(body.return_tokens), **what)
+    if body.return_progress and not body.stream:
+        raise invalid_value("return_progress", 'the prompt\'s progress comes in stream chunks: send "stream": true too.')
+    return api.checked_request(
+        body,
+        logprobs=body.n_probs or None,
+        return_tokens=bool(body.return_tokens),
+        return_progress=bool(body.return_progress),
+        **what,
+    )
 
 
 def infill_tokens(model: Model, infill: Infill, n_batch: int, n_predict: int, n_ctx: int) -> list[int]:
@@ -169,10 +179,16 @@ class NativeShape:
 
     async def events(self, job: Job, started: Started) -> AsyncIterator[str]:
         """A chunk per piece of text (with its tokens' probabilities where asked), then the final
-        one; an error chunk where the generation failed. Cancels the job when done."""
+        one; an error chunk where the generation failed. Cancels the job when done. With
+        `return_progress`, a chunk with the prompt's progress first, and one when it is processed."""
+        progress = PromptProgress(started) if self.request.return_progress else None
         try:
+            if progress is not None:
+                yield _data(progress.chunk())
             while True:
                 report = await job.next()
+                if progress is not None and isinstance(report, (Text, Finished)) and not progress.done:
+                    yield _data(progress.chunk(done=True))
                 if isinstance(report, Text) and report.text:
                     chunk = {"index": 0, "content": report.text, "tokens": [], "stop": False}
                     chunk["tokens_evaluated"] = started.prompt_tokens
@@ -190,6 +206,28 @@ class NativeShape:
                     return
         finally:
             job.cancel()
+
+
+class PromptProgress:
+    """llama-server's `prompt_progress`: of the prompt's tokens, those its slot held (`cache`) and
+    those processed so far, and the milliseconds since its processing began. It is processed in
+    one step here (a long prompt beside others in a few, which llama-server reports apart): a
+    chunk at the start and one when the first token comes, as llama-server's for a prompt
+    within its batch."""
+
+    def __init__(self, started: Started):
+        self.started, self.began, self.done = started, time.perf_counter(), False
+
+    def chunk(self, done: bool = False) -> dict:
+        self.done = done
+        total, cache = self.started.prompt_tokens, self.started.cached
+        progress = {
+            "total": total,
+            "cache": cache,
+            "processed": total if done else cache,
+            "time_ms": round(1000 * (time.perf_counter() - self.began)) if done else 0,
+        }
+        return {"index": 0, "content": "", "tokens": [], "stop": False, "tokens_evaluated": total, "prompt_progress": progress}
 
 
 def _probabilities(scored: Sequence[Scored]) -> list[dict]:

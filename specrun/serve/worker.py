@@ -32,6 +32,7 @@ from specrun.core.policy import SpeculativeRule
 from specrun.errors import RpcLost, SpecrunError
 from specrun.serve.api import GenerationRequest
 from specrun.serve.api_errors import ApiError, invalid_value, setting_error
+from specrun.serve.calibration import Calibration
 from specrun.serve.jobs import Failed, Finished, Job, Started
 from specrun.serve.logprobs import LogprobWatch
 from specrun.serve.metrics import Metrics
@@ -83,6 +84,7 @@ class Worker:
         self._submit_lock = threading.Lock()
         self.n_slots = slots
         self._slots: Slots[Job] | None = None  # once the model has loaded
+        self._calibration = Calibration()  # auto's verify costs, measured between requests on a first start
         self._request_s = 0.0  # recent requests' time on the model, for Retry-After
         self._thread = threading.Thread(target=self._run, name="specrun-model", daemon=True)
 
@@ -176,8 +178,9 @@ class Worker:
             self._thinks = self._chat_format.name == TEMPLATE and thinks(self.session.target_model.chat_template)
             self._transcript = Transcript(self.session.target_model)
             self.defaults = self.session.config.sampler  # the server's defaults; requests override them
-            if self.session.drafter is not None:
-                self.session.policy(self.session.config.k)  # auto measures verify costs now, not in the first request
+            self._calibration.start(self.session)  # under auto, verify costs now, not in the first request
+            if self.session.drafter is not None and not self._calibration.running:
+                self.session.policy(self.session.config.k)
         except BaseException as exc:  # noqa: BLE001 - reported to the command, which exits with it
             self.state, self.error = "failed", exc
             if self.session is not None:
@@ -196,12 +199,16 @@ class Worker:
             self.session.close()
 
     def _admit(self) -> bool:
-        """Start waiting jobs on free slots; wait for one while nothing runs. False once stopped
-        with nothing left running."""
+        """Start waiting jobs on free slots; while nothing runs, measure what is left of auto's
+        verify costs, or wait for a job. False once stopped with nothing left running."""
         while len(self.running) < self.n_slots:
+            idle = not self.running
             try:
-                job = self._jobs.get(block=not self.running)
+                job = self._jobs.get(block=idle and not self._calibration.running)
             except queue.Empty:
+                if idle and self._calibration.running:
+                    self._calibration.step(self._loaded)
+                    continue
                 break
             if job is None:
                 self._jobs.put(None)  # stopping: every job was cancelled; let those running end
@@ -251,7 +258,8 @@ class Worker:
             self.metrics.reject("invalid")
             job.report(Failed(error))
             return
-        job.report(Started(len(prompt.tokens)))
+        cached = self._loaded.target.sequence(slot).prefix_held(prompt.tokens)
+        job.report(Started(len(prompt.tokens), min(cached, len(prompt.tokens) - 1)))  # the last is decoded for its logits
         max_tokens = job.request.max_tokens or self.max_tokens or self._loaded.target.n_ctx
         reader = CallReader(self._tool_style.form) if job.request.tools else None
         labels = SourceLabels(engine) if job.request.pieces else None

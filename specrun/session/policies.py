@@ -1,15 +1,20 @@
 """A session's draft-length policies, one per k for its life, and the verify costs auto prices
-drafts by: kept across sessions with one set-up (cost_cache.py), measured where none holds."""
+drafts by: kept across sessions with one set-up (cost_cache.py), measured where none holds,
+at once or (a server) a width at a time while a fixed k stands in for auto."""
 
 from __future__ import annotations
+
+from typing import Generator
 
 from specrun.backend import Context
 from specrun.config import SessionConfig
 from specrun.core.auto import AutoK
-from specrun.core.costs import measure_verify_costs, verify_costs_hold
+from specrun.core.costs import measure_verify_costs, measuring_verify_costs, verify_costs_hold
 from specrun.core.drafting import CatchUp
 from specrun.core.policy import DraftPolicy, FixedK, PMinPolicy
 from specrun.session import cost_cache
+
+STAND_IN_K = 4  # drafts auto's generations make while its verify costs are being measured
 
 
 class Policies:
@@ -21,11 +26,16 @@ class Policies:
         self.costs_key = self._costs_key()  # taken now: the file may change or go while we run
         self._verify_costs: list[float] | None = None
         self._policies: dict[int | str, FixedK | PMinPolicy | AutoK] = {}
+        self._calibration: Generator[None, None, list[float]] | None = None
+        self._stand_in = FixedK(STAND_IN_K)
 
     def policy(self, k: int | str) -> FixedK | PMinPolicy | AutoK:
         """One policy per k for the session's life: what auto has learned (costs, acceptance,
         that a draft is too slow) carries over to the next generation, chat turn or bench prompt.
-        `k` is a checked one (`parse_k`)."""
+        `k` is a checked one (`parse_k`). While auto's verify costs are being measured in steps,
+        a fixed k stands in for it."""
+        if k == "auto" and self._calibration is not None:
+            return self._stand_in
         if k not in self._policies:
             if k == "auto":
                 self._policies[k] = AutoK(self.verify_costs())
@@ -45,13 +55,37 @@ class Policies:
         """The target's decode time per batch width: as an earlier run with this set-up left it
         (if a spot check agrees), or measured now."""
         if self._verify_costs is None:
-            kept = cost_cache.load(self.costs_key)
-            if kept and verify_costs_hold(self.target, kept):
-                self._verify_costs = kept
-            else:
-                self._verify_costs = measure_verify_costs(self.target)
-                cost_cache.save(self.costs_key, self.config.target, self._verify_costs)
+            self._verify_costs = self._kept_costs() or self._keep(measure_verify_costs(self.target))
         return self._verify_costs
+
+    def calibrate_later(self) -> bool:
+        """Unless verify costs kept from an earlier run hold here, measure them in steps
+        (`calibrate_step`, between a server's requests) while a fixed k stands in for auto, so
+        that the server answers at once. Whether there is something to measure."""
+        if self._verify_costs is None:
+            self._verify_costs = self._kept_costs()
+        if self._verify_costs is None:
+            self._calibration = measuring_verify_costs(self.target)
+        return self._calibration is not None
+
+    def calibrate_step(self) -> bool:
+        """Time the next width of the calibration; False once it is done (auto then sizes drafts
+        by the table, kept for the next run)."""
+        assert self._calibration is not None
+        try:
+            next(self._calibration)
+        except StopIteration as done:
+            self._verify_costs, self._calibration = self._keep(done.value), None
+            return False
+        return True
+
+    def _kept_costs(self) -> list[float] | None:
+        kept = cost_cache.load(self.costs_key)
+        return kept if kept and verify_costs_hold(self.target, kept) else None
+
+    def _keep(self, costs: list[float]) -> list[float]:
+        cost_cache.save(self.costs_key, self.config.target, costs)
+        return costs
 
     def auto_costs(self) -> list[float]:
         """The verify costs as auto keeps refining them (a batch prices a draft's rows by them)."""
