@@ -6,8 +6,8 @@ fill-in-the-middle tokens (tests/tinymodels.py, `fim=True`), sends both the same
 /completion requests (text and token ids, greedy, cache off; llama-server with specrun's batch of
 512 rows, which sets how much of a long file an infill prompt keeps), and prints, per request, whether
 the prompt's token count (`tokens_evaluated`), the reply's text and its stop type are the same;
-then, for a streamed /completion with `return_progress`, whether the `prompt_progress` chunks
-(total, cache, processed) are.
+then, for a streamed /completion with `return_progress` sent twice, whether the
+`prompt_progress` chunks (total, cache, processed) are.
 
     python scripts/compare_routes.py [--llama-bin DIR] [--tokens 24]
 """
@@ -64,8 +64,12 @@ def main() -> None:
     ours = RunningServer(SessionConfig(target=model, n_ctx=2048, threads=2), ServeOptions(port=0))
     same = 0
     try:
-        # specrun decodes batches of 512 rows, which sets how much of a long file an infill prompt keeps
-        with llama_server(bin_dir, model, "none", 2, folder / "llama-server.log", ("-b", "512")) as theirs:
+        # specrun decodes batches of 512 rows, which sets how much of a long file an infill prompt keeps;
+        # one slot each, and no store of earlier prompts' states in memory (llama-server's --cache-ram),
+        # so that both hold the last request's tokens
+        with llama_server(
+            bin_dir, model, "none", 2, folder / "llama-server.log", ("-b", "512", "-np", "1", "--cache-ram", "0")
+        ) as theirs:
             print("| route | prompt tokens (specrun / llama-server) | same text | stop type (specrun / llama-server) |")
             print("|---|---|---|---|")
             for path, body in REQUESTS:
@@ -77,13 +81,15 @@ def main() -> None:
                     f"| {path} | {a['tokens_evaluated']} / {b['tokens_evaluated']} | {a['content'] == b['content']} "
                     f"| {a['stop_type']} / {b['stop_type']} |"
                 )
-            body = {"prompt": CODE, "n_predict": 4, "stream": True, "return_progress": True, "cache_prompt": False}
-            a, b = progress(f"{ours.url}/completion", body), progress(f"{theirs}/completion", body)
-            same += a == b
-            print(f"| /completion, streamed, return_progress: (total, cache, processed) | {a} / {b} | {a == b} | |")
+            # Twice, the prompt cached: the second time each slot holds it but for the token decoded again.
+            body = {"prompt": CODE + "    return", "n_predict": 4, "stream": True, "return_progress": True}
+            for _ in range(2):
+                a, b = progress(f"{ours.url}/completion", body), progress(f"{theirs}/completion", body)
+                same += a == b
+                print(f"| /completion, streamed, return_progress: (total, cache, processed) | {a} / {b} | {a == b} | |")
     finally:
         ours.stop()
-    print(f"{same} of {len(REQUESTS) + 1} requests answered alike")
+    print(f"{same} of {len(REQUESTS) + 2} requests answered alike")
 
 
 def progress(url: str, body: dict) -> list[tuple[int, int, int]]:

@@ -27,7 +27,6 @@ class Policies:
         self._verify_costs: list[float] | None = None
         self._policies: dict[int | str, FixedK | PMinPolicy | AutoK] = {}
         self._calibration: Generator[None, None, list[float]] | None = None
-        self._stand_in = FixedK(STAND_IN_K)
 
     def policy(self, k: int | str) -> FixedK | PMinPolicy | AutoK:
         """One policy per k for the session's life: what auto has learned (costs, acceptance,
@@ -35,7 +34,7 @@ class Policies:
         `k` is a checked one (`parse_k`). While auto's verify costs are being measured in steps,
         a fixed k stands in for it."""
         if k == "auto" and self._calibration is not None:
-            return self._stand_in
+            return self.policy(STAND_IN_K)
         if k not in self._policies:
             if k == "auto":
                 self._policies[k] = AutoK(self.verify_costs())
