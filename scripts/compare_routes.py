@@ -50,6 +50,8 @@ REQUESTS = [
     ("/infill", {"input_prefix": "the cat sat on the", "input_suffix": "and the dog", "input_extra": [{"text": "the mat"}]}),
     ("/completion", {"prompt": CODE}),
     ("/completion", {"prompt": [1, 400, 401, 402, 403]}),
+    # llama.vscode's preparation: its extra files with n_predict 0, processed and cached only
+    ("/infill", {"input_prefix": "", "input_suffix": "", "input_extra": [{"text": CODE, "filename": "util.py"}], "n_predict": 0}),
 ]
 
 
@@ -73,7 +75,7 @@ def main() -> None:
             print("| route | prompt tokens (specrun / llama-server) | same text | stop type (specrun / llama-server) |")
             print("|---|---|---|---|")
             for path, body in REQUESTS:
-                body = body | {"n_predict": args.tokens, "temperature": 0, "cache_prompt": False}
+                body = {"n_predict": args.tokens, "temperature": 0, "cache_prompt": False} | body
                 a, b = post(f"{ours.url}{path}", body), post(f"{theirs}{path}", body)
                 agree = a["tokens_evaluated"] == b["tokens_evaluated"] and a["content"] == b["content"]
                 same += agree and a["stop_type"] == b["stop_type"]

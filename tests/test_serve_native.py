@@ -96,6 +96,19 @@ def test_a_stream_with_return_progress_reports_the_prompt_first(server):
         assert progress[0]["cache"] == (total - 1 if turn else progress[0]["cache"]) and progress[1]["time_ms"] >= 0
 
 
+def test_n_predict_0_processes_the_prompt_for_the_next_request(server):
+    """llama.vscode's preparation: the extra files sent with n_predict 0 (and fields specrun does
+    not read), so that the completion that follows finds them cached."""
+    extra = [{"text": "x = 1\n" * 20, "time": 1733650000, "filename": "util.py"}]
+    ready = {"input_prefix": "", "input_suffix": "", "input_extra": extra, "prompt": "", "n_predict": 0, "samplers": []}
+    answer = post(server, "/infill", ready | {"t_max_prompt_ms": 500, "t_max_predict_ms": 1}).json()
+    assert (answer["tokens_predicted"], answer["stop_type"]) == (1, "limit")  # as llama-server: the prefill's token
+    asked = {"input_prefix": "def f():\n    return", "input_suffix": "\n", "input_extra": extra, "n_predict": 4}
+    completion = post(server, "/infill", asked | {"samplers": ["top_k", "top_p", "infill"], "n_indent": 4}).json()
+    # All the preparation's prompt but its last two tokens (the suffix and middle tokens, later in this one's)
+    assert completion["tokens_predicted"] == 4 and completion["timings"]["cache_n"] == answer["tokens_evaluated"] - 2
+
+
 def test_the_infill_prompt_is_llama_servers(fim_model):
     """Repo-level: the repository line, each extra file after a file separator, the current file's,
     then BOS, the prefix and the middle's start, the suffix, the middle token."""

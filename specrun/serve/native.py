@@ -72,13 +72,15 @@ def parse_infill(raw: bytes) -> GenerationRequest:
 
 def _checked(body: NativeBody, **what: Any) -> GenerationRequest:
     """The request, its settings checked by the OpenAI routes' rules; n_predict -1 or -2 (or left
-    out) is the server's limit, n_probs asks for log probabilities."""
+    out) is the server's limit; 0 answers, as llama-server does, with the one token the prompt's
+    processing gives (llama.vscode sends its extra files so, to find them cached next time);
+    n_probs asks for log probabilities."""
     if body.n_predict is not None and body.n_predict < -2:
         raise invalid_value(
             "n_predict", f"it is -1 (or -2: as many as the server allows) or a number of tokens, not {body.n_predict}."
         )
     if body.n_predict is not None and body.n_predict >= 0:
-        body = body.model_copy(update={"max_tokens": body.n_predict})
+        body = body.model_copy(update={"max_tokens": max(body.n_predict, 1)})
     try:
         check(logprobs=body.n_probs)
     except SettingError as error:
