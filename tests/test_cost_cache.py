@@ -85,7 +85,7 @@ def test_another_setup_is_measured_apart(tiny, measured):
 def test_what_auto_refines_while_running_is_kept(tiny, measured, verify_cost_cache):
     with Session(config(tiny, threads=1)) as session:
         list(session.stream(PROMPT, 20))
-        refined = list(session.policy("auto").costs)
+        refined = list(session.policies.policy("auto").costs)
     assert refined != [0.0] + [0.001 * w for w in range(1, WIDEST + 1)]
     kept = json.loads(verify_cost_cache.read_text())
     assert [entry["costs"] for entry in kept.values()] == [refined]
@@ -101,7 +101,7 @@ def test_a_changed_model_file_is_measured_again_and_a_deleted_one_forgotten(tiny
         session.policies.verify_costs()
     assert len(measured) == 2
     with Session(SessionConfig(target=model, lookup=True, n_ctx=256)) as session:
-        session.policy("auto")  # closing writes back what auto refined
+        session.policies.policy("auto")  # closing writes back what auto refined
         model.unlink()  # gone while running: closing still works
     with Session(config(tiny)) as session:
         session.policies.verify_costs()

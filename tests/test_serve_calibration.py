@@ -20,12 +20,12 @@ from specrun.session.policies import STAND_IN_K, Policies
 def test_measured_in_steps_a_fixed_k_stands_in_until_the_table_is_kept(tiny, verify_cost_cache):
     with Session(SessionConfig(target=tiny["target"], lookup=True, n_ctx=256, threads=1)) as session:
         assert session.policies.calibrate_later()
-        stand_in = session.policy("auto")
+        stand_in = session.policies.policy("auto")
         assert isinstance(stand_in, FixedK) and stand_in.k == STAND_IN_K
         steps = 1
         while session.policies.calibrate_step():
             steps += 1
-        auto = session.policy("auto")
+        auto = session.policies.policy("auto")
         assert isinstance(auto, AutoK) and steps > 1  # a width at a time
         kept = json.loads(verify_cost_cache.read_text())[session.policies.costs_key]["costs"]
         assert kept == session.policies.verify_costs()
@@ -38,7 +38,7 @@ def test_a_kept_table_that_holds_leaves_nothing_to_measure(tiny, monkeypatch):
     monkeypatch.setattr("specrun.session.policies.verify_costs_hold", lambda context, costs: True)
     with Session(config) as session:
         assert not session.policies.calibrate_later()
-        assert isinstance(session.policy("auto"), AutoK)
+        assert isinstance(session.policies.policy("auto"), AutoK)
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_the_server_is_ready_and_serves_while_it_measures(tiny, held_calibration
         while worker._calibration.running:
             assert time.monotonic() < deadline, "the measuring never finished"
             time.sleep(0.01)
-        assert isinstance(worker.session.policy("auto"), AutoK) and verify_cost_cache.exists()
+        assert isinstance(worker.session.policies.policy("auto"), AutoK) and verify_cost_cache.exists()
         reply = server.client().completions.create(model="any", prompt="the cat sat on the mat", max_tokens=6)
         assert reply.choices[0].text
     finally:

@@ -57,7 +57,7 @@ def _serve(
     for slot in range(session.config.parallel):
         session.target.sequence(slot).truncate(0)
     if variant.k:
-        session.policy(variant.k)  # auto measures verify costs before the clock starts, as a server does at start-up
+        session.policies.policy(variant.k)  # auto measures verify costs before the clock starts, as a server does at start-up
     served, slots, waiting = Served(variant), session.slots(), list(range(len(prompts)))
     started = time.perf_counter()
     while waiting or slots.busy:

@@ -44,7 +44,7 @@ class ChatRunner:
         self.conversation = Conversation(session.target_model, chat_format, n_ctx, system)
         self.sampler = session.config.sampler  # /temp changes it from the next reply on
         # The session's policy for its k (/k picks another): what auto learns carries over between replies.
-        self.policy = session.policy(session.config.k) if session.drafter is not None else None
+        self.policy = session.policies.policy(session.config.k) if session.drafter is not None else None
         self.totals = SessionStats()
         self.plain_rate = plain_rate
         self.replies: list[Reply] = []  # parallel to conversation.exchanges until a reset
@@ -83,7 +83,7 @@ class ChatRunner:
         """A draft length, 'auto' or 'llama.cpp', from the next reply on."""
         if not self.speculative:
             raise SpecrunError("plain decoding has no draft length: start with --draft PATH or --lookup to use /k")
-        policy = self.session.policy(parse_k(k))
+        policy = self.session.policies.policy(parse_k(k))
         limit = self.session.target.n_batch - 1
         if policy.max_k > limit:
             raise SpecrunError(f"k has to be at most {limit} (the batch size minus one), but is {k}")

@@ -180,7 +180,7 @@ class Worker:
             self.defaults = self.session.config.sampler  # the server's defaults; requests override them
             self._calibration.start(self.session)  # under auto, verify costs now, not in the first request
             if self.session.drafter is not None and not self._calibration.running:
-                self.session.policy(self.session.config.k)
+                self.session.policies.policy(self.session.config.k)
         except BaseException as exc:  # noqa: BLE001 - reported to the command, which exits with it
             self.state, self.error = "failed", exc
             if self.session is not None:

@@ -11,12 +11,11 @@ from functools import partial
 from typing import Sequence
 
 from specrun.config import SessionConfig
-from specrun.core.auto import AutoK
 from specrun.core.batch import Batch
 from specrun.core.drafting import DraftSource
 from specrun.core.engine import Engine, EventStream
 from specrun.core.events import Generation
-from specrun.core.policy import DraftPolicy, FixedK, PMinPolicy, rollback_tokens
+from specrun.core.policy import DraftPolicy, rollback_tokens
 from specrun.core.sampling import Sampler, SamplerSettings
 from specrun.drafts import registry
 from specrun.drafts.grammar import GrammarDraft, GrammarFirst
@@ -98,10 +97,6 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def policy(self, k: int | str) -> FixedK | PMinPolicy | AutoK:
-        """The session's kept policy for the checked `k` (`Policies.policy`)."""
-        return self.policies.policy(k)
 
     def remember(self, tokens: list[int]) -> None:
         """Let later generations draft from a finished one's prompt and output (with a store)."""
